@@ -1,0 +1,37 @@
+# layout_algebra developer commands. `make test` and `make demo` work on a fresh clone.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test typecheck lint bench check clean
+
+venv: $(STAMP)
+
+# torch first, pinned to the CPU wheel; the project then declares only a range.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m layout_algebra demo
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: typecheck
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check layout_algebra tests
+	$(BIN)/ruff format --check layout_algebra tests
+
+bench: $(STAMP)
+	$(BIN)/python -m tests.bench
+
+check: lint test
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .hypothesis

@@ -1,0 +1,71 @@
+"""layout_algebra: typed, immutable source layouts for DTensor / FSDP2 parallelism planners.
+
+A planner says how each parameter is split over the named axes of a device mesh; this
+package turns that plan into a checked ``ParamLayoutTable``, predicts what FSDP2 will
+make of it, and (in ``layout_algebra.torch_bridge``) maps it onto a live model.
+"""
+
+from layout_algebra.algebra import (
+    TableDiff,
+    build_table,
+    complete_default,
+    diff,
+    merge_tied,
+    resolve,
+    strip,
+)
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
+from layout_algebra.errors import (
+    BindError,
+    LayoutError,
+    OwnedAxisError,
+    PlacementSyntaxError,
+    PlanError,
+    SerializationError,
+    TiedLayoutConflict,
+    UnknownAxisError,
+)
+from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.placements import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    StridedShard,
+    format_placement,
+    parse_placement,
+)
+from layout_algebra.plan import ModulePlan, NamedPlacements, ShardingPlan
+
+__all__ = [
+    "FSDP_OWNED_AXES",
+    "AxisLike",
+    "AxisName",
+    "BindError",
+    "LayoutError",
+    "ModulePlan",
+    "NamedPlacements",
+    "OwnedAxisError",
+    "ParamLayoutTable",
+    "Partial",
+    "Placement",
+    "PlacementSyntaxError",
+    "PlanError",
+    "Replicate",
+    "SerializationError",
+    "Shard",
+    "ShardingPlan",
+    "SourceLayout",
+    "StridedShard",
+    "TableDiff",
+    "TiedLayoutConflict",
+    "UnknownAxisError",
+    "build_table",
+    "complete_default",
+    "diff",
+    "format_placement",
+    "merge_tied",
+    "parse_placement",
+    "resolve",
+    "strip",
+]

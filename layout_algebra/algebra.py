@@ -1,0 +1,555 @@
+"""The layout algebra: pure functions from plans and tables to tables.
+
+No torch, no I/O, no mutation: every function returns new values and leaves its
+arguments alone. ``build_table`` composes the others into the plan → table pipeline:
+
+    plan ──resolve each parameter on its mesh──▶ entries ──merge_tied──▶ table
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+import attrs
+
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName, as_axes, axis_str
+from layout_algebra.errors import (
+    LayoutError,
+    OwnedAxisError,
+    PlanError,
+    TiedLayoutConflict,
+    UnknownAxisError,
+)
+from layout_algebra.layout import CheckedEntries, ParamLayoutTable, SourceLayout, is_fqn
+from layout_algebra.placements import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    format_placement,
+)
+from layout_algebra.plan import FrozenMap, NamedLike, ShardingPlan, param_fqn
+
+__all__ = [
+    "TableDiff",
+    "build_table",
+    "complete_default",
+    "diff",
+    "merge_tied",
+    "resolve",
+    "strip",
+]
+
+_REPLICATE: Final = Replicate()
+_MAX_LISTED: Final = 50
+"""How many problems a ``PlanError`` message spells out (``.problems`` holds them all)."""
+
+
+def _names(axes: Iterable[AxisLike]) -> frozenset[str]:
+    if isinstance(axes, frozenset) and all(isinstance(a, str) for a in axes):
+        return axes  # the common case: FSDP_OWNED_AXES itself
+    return frozenset(axis_str(a) for a in axes)
+
+
+def strip(
+    axes: Iterable[AxisLike], *, owned: Iterable[AxisLike] = FSDP_OWNED_AXES
+) -> tuple[AxisName, ...]:
+    """The source axes of a mesh: ``axes`` without the FSDP-owned ones, order kept.
+
+    >>> strip(["dp_shard", "tp", "ep"])
+    (AxisName(name='tp'), AxisName(name='ep'))
+    """
+    owned_names = _names(owned)
+    return tuple(a for a in as_axes(axes) if a.name not in owned_names)
+
+
+def _check_mesh_axes(axes: tuple[AxisName, ...], what: str) -> None:
+    if len(set(axes)) != len(axes):
+        dup = next(a for i, a in enumerate(axes) if a in axes[:i])
+        msg = f"{what} names axis {dup.name!r} twice: {[a.name for a in axes]}; a mesh's axes are distinct"
+        raise LayoutError(msg, axis=dup.name)
+
+
+@attrs.frozen
+class _Mesh:
+    """One target mesh of a run, prepared once: its source axes and what it lacks."""
+
+    role: str
+    source: tuple[AxisName, ...]
+    index: Mapping[str, int]
+    owned: frozenset[str]
+    inactive: frozenset[str]
+    hint: str
+
+    @classmethod
+    def make(
+        cls,
+        role: str,
+        axes: Iterable[AxisLike],
+        owned: frozenset[str],
+        inactive: Iterable[AxisLike],
+        hint: str,
+    ) -> _Mesh:
+        all_axes = as_axes(axes)
+        _check_mesh_axes(all_axes, f"the {role} mesh")
+        source = tuple(a for a in all_axes if a.name not in owned)
+        present = {a.name for a in all_axes}
+        return cls(
+            role=role,
+            source=source,
+            index={a.name: i for i, a in enumerate(source)},
+            owned=owned,
+            inactive=_names(inactive) - present,
+            hint=hint,
+        )
+
+    def resolve(self, named: Mapping[str, Placement], fqn: str) -> tuple[SourceLayout | None, list[LayoutError]]:
+        """The layout of ``named`` on this mesh, or every problem with it."""
+        placements: list[Placement] = [_REPLICATE] * len(self.source)
+        owned: list[LayoutError] = []  # reported first: they are never a typo
+        unknown: list[LayoutError] = []
+        for axis, p in named.items():
+            if axis in self.owned:
+                if not isinstance(p, Replicate):
+                    owned.append(_owned_error(fqn, axis, p))
+            elif (i := self.index.get(axis)) is not None:
+                placements[i] = p
+            elif axis not in self.inactive:
+                unknown.append(self._unknown(fqn, axis, p))
+        if owned or unknown:
+            return None, owned + unknown
+        return SourceLayout(self.role, self.source, placements), []
+
+    def _unknown(self, fqn: str, axis: str, p: Placement) -> UnknownAxisError:
+        shown = format_placement(p)
+        known = [a.name for a in self.source]
+        msg = (
+            f"{fqn}: {shown} on axis {axis!r}, which the {self.role} mesh (source axes "
+            f"{known}) does not have and the run does not know; fix the axis name, {self.hint}"
+        )
+        return UnknownAxisError(msg, fqn=fqn, axis=axis, placement=shown)
+
+
+def _owned_error(fqn: str, axis: str, p: Placement) -> OwnedAxisError:
+    shown = format_placement(p)
+    msg = (
+        f"{fqn}: {shown} on axis {axis!r} conflicts with FSDP ownership of that axis; "
+        "declare R or remove the axis"
+    )
+    return OwnedAxisError(msg, fqn=fqn, axis=axis, placement=shown)
+
+
+def _as_named(named: NamedLike, fqn: str) -> Mapping[str, Placement]:
+    if isinstance(named, FrozenMap):
+        return named
+    raw: object = named
+    if not isinstance(raw, Mapping):
+        msg = f"{fqn}: named placements must map axis to placement, got {named!r}"
+        raise LayoutError(msg, fqn=fqn)
+    return {axis_str(a): p for a, p in named.items()}
+
+
+def resolve(
+    named: NamedLike,
+    axes: Iterable[AxisLike],
+    *,
+    mesh: str = "dense",
+    fqn: str = "<param>",
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+    inactive: Iterable[AxisLike] = frozenset(),
+) -> SourceLayout:
+    """The source layout of one parameter whose placements are given by axis name.
+
+    Owned axes are checked (only ``Replicate`` may stand there) and dropped; the rest
+    are ordered as ``strip(axes)`` with ``Replicate()`` for every axis ``named`` omits.
+
+    >>> str(resolve({"tp": Shard(0)}, ["dp_shard", "ep", "tp"]))
+    'dense[ep=R, tp=S(0)]'
+
+    Args:
+        named: ``{axis: placement}`` for this parameter.
+        axes: the mesh's axis names, owned ones included.
+        mesh: the mesh's role, kept in the layout.
+        fqn: the parameter's name, for error messages.
+        owned: the axes FSDP and pipelining own.
+        inactive: axes this run knows but this mesh lacks (size 1): placements on them
+            are dropped instead of being reported as typos.
+
+    Raises:
+        OwnedAxisError: a non-Replicate placement on an owned axis.
+        UnknownAxisError: a placement on an axis neither in ``axes``, owned nor inactive.
+    """
+    target = _Mesh.make(
+        mesh, axes, _names(owned), inactive, hint="or pass it in inactive= if this run knows it"
+    )
+    layout, problems = target.resolve(_as_named(named, fqn), fqn)
+    if problems:
+        raise problems[0]
+    assert layout is not None
+    return layout
+
+
+# ---------------------------------------------------------------------------------------
+# tied parameters
+
+
+def _groups(pairs: Iterable[Iterable[str]]) -> list[frozenset[str]]:
+    """The connected components of ``pairs`` (union-find), each of two or more FQNs."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        root = parent.setdefault(x, x)
+        while root != parent[root]:
+            root = parent[root]
+        while parent[x] != root:  # path compression
+            parent[x], x = root, parent[x]
+        return root
+
+    for pair in pairs:
+        members = list(pair)
+        for other in members[1:]:
+            ra, rb = find(members[0]), find(other)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    components: dict[str, set[str]] = {}
+    for x in parent:
+        components.setdefault(find(x), set()).add(x)
+    return sorted(
+        (frozenset(c) for c in components.values() if len(c) > 1), key=lambda g: sorted(g)
+    )
+
+
+def _join_placement(a: Placement, b: Placement) -> Placement | None:
+    """The finer of two placements on one axis, or ``None`` when they conflict."""
+    if a == b or isinstance(b, Replicate):
+        return a
+    if isinstance(a, Replicate):
+        return b
+    return None
+
+
+def _conflict(
+    group: frozenset[str],
+    axis: str | None,
+    left: tuple[str, str],
+    right: tuple[str, str],
+    why: str,
+) -> TiedLayoutConflict:
+    members = sorted(group)
+    msg = (
+        f"tied group {members}: {left[0]} has {left[1]} but {right[0]} has {right[1]}"
+        f"{f' on axis {axis!r}' if axis else ''}; {why}"
+    )
+    return TiedLayoutConflict(
+        msg, group=members, axis=axis, placements=(left[1], right[1]), sources=(left[0], right[0])
+    )
+
+
+def _join_group(
+    group: frozenset[str], entries: Mapping[str, SourceLayout]
+) -> tuple[SourceLayout | None, TiedLayoutConflict | None]:
+    """One layout for every member of ``group`` that ``entries`` has, or the conflict."""
+    present = [fqn for fqn in sorted(group) if fqn in entries]
+    if not present:
+        return None, None
+    first = present[0]
+    joined = entries[first]
+    source = [first] * len(joined.placements)  # which member each joined placement came from
+    for fqn in present[1:]:
+        layout = entries[fqn]
+        if layout is joined or layout == joined:
+            continue
+        if layout.mesh != joined.mesh or layout.axes != joined.axes:
+            why = (
+                "storage-sharing parameters must live on one mesh with the same axes; "
+                "give them the same mesh and axes in the plan"
+            )
+            return None, _conflict(group, None, (first, str(joined)), (fqn, str(layout)), why)
+        placements = list(joined.placements)
+        for i, (axis, mine) in enumerate(zip(layout.axes, layout.placements)):
+            best = _join_placement(placements[i], mine)
+            if best is None:
+                why = (
+                    "a shared storage has one sharding per axis; make both placements equal "
+                    "(or R on one side to take the other)"
+                )
+                left = (source[i], format_placement(placements[i]))
+                return None, _conflict(group, axis.name, left, (fqn, format_placement(mine)), why)
+            if best is not placements[i] and best != placements[i]:
+                placements[i], source[i] = best, fqn
+        joined = joined.with_placements(placements)
+    return joined, None
+
+
+def _merge(
+    entries: Mapping[str, SourceLayout],
+    existing: Iterable[frozenset[str]],
+    pairs: Iterable[Iterable[str]],
+) -> tuple[CheckedEntries, tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
+    groups = _groups([*existing, *pairs])
+    merged = CheckedEntries(entries)
+    kept: list[frozenset[str]] = []
+    conflicts: list[TiedLayoutConflict] = []
+    for group in groups:
+        joined, conflict = _join_group(group, entries)
+        if conflict is not None:
+            conflicts.append(conflict)
+        elif joined is not None:
+            for fqn in sorted(group):
+                merged[fqn] = joined
+            kept.append(group)
+    return merged, tuple(kept), conflicts
+
+
+def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> ParamLayoutTable:
+    """One layout for every set of parameters that share storage.
+
+    Pairs are closed transitively (``a~b, b~c`` make one group, together with the groups
+    already in ``table.tied``); per axis the finer sharding wins (``R ⊔ x = x``,
+    ``S(d) ⊔ S(d) = S(d)``). A member missing from the table takes the group's layout; a
+    group with no member in the table is ignored. The result does not depend on the
+    order of the pairs or of their members.
+
+    Raises:
+        TiedLayoutConflict: ``S(d)`` against ``S(e)``, or members on different meshes or
+            axes; names the group, the axis, both placements and whose they are.
+    """
+    merged, groups, conflicts = _merge(table, table.tied, pairs)
+    if conflicts:
+        raise conflicts[0]
+    return ParamLayoutTable(merged, tied=groups)
+
+
+def complete_default(
+    table: ParamLayoutTable,
+    fqns: Iterable[str],
+    axes: Iterable[AxisLike],
+    *,
+    mesh: str = "dense",
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+) -> ParamLayoutTable:
+    """``table`` with an all-``Replicate`` layout over ``strip(axes)`` for each FQN it lacks.
+
+    Existing entries (and ``tied``) are kept as they are.
+
+    Raises:
+        LayoutError: every axis of ``axes`` is owned, so there is no source axis to
+            replicate over.
+    """
+    all_axes = as_axes(axes)
+    _check_mesh_axes(all_axes, f"the {mesh} mesh")
+    source = strip(all_axes, owned=owned)
+    if not source:
+        msg = (
+            f"the {mesh} mesh {[a.name for a in all_axes]} has no source axis (all are owned "
+            "by FSDP/pipelining), so there is no default layout; give a mesh with a non-owned "
+            "axis such as 'tp'"
+        )
+        raise LayoutError(msg)
+    default = SourceLayout(mesh, source, (_REPLICATE,) * len(source))
+    entries = CheckedEntries(table)
+    for fqn in fqns:
+        if not is_fqn(fqn):
+            msg = f"a parameter FQN must be a non-empty string, got {fqn!r}"
+            raise LayoutError(msg)
+        entries.setdefault(fqn, default)
+    return ParamLayoutTable(entries, tied=table.tied)
+
+
+# ---------------------------------------------------------------------------------------
+# the whole plan
+
+
+def _problem_report(problems: list[LayoutError]) -> str:
+    lines = [f"the plan has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"]
+    lines.extend(f"  - {p.message}" for p in problems[:_MAX_LISTED])
+    if len(problems) > _MAX_LISTED:
+        lines.append(f"  ... and {len(problems) - _MAX_LISTED} more (see .problems)")
+    return "\n".join(lines)
+
+
+def build_table(
+    plan: ShardingPlan,
+    dense_axes: Iterable[AxisLike],
+    *,
+    expert_axes: Iterable[AxisLike] | None = None,
+    tied_pairs: Iterable[Iterable[str]] | None = None,
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+) -> ParamLayoutTable:
+    """The checked table of every parameter of ``plan``.
+
+    Each parameter goes to the expert mesh when its module is ``expert_parallel`` and it
+    has a ``Shard`` on ``ep``, else to the dense mesh; it is resolved there (an axis the
+    run knows — ``plan.mesh_axes``, both meshes and ``owned`` — but the mesh lacks is
+    dropped; any other axis is a typo); then tied parameters are merged (``tied_pairs``,
+    by default ``plan.tied_pairs``; pass ``()`` to merge none).
+
+    Equal named placements resolve once and equal layouts are one shared object, so a
+    million parameters cost a dict insertion each.
+
+    Raises:
+        PlanError: every problem of the plan at once (``.problems``): owned-axis
+            conflicts, typos, ``Partial`` placements, experts with no expert mesh,
+            tied conflicts, an FQN declared twice with different layouts.
+    """
+    owned_names = _names(owned)
+    vocabulary = {a.name for a in plan.mesh_axes} | owned_names
+    dense_list = as_axes(dense_axes)
+    expert_list = None if expert_axes is None else as_axes(expert_axes)
+    vocabulary.update(a.name for a in dense_list)
+    if expert_list is not None:
+        vocabulary.update(a.name for a in expert_list)
+    hint = "or add it to the plan's mesh_axes if this run has it"
+    dense = _Mesh.make("dense", dense_list, owned_names, vocabulary, hint)
+    expert = (
+        None
+        if expert_list is None
+        else _Mesh.make("expert", expert_list, owned_names, vocabulary, hint)
+    )
+
+    problems: list[LayoutError] = []
+    entries = CheckedEntries()
+    # memo: (id of the named placements, routed to experts) -> its layout. The plan keeps
+    # every named placement alive for the whole call, so ids are stable; a value memo
+    # catches equal placements held in different objects.
+    by_id: dict[tuple[int, bool], SourceLayout] = {}
+    by_value: dict[tuple[Mapping[str, Placement], bool], SourceLayout] = {}
+    interned: dict[SourceLayout, SourceLayout] = {}
+
+    for module, spec in plan.modules.items():
+        ep_module = spec.expert_parallel
+        for path, named in spec.params.items():
+            fqn = param_fqn(module, path)
+            to_expert = ep_module and isinstance(named.get("ep"), Shard)
+            layout = by_id.get((id(named), to_expert))
+            if layout is None:
+                layout = by_value.get((named, to_expert))
+                if layout is None:
+                    layout = _resolve_one(fqn, module, named, to_expert, dense, expert, problems)
+                    if layout is None:
+                        continue
+                    layout = interned.setdefault(layout, layout)
+                    by_value[named, to_expert] = layout
+                by_id[id(named), to_expert] = layout
+            previous = entries.setdefault(fqn, layout)
+            if previous is not layout:
+                msg = (
+                    f"{fqn}: declared twice, as {previous} and as {layout} (a parameter path "
+                    "of one module spells a submodule's parameter); declare it once"
+                )
+                problems.append(LayoutError(msg, fqn=fqn))
+
+    pairs = plan.tied_pairs if tied_pairs is None else tied_pairs
+    merged, groups, conflicts = _merge(entries, (), pairs)
+    problems.extend(conflicts)
+    if problems:
+        raise PlanError(_problem_report(problems), problems=problems)
+    return ParamLayoutTable(merged, tied=groups)
+
+
+def _resolve_one(
+    fqn: str,
+    module: str,
+    named: Mapping[str, Placement],
+    to_expert: bool,
+    dense: _Mesh,
+    expert: _Mesh | None,
+    problems: list[LayoutError],
+) -> SourceLayout | None:
+    """The layout of one parameter on its mesh, or ``None`` with its problems recorded."""
+    target = dense
+    if to_expert:
+        if expert is None:
+            shown = format_placement(named["ep"])
+            msg = (
+                f"{fqn}: {shown} on axis 'ep' in expert-parallel module {module!r} routes it to "
+                "the expert mesh, but no expert_axes were given; pass expert_axes=(..., 'ep') "
+                "or mark the module expert_parallel=False"
+            )
+            problems.append(LayoutError(msg, fqn=fqn, axis="ep", placement=shown))
+            return None
+        target = expert
+    layout, found = target.resolve(named, fqn)
+    problems.extend(found)
+    if layout is None:
+        return None
+    for axis, p in zip(layout.axes, layout.placements):
+        if isinstance(p, Partial):
+            shown = format_placement(p)
+            msg = (
+                f"{fqn}: {shown} on axis {axis.name!r}: a parameter cannot be a pending "
+                "reduction; declare R or S(dim) on that axis"
+            )
+            problems.append(LayoutError(msg, fqn=fqn, axis=axis.name, placement=shown))
+            return None
+    return layout
+
+
+# ---------------------------------------------------------------------------------------
+# diff
+
+
+def _layouts(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:
+    return FrozenMap(value)
+
+
+def _changes(
+    value: Mapping[str, tuple[SourceLayout, SourceLayout]],
+) -> FrozenMap[str, tuple[SourceLayout, SourceLayout]]:
+    return FrozenMap(value)
+
+
+@attrs.frozen
+class TableDiff:
+    """What changed from one table to another, per FQN.
+
+    ``added`` and ``removed`` give the layouts of FQNs only in the new or the old table,
+    ``changed`` gives ``(old, new)``; ``tied_added``/``tied_removed`` the storage groups.
+    """
+
+    added: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
+    removed: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
+    changed: FrozenMap[str, tuple[SourceLayout, SourceLayout]] = attrs.field(
+        converter=_changes
+    )
+    tied_added: tuple[frozenset[str], ...] = ()
+    tied_removed: tuple[frozenset[str], ...] = ()
+
+    def __bool__(self) -> bool:
+        """Whether the two tables differ at all."""
+        return bool(
+            self.added or self.removed or self.changed or self.tied_added or self.tied_removed
+        )
+
+    def __str__(self) -> str:
+        lines = [f"{fqn}: {old} -> {new}" for fqn, (old, new) in self.changed.items()]
+        lines.extend(f"{fqn}: (absent) -> {new}" for fqn, new in self.added.items())
+        lines.extend(f"{fqn}: {old} -> (absent)" for fqn, old in self.removed.items())
+        lines.extend(f"tied +: {', '.join(sorted(g))}" for g in self.tied_added)
+        lines.extend(f"tied -: {', '.join(sorted(g))}" for g in self.tied_removed)
+        return "\n".join(lines) if lines else "(no differences)"
+
+
+def diff(a: ParamLayoutTable, b: ParamLayoutTable) -> TableDiff:
+    """What it takes to go from table ``a`` to table ``b``.
+
+    >>> old = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})
+    >>> new = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(1)])})
+    >>> print(diff(old, new))
+    w: dense[tp=S(0)] -> dense[tp=S(1)]
+    """
+    changed = {
+        fqn: (old, new)
+        for fqn, old in a.items()
+        if (new := b.get(fqn)) is not None and new is not old and new != old
+    }
+    a_tied, b_tied = set(a.tied), set(b.tied)
+    return TableDiff(
+        added={fqn: layout for fqn, layout in b.items() if fqn not in a},
+        removed={fqn: layout for fqn, layout in a.items() if fqn not in b},
+        changed=changed,
+        tied_added=tuple(g for g in b.tied if g not in a_tied),
+        tied_removed=tuple(g for g in a.tied if g not in b_tied),
+    )
+

@@ -1,0 +1,225 @@
+"""The plan a parallelism planner hands over: named placements per parameter, per module.
+
+``ShardingPlan`` maps module FQNs to ``ModulePlan``\\ s; a ``ModulePlan`` maps each
+parameter path (relative to the module, may hold dots: ``experts.w1``) to its *named
+placements*, ``{axis: placement}``. All three are frozen, hashable and equal by value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from typing import Generic, TypeAlias, TypeVar, overload
+
+import attrs
+
+from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str
+from layout_algebra.errors import LayoutError
+from layout_algebra.placements import Placement, is_placement
+
+__all__ = [
+    "FrozenMap",
+    "ModulePlan",
+    "NamedLike",
+    "NamedPlacements",
+    "ShardingPlan",
+    "param_fqn",
+]
+
+K = TypeVar("K")
+V = TypeVar("V")
+T = TypeVar("T")
+
+
+def _items_key(items: Mapping[K, V]) -> frozenset[tuple[K, V]]:
+    return frozenset(items.items())
+
+
+def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
+    return dict(items)
+
+
+@attrs.frozen(cache_hash=True, repr=False)
+class FrozenMap(Mapping[K, V], Generic[K, V]):
+    """A read-only, hashable mapping that keeps insertion order and compares by value."""
+
+    _items: dict[K, V] = attrs.field(converter=_as_dict, eq=_items_key)
+
+    def __getitem__(self, key: K) -> V:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    @overload
+    def get(self, key: K, /) -> V | None: ...
+    @overload
+    def get(self, key: K, /, default: V) -> V: ...
+    @overload
+    def get(self, key: K, /, default: T) -> V | T: ...
+    def get(self, key: K, /, default: object = None) -> object:
+        return self._items.get(key, default)
+
+    def keys(self) -> KeysView[K]:
+        return self._items.keys()
+
+    def values(self) -> ValuesView[V]:
+        return self._items.values()
+
+    def items(self) -> ItemsView[K, V]:
+        return self._items.items()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._items!r})"
+
+
+NamedPlacements = FrozenMap[str, Placement]
+"""One parameter's placements by axis name: ``{"tp": Shard(0), "ep": Shard(0)}``."""
+
+
+NamedLike: TypeAlias = (
+    Mapping[str, Placement] | Mapping[AxisName, Placement] | Mapping[AxisLike, Placement]
+)
+"""Named placements as a planner writes them: any mapping keyed by axis name."""
+
+
+def param_fqn(module: str, param: str) -> str:
+    """The parameter's FQN: ``f"{module}.{param}"``, or just ``param`` for the root module."""
+    return f"{module}.{param}" if module else param
+
+
+def _named(param: str, named: NamedLike) -> NamedPlacements:
+    if isinstance(named, FrozenMap):
+        return named
+    raw: object = named
+    if not isinstance(raw, Mapping):
+        msg = (
+            f"{param}: named placements must be a mapping from axis to placement such as "
+            f"{{'tp': Shard(0)}}, got {named!r}"
+        )
+        raise LayoutError(msg, fqn=param)
+    out: dict[str, Placement] = {}
+    for axis, placement in named.items():
+        try:
+            name = axis_str(axis)
+        except LayoutError as e:
+            msg = f"{param}: {e.message}"
+            raise LayoutError(msg, fqn=param, axis=str(axis)) from None
+        if name in out:
+            msg = f"{param}: axis {name!r} is named twice; give one placement per axis"
+            raise LayoutError(msg, fqn=param, axis=name)
+        if not is_placement(placement):
+            msg = (
+                f"{param}: {placement!r} on axis {name!r} is not a placement; use Shard(d), "
+                "Replicate(), Partial(op) or parse_placement('S(0)')"
+            )
+            raise LayoutError(msg, fqn=param, axis=name)
+        out[name] = placement
+    return FrozenMap(out)
+
+
+def _as_params(
+    params: Mapping[str, NamedLike],
+) -> FrozenMap[str, NamedPlacements]:
+    raw: object = params
+    if not isinstance(raw, Mapping):
+        msg = f"a module plan's params must map parameter paths to named placements, got {params!r}"
+        raise LayoutError(msg)
+    # Planners reuse one dict for every parameter laid out alike: convert each once.
+    converted: dict[int, NamedPlacements] = {}
+    out: dict[str, NamedPlacements] = {}
+    for path, named in params.items():
+        if not _is_dotted(path) or not path:
+            msg = f"parameter path {path!r} must be a non-empty dotted name such as 'wq.weight'"
+            raise LayoutError(msg, fqn=str(path))
+        frozen = converted.get(id(named))
+        if frozen is None:
+            frozen = converted[id(named)] = _named(path, named)
+        out[path] = frozen
+    return FrozenMap(out)
+
+
+@attrs.frozen(cache_hash=True)
+class ModulePlan:
+    """The named placements of one module's parameters.
+
+    ``params`` maps a parameter path relative to the module to ``{axis: placement}``.
+    ``expert_parallel`` marks a module whose experts are sharded over ``ep``: its
+    parameters with a ``Shard`` on ``ep`` go to the expert mesh.
+    """
+
+    params: FrozenMap[str, NamedPlacements] = attrs.field(converter=_as_params)
+    expert_parallel: bool = attrs.field(
+        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
+    )
+
+
+def _is_dotted(name: object) -> bool:
+    return isinstance(name, str) and not name.startswith(".") and not name.endswith(".")
+
+
+def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]:
+    raw: object = modules
+    if not isinstance(raw, Mapping):
+        msg = f"a plan's modules must map module FQNs to ModulePlan, got {modules!r}"
+        raise LayoutError(msg)
+    for fqn, spec in modules.items():
+        if not _is_dotted(fqn):
+            msg = f"module FQN {fqn!r} must be a dotted name ('' for the root module)"
+            raise LayoutError(msg, fqn=str(fqn))
+        spec_obj: object = spec
+        if not isinstance(spec_obj, ModulePlan):
+            msg = f"module {fqn!r}: {spec!r} is not a ModulePlan; wrap its params in ModulePlan(...)"
+            raise LayoutError(msg, fqn=fqn)
+    return FrozenMap(modules)
+
+
+def _is_fqn(name: object) -> bool:
+    return isinstance(name, str) and bool(name)
+
+
+def _as_pairs(pairs: Iterable[Iterable[str]]) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for pair in pairs:
+        raw: object = pair
+        items: tuple[object, ...] = (raw,) if isinstance(raw, str) else tuple(pair)
+        if len(items) != 2 or not all(_is_fqn(x) for x in items):
+            msg = f"a tied pair is two parameter FQNs, got {pair!r}"
+            raise LayoutError(msg)
+        out.append((str(items[0]), str(items[1])))
+    return tuple(out)
+
+
+def _check_vocabulary(_: object, __: attrs.Attribute[tuple[AxisName, ...]], value: tuple[AxisName, ...]) -> None:
+    if len(set(value)) != len(value):
+        dup = next(a for i, a in enumerate(value) if a in value[:i])
+        msg = f"mesh_axes names {dup.name!r} twice: {[a.name for a in value]}"
+        raise LayoutError(msg, axis=dup.name)
+
+
+@attrs.frozen(cache_hash=True)
+class ShardingPlan:
+    """A whole model's plan: module plans by module FQN, the mesh's axis names, tied pairs.
+
+    ``mesh_axes`` is the run's axis vocabulary as the planner knew it; ``tied_pairs`` are
+    pairs of parameter FQNs sharing storage (embedding and LM head).
+    """
+
+    modules: FrozenMap[str, ModulePlan] = attrs.field(converter=_as_modules)
+    mesh_axes: tuple[AxisName, ...] = attrs.field(
+        kw_only=True, converter=as_axes, validator=_check_vocabulary
+    )
+    tied_pairs: tuple[tuple[str, str], ...] = attrs.field(
+        default=(), kw_only=True, converter=_as_pairs
+    )
+
+    def named_placements(self) -> Iterator[tuple[str, ModulePlan, NamedPlacements]]:
+        """Every parameter of the plan as ``(fqn, module plan, named placements)``."""
+        for module, spec in self.modules.items():
+            for path, named in spec.params.items():
+                yield param_fqn(module, path), spec, named
