@@ -1,0 +1,39 @@
+"""Shared fixtures: Hypothesis profiles and one fake 8-rank process group per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "fast", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+FAKE_WORLD_SIZE = 8
+
+
+@pytest.fixture(scope="session")
+def fake_world() -> Iterator[int]:
+    """A fake process group of 8 ranks (this process is rank 0); yields the world size.
+
+    The fake backend moves no data: collectives return at once. It is enough for
+    ``init_device_mesh``, ``distribute_tensor`` metadata and ``fully_shard``'s placements.
+    """
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD_SIZE
+        )
+    yield FAKE_WORLD_SIZE
