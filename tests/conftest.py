@@ -19,6 +19,9 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# tests/typing is type-checked by mypy and never run; benchmarks are scripts (make bench).
+collect_ignore = ["typing", "bench"]
+
 FAKE_WORLD_SIZE = 8
 
 

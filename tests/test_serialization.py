@@ -1,0 +1,292 @@
+"""JSON for tables and plans: round trips, the documented format, and strict reading."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from layout_algebra import (
+    ModulePlan,
+    ParamLayoutTable,
+    Partial,
+    Replicate,
+    SerializationError,
+    Shard,
+    ShardingPlan,
+    SourceLayout,
+    StridedShard,
+)
+from layout_algebra.serialization import (
+    converter,
+    from_json,
+    plan_from_json,
+    plan_to_json,
+    to_json,
+)
+from tests.strategies import sharding_plans, tables
+
+EMB = SourceLayout("dense", ["tp", "ep"], [Shard(0), Replicate()])
+TABLE = ParamLayoutTable(
+    {
+        "emb.weight": EMB,
+        "head.weight": EMB,
+        "layers.7.w": SourceLayout("expert", ["ep", "tp"], [Shard(0), Shard(1)]),
+    },
+    tied=[{"emb.weight", "head.weight"}],
+)
+PLAN = ShardingPlan(
+    {
+        "": ModulePlan({"emb.weight": {"tp": Shard(0)}}),
+        "layers.0.moe": ModulePlan(
+            {"experts.w1": {"ep": Shard(0), "tp": Shard(1)}, "gate.weight": {}},
+            expert_parallel=True,
+        ),
+    },
+    mesh_axes=["dp_shard", "ep", "tp"],
+    tied_pairs=[("emb.weight", "head.weight")],
+)
+
+
+def test_table_document_is_the_documented_format() -> None:
+    doc = json.loads(to_json(TABLE))
+    assert doc == {
+        "version": 1,
+        "entries": {
+            "emb.weight": {"mesh": "dense", "axes": ["tp", "ep"], "placements": ["S(0)", "R"]},
+            "head.weight": {"mesh": "dense", "axes": ["tp", "ep"], "placements": ["S(0)", "R"]},
+            "layers.7.w": {"mesh": "expert", "axes": ["ep", "tp"], "placements": ["S(0)", "S(1)"]},
+        },
+        "tied": [["emb.weight", "head.weight"]],
+    }
+    assert converter.unstructure(TABLE) == doc
+
+
+def test_table_document_has_one_entry_per_line() -> None:
+    lines = to_json(TABLE).splitlines()
+    assert [line for line in lines if '"mesh"' in line] == [
+        '  "emb.weight": {"mesh": "dense", "axes": ["tp", "ep"], "placements": ["S(0)", "R"]},',
+        '  "head.weight": {"mesh": "dense", "axes": ["tp", "ep"], "placements": ["S(0)", "R"]},',
+        '  "layers.7.w": {"mesh": "expert", "axes": ["ep", "tp"], "placements": ["S(0)", "S(1)"]}',
+    ]
+
+
+def test_empty_table_round_trips() -> None:
+    assert from_json(to_json(ParamLayoutTable({}))) == ParamLayoutTable({})
+
+
+def test_read_layouts_are_shared_values() -> None:
+    table = from_json(to_json(TABLE))
+    assert table["emb.weight"] is table["head.weight"]
+
+
+def test_plan_document_is_the_documented_format() -> None:
+    doc = json.loads(plan_to_json(PLAN))
+    assert doc["version"] == 1
+    assert doc["mesh_axes"] == ["dp_shard", "ep", "tp"]
+    assert doc["tied_pairs"] == [["emb.weight", "head.weight"]]
+    assert doc["modules"]["layers.0.moe"] == {
+        "params": {"experts.w1": {"ep": "S(0)", "tp": "S(1)"}, "gate.weight": {}},
+        "expert_parallel": True,
+    }
+    assert converter.unstructure(PLAN) == doc
+
+
+def test_plan_file_words_are_read() -> None:
+    text = json.dumps(
+        {
+            "version": 1,
+            "mesh_axes": ["tp"],
+            "modules": {"attn": {"params": {"wq.weight": {"tp": "shard(0)"}, "b": {"tp": "Replicate"}}}},
+        }
+    )
+    plan = plan_from_json(text)
+    assert plan.modules["attn"].params["wq.weight"]["tp"] == Shard(0)
+    assert plan.modules["attn"].params["b"]["tp"] == Replicate()
+    assert plan.tied_pairs == ()
+    assert not plan.modules["attn"].expert_parallel
+
+
+def test_converter_structures_every_value_type() -> None:
+    assert converter.structure(converter.unstructure(TABLE), ParamLayoutTable) == TABLE
+    assert converter.structure(converter.unstructure(PLAN), ShardingPlan) == PLAN
+    assert converter.structure("_S(0, 2)", StridedShard) == StridedShard(0, split_factor=2)
+    assert converter.unstructure(Partial("max")) == "P(max)"
+    with pytest.raises(SerializationError, match="expected a Shard placement"):
+        converter.structure("R", Shard)
+
+
+@given(tables())
+def test_table_round_trip(table: ParamLayoutTable) -> None:
+    assert from_json(to_json(table)) == table
+    assert converter.structure(converter.unstructure(table), ParamLayoutTable) == table
+
+
+@given(sharding_plans())
+def test_plan_round_trip(plan: ShardingPlan) -> None:
+    assert plan_from_json(plan_to_json(plan)) == plan
+
+
+# --------------------------------------------------------------------------------------
+# strict reading: every bad document names the JSON path of its first bad value
+
+GOOD_ENTRY: dict[str, Any] = {"mesh": "dense", "axes": ["tp"], "placements": ["S(0)"]}
+
+
+def _table_doc(**changes: Any) -> str:
+    doc: dict[str, Any] = {"version": 1, "entries": {"layers.7.w": dict(GOOD_ENTRY)}, "tied": []}
+    doc.update(changes)
+    return json.dumps(doc)
+
+
+def _entry(**changes: Any) -> str:
+    return _table_doc(entries={"layers.7.w": {**GOOD_ENTRY, **changes}})
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "words"),
+    [
+        ("{", "$", "not valid JSON"),
+        ("", "$", "not valid JSON"),
+        ("[]", "$", "expected a JSON object"),
+        ('{"version": NaN, "entries": {}}', "$", "NaN"),
+        (_table_doc(version=2), "version", "unsupported version"),
+        (_table_doc(version="1"), "version", "unsupported version"),
+        (_table_doc(version=True), "version", "unsupported version"),
+        ('{"entries": {}}', "version", "missing field 'version'"),
+        ('{"version": 1}', "entries", "missing field 'entries'"),
+        (_table_doc(tide=[]), "tide", "unknown field 'tide'"),
+        (_table_doc(entries=[]), "entries", "expected a JSON object"),
+        (_entry(placements=["S(x)"]), 'entries["layers.7.w"].placements[0]', "'S(x)'"),
+        (_entry(placements=[0]), 'entries["layers.7.w"].placements[0]', "expected a string"),
+        (_entry(placements=["P(sum)"]), 'entries["layers.7.w"].placements[0]', "P(sum)"),
+        (_entry(placements="S(0)"), 'entries["layers.7.w"].placements', "JSON array"),
+        (_entry(axes=["1tp"]), 'entries["layers.7.w"].axes[0]', "'1tp'"),
+        (_entry(axes=[["tp"]]), 'entries["layers.7.w"].axes[0]', "expected a string"),
+        (_entry(axes=["tp", "ep"]), 'entries["layers.7.w"]', "2 axes"),
+        (_entry(mesh=3), 'entries["layers.7.w"].mesh', "expected a string"),
+        (_entry(mesh=""), 'entries["layers.7.w"]', "non-empty"),
+        (_entry(extra=1), 'entries["layers.7.w"].extra', "unknown field 'extra'"),
+        (_table_doc(entries={"layers.7.w": 5}), 'entries["layers.7.w"]', "JSON object"),
+        (_table_doc(tied=[["layers.7.w", "absent.w"]]), "tied[0][1]", "no entry"),
+        (_table_doc(tied=[["layers.7.w"]]), "tied", "fewer than two"),
+        (_table_doc(tied={"a": 1}), "tied", "JSON array"),
+        ('{"version": 1, "entries": {"a": {}, "a": {}}}', "$", "appears twice"),
+    ],
+)
+def test_bad_table_documents(text: str, path: str, words: str) -> None:
+    with pytest.raises(SerializationError) as info:
+        from_json(text)
+    assert info.value.path == path
+    assert path in str(info.value)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("doc", "path"),
+    [
+        ({"version": 1, "mesh_axes": ["tp"]}, "modules"),
+        ({"version": 1, "mesh_axes": "tp", "modules": {}}, "mesh_axes"),
+        ({"version": 1, "mesh_axes": ["tp", "tp"], "modules": {}}, "$"),
+        ({"version": 1, "mesh_axes": ["tp"], "modules": {"a": {}}}, 'modules["a"].params'),
+        (
+            {"version": 1, "mesh_axes": ["tp"], "modules": {"a": {"params": {"w": {"tp": "X"}}}}},
+            'modules["a"].params["w"]["tp"]',
+        ),
+        (
+            {"version": 1, "mesh_axes": ["tp"], "modules": {"a": {"params": {"w": {"t p": "R"}}}}},
+            'modules["a"].params["w"]["t p"]',
+        ),
+        (
+            {"version": 1, "mesh_axes": [], "modules": {"a": {"params": {}, "expert_parallel": 1}}},
+            'modules["a"].expert_parallel',
+        ),
+        ({"version": 1, "mesh_axes": [], "modules": {}, "tied_pairs": [["a"]]}, "tied_pairs[0]"),
+        ({"version": 1, "mesh_axes": [], "modules": {}, "tied_pairs": [["a", 2]]}, "tied_pairs[0][1]"),
+    ],
+)
+def test_bad_plan_documents(doc: dict[str, Any], path: str) -> None:
+    with pytest.raises(SerializationError) as info:
+        plan_from_json(json.dumps(doc))
+    assert info.value.path == path
+
+
+def test_nothing_from_the_input_is_imported_or_executed() -> None:
+    text = _entry(placements=["__import__('os').system('false')"])
+    with pytest.raises(SerializationError, match="is not a placement"):
+        from_json(text)
+    hostile = json.dumps({"py/object": "os.system", "version": 1, "entries": {}})
+    with pytest.raises(SerializationError, match="unknown field 'py/object'"):
+        from_json(hostile)
+
+
+# --------------------------------------------------------------------------------------
+# every one-field corruption of a real document is either valid or a SerializationError
+
+_REAL = json.loads(to_json(TABLE))
+
+_JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.sampled_from(["S(0)", "R", "P(sum)", "_S(0, 2)", "tp", "dense", "emb.weight"]),
+    st.lists(st.sampled_from(["tp", "R", "S(1)"]), max_size=3),
+    st.dictionaries(st.sampled_from(["mesh", "axes", "x"]), st.just("tp"), max_size=2),
+)
+
+
+def _paths(value: object, prefix: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.extend(_paths(v, (*prefix, k)))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out.extend(_paths(v, (*prefix, i)))
+    return out
+
+
+_ALL_PATHS = _paths(_REAL)
+
+
+def _replace(doc: object, path: tuple[object, ...], new: object) -> object:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(doc, dict):
+        return {k: (_replace(v, rest, new) if k == head else v) for k, v in doc.items()}
+    assert isinstance(doc, list)
+    return [(_replace(v, rest, new) if i == head else v) for i, v in enumerate(doc)]
+
+
+@given(st.sampled_from(_ALL_PATHS), _JUNK)
+def test_one_field_corruptions_are_valid_or_serialization_errors(
+    path: tuple[object, ...], junk: object
+) -> None:
+    text = json.dumps(_replace(_REAL, path, junk))
+    try:
+        table = from_json(text)
+    except SerializationError as e:
+        assert e.path
+        assert "Traceback" not in str(e)
+    else:
+        assert from_json(to_json(table)) == table
+
+
+@given(st.sampled_from(_ALL_PATHS[1:]))
+def test_deleting_any_field_is_valid_or_a_serialization_error(path: tuple[object, ...]) -> None:
+    *head, last = path
+    doc = json.loads(json.dumps(_REAL))
+    target: Any = doc
+    for step in head:
+        target = target[step]
+    del target[last]
+    try:
+        from_json(json.dumps(doc))
+    except SerializationError as e:
+        assert e.path
