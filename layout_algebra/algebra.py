@@ -29,7 +29,7 @@ from layout_algebra.placements import (
     Shard,
     format_placement,
 )
-from layout_algebra.plan import FrozenMap, NamedLike, ShardingPlan, param_fqn
+from layout_algebra.plan import FrozenMap, NamedLike, ShardingPlan, as_pairs, param_fqn
 
 __all__ = [
     "TableDiff",
@@ -147,7 +147,11 @@ def _as_named(named: NamedLike, fqn: str) -> Mapping[str, Placement]:
     if not isinstance(raw, Mapping):
         msg = f"{fqn}: named placements must map axis to placement, got {named!r}"
         raise LayoutError(msg, fqn=fqn)
-    return {axis_str(a): p for a, p in named.items()}
+    out = {axis_str(a): p for a, p in named.items()}
+    if len(out) != len(named):
+        msg = f"{fqn}: an axis is named twice in {named!r}; give one placement per axis"
+        raise LayoutError(msg, fqn=fqn)
+    return out
 
 
 def resolve(
@@ -287,7 +291,7 @@ def _merge(
     existing: Iterable[frozenset[str]],
     pairs: Iterable[Iterable[str]],
 ) -> tuple[CheckedEntries, tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
-    groups = _groups([*existing, *pairs])
+    groups = _groups([*existing, *as_pairs(pairs)])
     merged = CheckedEntries(entries)
     kept: list[frozenset[str]] = []
     conflicts: list[TiedLayoutConflict] = []

@@ -22,6 +22,7 @@ __all__ = [
     "NamedLike",
     "NamedPlacements",
     "ShardingPlan",
+    "as_pairs",
     "param_fqn",
 ]
 
@@ -183,7 +184,8 @@ def _is_fqn(name: object) -> bool:
     return isinstance(name, str) and bool(name)
 
 
-def _as_pairs(pairs: Iterable[Iterable[str]]) -> tuple[tuple[str, str], ...]:
+def as_pairs(pairs: Iterable[Iterable[str]]) -> tuple[tuple[str, str], ...]:
+    """``pairs`` as a tuple of FQN pairs, each checked to be two non-empty strings."""
     out: list[tuple[str, str]] = []
     for pair in pairs:
         raw: object = pair
@@ -215,7 +217,7 @@ class ShardingPlan:
         kw_only=True, converter=as_axes, validator=_check_vocabulary
     )
     tied_pairs: tuple[tuple[str, str], ...] = attrs.field(
-        default=(), kw_only=True, converter=_as_pairs
+        default=(), kw_only=True, converter=as_pairs
     )
 
     def named_placements(self) -> Iterator[tuple[str, ModulePlan, NamedPlacements]]:
