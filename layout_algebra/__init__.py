@@ -25,6 +25,7 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
+from layout_algebra.geometry import compose_fsdp, local_shape_and_offset
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import (
     Partial,
@@ -62,8 +63,10 @@ __all__ = [
     "UnknownAxisError",
     "build_table",
     "complete_default",
+    "compose_fsdp",
     "diff",
     "format_placement",
+    "local_shape_and_offset",
     "merge_tied",
     "parse_placement",
     "resolve",

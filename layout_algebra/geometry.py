@@ -1,0 +1,419 @@
+"""FSDP composition and shard geometry: what ``fully_shard`` makes of a layout, and who holds what.
+
+``compose_fsdp`` predicts the placements torch's FSDP2 gives a parameter whose source layout
+is known: FSDP's own mesh dims come first, then the source placements. ``local_runs`` and
+``local_shape_and_offset`` say which block of the global tensor one rank holds under a
+layout, with torch.chunk semantics, as DTensor computes it.
+
+Everything here is pure: mesh sizes and coordinates are plain mappings by axis name, so no
+live ``DeviceMesh`` (and no torch) is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final, TypeAlias, assert_never
+
+from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str
+from layout_algebra.errors import LayoutError
+from layout_algebra.layout import SourceLayout
+from layout_algebra.placements import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    StridedShard,
+    format_placement,
+)
+
+__all__ = [
+    "MAX_FSDP_SOURCE_AXES",
+    "Runs",
+    "compose_fsdp",
+    "local_runs",
+    "local_shape_and_offset",
+]
+
+MAX_FSDP_SOURCE_AXES: Final = 2
+"""FSDP2 composes 1-D TP/EP or 2-D EP+TP source layouts, nothing wider."""
+
+_REPLICATE: Final = Replicate()
+
+Runs: TypeAlias = tuple[range, ...]
+"""Ascending, disjoint, non-adjacent runs of global indices along one tensor dim."""
+
+
+# ---------------------------------------------------------------------------------------
+# arguments
+
+
+def _check_layout(layout: SourceLayout) -> None:
+    raw: object = layout
+    if not isinstance(raw, SourceLayout):
+        msg = f"expected a SourceLayout such as dense[tp=S(0)], got {layout!r}"
+        raise LayoutError(msg)
+
+
+def _as_sizes(values: Mapping[str, int], what: str, floor: int) -> dict[str, int]:
+    """``values`` keyed by plain axis name, each an int >= ``floor``."""
+    raw: object = values
+    if not isinstance(raw, Mapping):
+        msg = f"{what} must map axis name to int, such as {{'tp': 2}}, got {values!r}"
+        raise LayoutError(msg)
+    out: dict[str, int] = {}
+    for key, value in values.items():
+        name = axis_str(key)
+        if type(value) is not int or value < floor:
+            msg = f"{what}[{name!r}] must be an int >= {floor}, got {value!r}"
+            raise LayoutError(msg, axis=name)
+        out[name] = value
+    return out
+
+
+def _size_of(sizes: Mapping[str, int], axis: AxisName, layout: SourceLayout) -> int:
+    size = sizes.get(axis.name)
+    if size is None:
+        msg = (
+            f"mesh_sizes has no size for axis {axis.name!r} of {layout} (it has "
+            f"{sorted(sizes)}); give mesh_sizes={{{axis.name!r}: n, ...}} or fix the axis name"
+        )
+        raise LayoutError(msg, axis=axis.name)
+    return size
+
+
+# ---------------------------------------------------------------------------------------
+# FSDP composition: one rule per check
+
+
+def _check_fsdp_mesh(shard: tuple[AxisName, ...], replicate: tuple[AxisName, ...]) -> None:
+    """``fully_shard`` takes a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate, shard)."""
+    if len(shard) != 1:
+        given = [a.name for a in shard]
+        msg = (
+            f"shard_axes={given}: fully_shard shards over exactly one mesh axis (its mesh is "
+            "1-D, or 2-D for HSDP); pass one axis such as ('dp_shard',), flattening several "
+            "data-parallel axes into one mesh axis (e.g. 'dp_shard_cp') first"
+        )
+        raise LayoutError(msg, axis=given[1] if len(given) > 1 else None)
+    if len(replicate) > 1:
+        given = [a.name for a in replicate]
+        msg = (
+            f"replicate_axes={given}: fully_shard replicates over at most one mesh axis "
+            "(HSDP's 2-D mesh); flatten them into one mesh axis and pass that"
+        )
+        raise LayoutError(msg, axis=given[1])
+
+
+def _check_source_rank(layout: SourceLayout) -> None:
+    """FSDP2 takes 1-D TP/EP or 2-D EP+TP source layouts (or a plain tensor)."""
+    if len(layout.axes) > MAX_FSDP_SOURCE_AXES:
+        extra = layout.axes[MAX_FSDP_SOURCE_AXES]
+        msg = (
+            f"{layout}: FSDP2 composes 1-D TP/EP or 2-D EP+TP source layouts only (at most "
+            f"{MAX_FSDP_SOURCE_AXES} source axes), this one has {len(layout.axes)}; shard the "
+            "parameter over at most two non-FSDP axes"
+        )
+        raise LayoutError(
+            msg,
+            axis=extra.name,
+            placement=format_placement(layout.placement_on(extra)),
+        )
+
+
+def _check_distinct(layout: SourceLayout, fsdp_axes: tuple[AxisName, ...]) -> None:
+    """FSDP's axes and the source axes are different axes of the world mesh."""
+    seen: set[AxisName] = set()
+    for axis in fsdp_axes:
+        if axis in seen:
+            msg = (
+                f"axis {axis.name!r} is both a replicate and a shard axis of FSDP; "
+                "give each data-parallel axis once"
+            )
+            raise LayoutError(msg, axis=axis.name)
+        seen.add(axis)
+        if axis in layout.axes:
+            shown = format_placement(layout.placement_on(axis))
+            msg = (
+                f"{layout}: axis {axis.name!r} is a source axis ({shown}) and an FSDP axis; "
+                "FSDP shards over the data-parallel axes the source layout does not use"
+            )
+            raise LayoutError(msg, axis=axis.name, placement=shown)
+
+
+def _check_parameter(layout: SourceLayout) -> None:
+    """A parameter is a whole value: no pending reduction for FSDP to shard."""
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        if isinstance(p, Partial):
+            shown = format_placement(p)
+            msg = (
+                f"{layout}: {shown} on axis {axis.name!r}: a parameter cannot be a pending "
+                "reduction, so FSDP cannot shard it; declare R or S(dim) on that axis"
+            )
+            raise LayoutError(msg, axis=axis.name, placement=shown)
+
+
+def _check_shard_dim(shard_dim: int) -> None:
+    if type(shard_dim) is not int or shard_dim < 0:
+        msg = (
+            f"shard_dim must be an int >= 0, got {shard_dim!r}; give the tensor dim FSDP "
+            "shards, counted from 0"
+        )
+        raise LayoutError(msg)
+
+
+def _shards_dim(p: Placement, dim: int) -> bool:
+    match p:
+        case Shard(d) | StridedShard(d):
+            return d == dim
+        case Replicate() | Partial():
+            return False
+        case _:
+            assert_never(p)
+
+
+def compose_fsdp(
+    layout: SourceLayout,
+    *,
+    shard_axes: Iterable[AxisLike],
+    replicate_axes: Iterable[AxisLike] = (),
+    mesh_sizes: Mapping[str, int],
+    shard_dim: int = 0,
+) -> SourceLayout:
+    """The layout torch's ``fully_shard`` gives a parameter with source layout ``layout``.
+
+    Its axes are ``(*replicate_axes, *shard_axes, *layout.axes)`` on the same mesh role;
+    its placements are FSDP's own first — ``R`` on the HSDP replicate axis, then
+    ``S(shard_dim)`` on the shard axis — followed by the source placements. When source
+    axes already shard ``shard_dim``, FSDP shards each source shard further (right to
+    left), which DTensor spells ``_S(shard_dim, k)`` with ``k`` the number of source
+    shards of that dim: ``tp=2`` on ``S(0)`` and FSDP over ``dp_shard=4`` give
+    ``dense[dp_shard=_S(0, 2), tp=S(0)]``.
+
+    These are torch's placements exactly. Where source axes shard ``shard_dim``
+    unevenly, DTensor's reading of them (and so ``local_shape_and_offset``'s) can differ
+    from the rows FSDP keeps, which are ``torch.chunk`` of each rank's source shard: 5 rows
+    on ``ep=2, tp=2`` both ``S(0)``, FSDP over 2 ranks, leave rank (1, 1, 0) no row,
+    while ``_S(0, 4)`` gives it one.
+
+    >>> str(compose_fsdp(SourceLayout("dense", ["tp"], [Shard(0)]),
+    ...     shard_axes=["dp_shard"], mesh_sizes={"dp_shard": 4, "tp": 2}))
+    'dense[dp_shard=_S(0, 2), tp=S(0)]'
+
+    Args:
+        layout: the parameter's source layout (at most two axes, no ``Partial``).
+        shard_axes: the one mesh axis FSDP shards over.
+        replicate_axes: the HSDP replicate axis, if any.
+        mesh_sizes: the size of every axis of the result, by name.
+        shard_dim: the tensor dim FSDP shards (``shard_placement_fn``'s ``Shard(dim)``).
+
+    Returns:
+        The composed layout; ``local_shape_and_offset`` reads it with the same sizes.
+
+    Raises:
+        LayoutError: what FSDP2 cannot compose, up front: more than two source axes, not
+            exactly one shard axis, more than one replicate axis, an axis both FSDP's and
+            the source's, a ``Partial``, an axis with no size in ``mesh_sizes``.
+    """
+    _check_layout(layout)
+    shard = as_axes(shard_axes)
+    replicate = as_axes(replicate_axes)
+    _check_fsdp_mesh(shard, replicate)
+    _check_distinct(layout, replicate + shard)
+    _check_source_rank(layout)
+    _check_parameter(layout)
+    _check_shard_dim(shard_dim)
+    sizes = _as_sizes(mesh_sizes, "mesh_sizes", floor=1)
+    axes = (*replicate, *shard, *layout.axes)
+    for axis in axes:
+        _size_of(sizes, axis, layout)
+    # FSDP shards each source shard of shard_dim further: with tp=2 and ep=2 both on
+    # S(0), every dp rank takes its slice of each of the 2 * 2 = 4 source shards.
+    split_factor = 1
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        if _shards_dim(p, shard_dim):
+            split_factor *= sizes[axis.name]
+    fsdp: Placement = (
+        StridedShard(shard_dim, split_factor=split_factor) if split_factor > 1 else Shard(shard_dim)
+    )
+    placements = (_REPLICATE,) * len(replicate) + (fsdp,) + layout.placements
+    return SourceLayout(layout.mesh, axes, placements)
+
+
+# ---------------------------------------------------------------------------------------
+# geometry
+
+
+def _chunk(n: int, chunks: int, index: int) -> tuple[int, int]:
+    """Bounds of chunk ``index`` when ``torch.chunk`` splits ``n`` items into ``chunks``.
+
+    Chunks are ``ceil(n / chunks)`` long and the tail takes what is left, possibly
+    nothing: 10 rows over 4 ranks → 3, 3, 3, 1; 5 over 4 → 2, 2, 1, 0; 2 over 4 → 1, 1, 0, 0.
+    """
+    size = -(-n // chunks)
+    return min(size * index, n), min(size * (index + 1), n)
+
+
+def _strided_chunks(n: int, chunks: int, index: int, split_factor: int) -> list[tuple[int, int]]:
+    """Positions chunk ``index`` of ``_S(dim, split_factor)`` over ``chunks`` ranks takes.
+
+    The dim is first cut into ``split_factor`` pieces, each piece is chunked over the
+    ranks, and a rank takes its chunk of every piece. 8 rows, ``_S(0, 2)`` over 2 ranks:
+    pieces [0, 4) and [4, 8); rank 0 takes [0, 2) and [4, 6), rank 1 [2, 4) and [6, 8).
+    """
+    out: list[tuple[int, int]] = []
+    for piece in range(split_factor):
+        lo, hi = _chunk(n, split_factor, piece)
+        start, stop = _chunk(hi - lo, chunks, index)
+        out.append((lo + start, lo + stop))
+    return out
+
+
+def _take(runs: Runs, spans: Iterable[tuple[int, int]]) -> Runs:
+    """The global indices at positions ``spans`` of the indices ``runs`` hold, as runs.
+
+    Positions count along the concatenation of ``runs``; ``spans`` ascend.
+    """
+    out: list[range] = []
+    for start, stop in spans:
+        pos = 0
+        for run in runs:
+            lo, hi = max(start - pos, 0), min(stop - pos, len(run))
+            if lo < hi:
+                first, last = run.start + lo, run.start + hi
+                if out and out[-1].stop == first:
+                    out[-1] = range(out[-1].start, last)
+                else:
+                    out.append(range(first, last))
+            pos += len(run)
+            if pos >= stop:
+                break
+    return tuple(out)
+
+
+def _check_shape(global_shape: Sequence[int]) -> tuple[int, ...]:
+    raw: object = global_shape
+    if isinstance(raw, str) or not isinstance(raw, Sequence):
+        msg = f"global_shape must be a sequence of sizes such as (16, 8), got {global_shape!r}"
+        raise LayoutError(msg)
+    shape = tuple(global_shape)
+    if any(type(n) is not int or n < 0 for n in shape):
+        msg = f"global_shape must hold ints >= 0, got {global_shape!r}"
+        raise LayoutError(msg)
+    return shape
+
+
+def _check_dim(layout: SourceLayout, axis: AxisName, p: Placement, dim: int, ndim: int) -> None:
+    if dim >= ndim:
+        shown = format_placement(p)
+        msg = (
+            f"{layout}: {shown} on axis {axis.name!r} shards dim {dim} but the tensor has "
+            f"{ndim} dim{'s' if ndim != 1 else ''}; shard a dim below {ndim}"
+        )
+        raise LayoutError(msg, axis=axis.name, placement=shown)
+
+
+def _index_on(coordinate: Mapping[str, int], axis: AxisName, size: int) -> int:
+    index = coordinate.get(axis.name)
+    if index is None:
+        msg = (
+            f"coordinate has no index for axis {axis.name!r} (it has {sorted(coordinate)}); "
+            f"give coordinate={{{axis.name!r}: i, ...}} with 0 <= i < {size}"
+        )
+        raise LayoutError(msg, axis=axis.name)
+    if index >= size:
+        msg = (
+            f"coordinate[{axis.name!r}] = {index} is outside the axis of size {size}; "
+            f"give 0 <= i < {size}"
+        )
+        raise LayoutError(msg, axis=axis.name)
+    return index
+
+
+def local_runs(
+    global_shape: Sequence[int],
+    layout: SourceLayout,
+    mesh_sizes: Mapping[str, int],
+    coordinate: Mapping[str, int],
+) -> tuple[Runs, ...]:
+    """Which global indices of each tensor dim the rank at ``coordinate`` holds.
+
+    One tuple of ascending ``range`` runs per tensor dim (empty when the rank holds
+    nothing of it). Placements apply left to right in the layout's axis order, each
+    chunking what the previous ones left, as DTensor does; a ``Shard`` keeps one run per
+    run it cuts, a ``StridedShard`` takes a slice of each of its pieces.
+
+    >>> layout = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2), Shard(0)])
+    >>> local_runs((8, 3), layout, {"dp": 2, "tp": 2}, {"dp": 1, "tp": 0})
+    ((range(2, 4),), (range(0, 3),))
+
+    Args:
+        global_shape: the shape of the whole tensor.
+        layout: the tensor's placements, one per axis.
+        mesh_sizes: the size of every axis of ``layout``, by name (others are ignored).
+        coordinate: the rank's index on every axis of ``layout`` (others are ignored).
+
+    Raises:
+        LayoutError: a placement shards a dim the tensor lacks, an axis has no size or no
+            index, or an index is outside its axis.
+    """
+    _check_layout(layout)
+    shape = _check_shape(global_shape)
+    sizes = _as_sizes(mesh_sizes, "mesh_sizes", floor=1)
+    where = _as_sizes(coordinate, "coordinate", floor=0)
+    runs: list[Runs] = [(range(n),) if n else () for n in shape]
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        size = _size_of(sizes, axis, layout)
+        index = _index_on(where, axis, size)
+        match p:
+            case Shard(dim):
+                _check_dim(layout, axis, p, dim, len(shape))
+                held = sum(map(len, runs[dim]))
+                runs[dim] = _take(runs[dim], [_chunk(held, size, index)])
+            case StridedShard(dim, split_factor=k):
+                _check_dim(layout, axis, p, dim, len(shape))
+                held = sum(map(len, runs[dim]))
+                runs[dim] = _take(runs[dim], _strided_chunks(held, size, index, k))
+            case Replicate() | Partial():
+                pass
+            case _:
+                assert_never(p)
+    return tuple(runs)
+
+
+def local_shape_and_offset(
+    global_shape: Sequence[int],
+    layout: SourceLayout,
+    mesh_sizes: Mapping[str, int],
+    coordinate: Mapping[str, int],
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The local shard's shape and where it starts in the global tensor, on one rank.
+
+    torch.chunk semantics, equal to DTensor's ``compute_local_shape_and_global_offset``:
+    uneven shards are short at the tail, tail shards may be empty (their offset is then
+    the dim's size, as DTensor reports it), and a ``StridedShard``'s offset is the first
+    global index the rank holds (its block is not contiguous; ``local_runs`` gives it
+    whole). 10 rows ``S(0)`` over 4 ranks: shapes 3, 3, 3, 1 at offsets 0, 3, 6, 9.
+
+    >>> layout = SourceLayout("dense", ["tp"], [Shard(0)])
+    >>> local_shape_and_offset((10, 4), layout, {"tp": 4}, {"tp": 3})
+    ((1, 4), (9, 0))
+
+    Args:
+        global_shape: the shape of the whole tensor.
+        layout: the tensor's placements, one per axis.
+        mesh_sizes: the size of every axis of ``layout``, by name (others are ignored).
+        coordinate: the rank's index on every axis of ``layout`` (others are ignored).
+
+    Returns:
+        ``(local_shape, global_offset)``, one int per tensor dim each.
+
+    Raises:
+        LayoutError: as ``local_runs``.
+    """
+    runs = local_runs(global_shape, layout, mesh_sizes, coordinate)
+    local = tuple(sum(map(len, dim_runs)) for dim_runs in runs)
+    offset = tuple(
+        dim_runs[0].start if dim_runs else size
+        for dim_runs, size in zip(runs, global_shape, strict=True)
+    )
+    return local, offset

@@ -1,0 +1,573 @@
+"""FSDP composition and shard geometry, checked against torch's ``fully_shard`` and DTensor.
+
+The oracles: placements of parameters after a real ``fully_shard`` on the fake 8-rank
+process group; DTensor's own local-shape/offset computation for every rank coordinate;
+and the index blocks torch's placements cut when they split a tensor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple, assert_never
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import Partial as TorchPartial
+from torch.distributed.tensor import Placement as TorchPlacement
+from torch.distributed.tensor import Replicate as TorchReplicate
+from torch.distributed.tensor import Shard as TorchShard
+from torch.distributed.tensor._utils import (
+    _compute_local_shape_and_global_offset,
+    compute_local_shape_and_global_offset,
+)
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from layout_algebra import (
+    AxisName,
+    LayoutError,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    SourceLayout,
+    StridedShard,
+    compose_fsdp,
+    local_shape_and_offset,
+)
+from layout_algebra.geometry import MAX_FSDP_SOURCE_AXES, local_runs
+
+S0, S1, R = Shard(0), Shard(1), Replicate()
+
+
+# ---------------------------------------------------------------------------------------
+# placements across the border (kept here so these tests stand on torch alone)
+
+
+def to_torch(p: Placement) -> TorchPlacement:
+    match p:
+        case Shard(dim):
+            return TorchShard(dim)
+        case Replicate():
+            return TorchReplicate()
+        case Partial(op):
+            return TorchPartial(op)
+        case StridedShard(dim, split_factor=k):
+            return _StridedShard(dim, split_factor=k)
+        case _:
+            assert_never(p)
+
+
+def from_torch(p: TorchPlacement) -> Placement:
+    """Ours for a placement ``fully_shard`` gives a parameter (never a ``Partial``)."""
+    if isinstance(p, _StridedShard):
+        return StridedShard(p.dim, split_factor=int(p.split_factor))
+    if isinstance(p, TorchShard):
+        return Shard(p.dim)
+    if isinstance(p, TorchReplicate):
+        return Replicate()
+    raise AssertionError(p)
+
+
+def coordinates(axes: Sequence[str], sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
+    """Every rank's coordinate over ``axes``, row-major."""
+    for index in itertools.product(*(range(sizes[a]) for a in axes)):
+        yield dict(zip(axes, index, strict=True))
+
+
+def names(layout: SourceLayout) -> list[str]:
+    return [a.name for a in layout.axes]
+
+
+# ---------------------------------------------------------------------------------------
+# compose_fsdp: worked cases
+
+
+def test_fsdp_over_tp_rows_is_strided() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    composed = compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes={"dp_shard": 4, "tp": 2})
+    assert composed == SourceLayout(
+        "dense", ["dp_shard", "tp"], [StridedShard(0, split_factor=2), S0]
+    )
+    assert str(composed) == "dense[dp_shard=_S(0, 2), tp=S(0)]"
+
+
+@pytest.mark.parametrize("source", [S1, R])
+def test_fsdp_over_a_dim_the_source_leaves_alone_is_a_plain_shard(source: Placement) -> None:
+    layout = SourceLayout("dense", ["tp"], [source])
+    composed = compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes={"dp_shard": 4, "tp": 2})
+    assert composed.placements == (S0, source)
+
+
+def test_hsdp_of_the_reference_mesh() -> None:
+    # Mesh (2, 4, 2), FSDP on the middle dim, source S(0) on the last: (R, _S(0, 2), S(0)).
+    layout = SourceLayout("dense", ["tp"], [S0])
+    sizes = {"dp_replicate": 2, "dp_shard": 4, "tp": 2}
+    composed = compose_fsdp(
+        layout, shard_axes=("dp_shard",), replicate_axes=("dp_replicate",), mesh_sizes=sizes
+    )
+    assert str(composed) == "dense[dp_replicate=R, dp_shard=_S(0, 2), tp=S(0)]"
+
+
+def test_split_factor_counts_every_source_shard_of_the_dim() -> None:
+    layout = SourceLayout("expert", ["ep", "tp"], [S0, S0])
+    sizes = {"edp_shard": 2, "ep": 4, "tp": 2}
+    composed = compose_fsdp(layout, shard_axes=["edp_shard"], mesh_sizes=sizes)
+    assert str(composed) == "expert[edp_shard=_S(0, 8), ep=S(0), tp=S(0)]"
+
+
+def test_size_one_source_axes_do_not_stride() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    composed = compose_fsdp(layout, shard_axes=["dp"], mesh_sizes={"dp": 8, "tp": 1})
+    assert composed.placements == (S0, S0)
+
+
+def test_shard_dim_follows_fsdp() -> None:
+    layout = SourceLayout("dense", ["tp"], [S1])
+    composed = compose_fsdp(
+        layout, shard_axes=["dp_shard"], mesh_sizes={"dp_shard": 2, "tp": 4}, shard_dim=1
+    )
+    assert str(composed) == "dense[dp_shard=_S(1, 4), tp=S(1)]"
+
+
+def test_a_layout_without_source_axes_is_plain_fsdp() -> None:
+    layout = SourceLayout("dense", [], [])
+    composed = compose_fsdp(
+        layout, shard_axes=["dp_shard"], replicate_axes=["dp_replicate"],
+        mesh_sizes={"dp_replicate": 2, "dp_shard": 4},
+    )  # fmt: skip
+    assert str(composed) == "dense[dp_replicate=R, dp_shard=S(0)]"
+
+
+def test_compose_takes_axis_names_and_ignores_other_sizes() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    sizes = {"dp_shard": 2, "tp": 2, "pp": 4, "cp": 2}
+    assert compose_fsdp(layout, shard_axes=[AxisName("dp_shard")], mesh_sizes=sizes) == (
+        compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# compose_fsdp: what FSDP2 cannot compose is refused up front
+
+
+def test_more_source_axes_than_fsdp_supports() -> None:
+    layout = SourceLayout("dense", ["ep", "tp", "sp"], [S0, S1, R])
+    sizes = {"dp_shard": 1, "ep": 2, "tp": 2, "sp": 2}
+    with pytest.raises(LayoutError, match=r"1-D TP/EP or 2-D EP\+TP") as info:
+        compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
+    assert str(MAX_FSDP_SOURCE_AXES) in info.value.message
+    assert "dense[ep=S(0), tp=S(1), sp=R]" in info.value.message
+    assert (info.value.axis, info.value.placement) == ("sp", "R")
+
+
+@pytest.mark.parametrize("shard_axes", [(), ("dp_shard", "cp")])
+def test_fsdp_shards_over_exactly_one_axis(shard_axes: tuple[str, ...]) -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    sizes = {"dp_shard": 2, "cp": 2, "tp": 2}
+    with pytest.raises(LayoutError, match="exactly one mesh axis") as info:
+        compose_fsdp(layout, shard_axes=shard_axes, mesh_sizes=sizes)
+    assert "flatten" in info.value.message
+
+
+def test_hsdp_replicates_over_at_most_one_axis() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    sizes = {"a": 2, "b": 2, "dp_shard": 2, "tp": 1}
+    with pytest.raises(LayoutError, match="at most one mesh axis") as info:
+        compose_fsdp(layout, shard_axes=["dp_shard"], replicate_axes=["a", "b"], mesh_sizes=sizes)
+    assert info.value.axis == "b"
+
+
+def test_an_axis_cannot_be_fsdp_and_source() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    with pytest.raises(LayoutError, match="'tp' is a source axis") as info:
+        compose_fsdp(layout, shard_axes=["tp"], mesh_sizes={"tp": 2})
+    assert (info.value.axis, info.value.placement) == ("tp", "S(0)")
+    with pytest.raises(LayoutError, match="both a replicate and a shard axis"):
+        compose_fsdp(layout, shard_axes=["dp"], replicate_axes=["dp"], mesh_sizes={"dp": 2})
+
+
+def test_a_pending_reduction_is_not_a_parameter() -> None:
+    layout = SourceLayout("dense", ["tp"], [Partial()])
+    with pytest.raises(LayoutError, match=r"P\(sum\) on axis 'tp'") as info:
+        compose_fsdp(layout, shard_axes=["dp"], mesh_sizes={"dp": 2, "tp": 2})
+    assert info.value.message.endswith("declare R or S(dim) on that axis")
+
+
+def test_every_axis_needs_a_size() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    with pytest.raises(LayoutError, match="no size for axis 'dp_shrad'") as info:
+        compose_fsdp(layout, shard_axes=["dp_shrad"], mesh_sizes={"dp_shard": 2, "tp": 2})
+    assert info.value.axis == "dp_shrad"
+
+
+@pytest.mark.parametrize("size", [0, -1, True, 2.0])
+def test_sizes_are_positive_ints(size: object) -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    bad: dict[str, object] = {"dp": 2, "tp": size}
+    with pytest.raises(LayoutError, match=r"mesh_sizes\['tp'\] must be an int >= 1"):
+        compose_fsdp(layout, shard_axes=["dp"], mesh_sizes=bad)  # type: ignore[arg-type]  # bad input on purpose
+
+
+@pytest.mark.parametrize("shard_dim", [-1, 1.0])
+def test_shard_dim_counts_from_zero(shard_dim: object) -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    with pytest.raises(LayoutError, match="shard_dim must be an int >= 0"):
+        compose_fsdp(
+            layout, shard_axes=["dp"], mesh_sizes={"dp": 2, "tp": 2},
+            shard_dim=shard_dim,  # type: ignore[arg-type]  # bad input on purpose
+        )  # fmt: skip
+
+
+def test_compose_wants_a_layout() -> None:
+    with pytest.raises(LayoutError, match="expected a SourceLayout"):
+        compose_fsdp("dense[tp=S(0)]", shard_axes=["dp"], mesh_sizes={"dp": 2})  # type: ignore[arg-type]  # bad input on purpose
+
+
+# ---------------------------------------------------------------------------------------
+# compose_fsdp against torch's fully_shard
+
+_MESHES: dict[tuple[tuple[str, int], ...], DeviceMesh] = {}
+
+
+def world_mesh(sizes: Mapping[str, int]) -> DeviceMesh:
+    """One 8-rank CPU mesh per distinct (names, sizes), built once."""
+    key = tuple(sizes.items())
+    mesh = _MESHES.get(key)
+    if mesh is None:
+        mesh = init_device_mesh("cpu", tuple(sizes.values()), mesh_dim_names=tuple(sizes))
+        _MESHES[key] = mesh
+    return mesh
+
+
+class OneParam(nn.Module):
+    def __init__(self, shape: Sequence[int]) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(*shape))
+
+
+class Setup(NamedTuple):
+    """One parameter under fully_shard: the world mesh, FSDP's axes, the source layout."""
+
+    sizes: dict[str, int]
+    replicate: tuple[str, ...]
+    shard: str
+    source: SourceLayout
+    shard_dim: int
+    shape: tuple[int, ...]
+
+
+def setup(
+    sizes: dict[str, int],
+    replicate: tuple[str, ...],
+    source: dict[str, Placement],
+    shard_dim: int,
+    shape: tuple[int, ...],
+) -> Setup:
+    """A setup whose shard axis is the one mesh axis neither replicate nor source."""
+    shard = next(a for a in sizes if a not in replicate and a not in source)
+    layout = SourceLayout("dense", list(source), list(source.values()))
+    return Setup(sizes, replicate, shard, layout, shard_dim, shape)
+
+
+def torch_fully_shard(case: Setup) -> DTensor:
+    """The parameter torch's fully_shard makes of one laid out as ``case.source``."""
+    mesh = world_mesh(case.sizes)
+    module = OneParam(case.shape)
+    source = case.source
+    if source.axes:
+        dt = distribute_tensor(
+            module.w.detach(), mesh[tuple(names(source))], [to_torch(p) for p in source.placements]
+        )
+        module.w = nn.Parameter(dt)
+    dp_mesh = mesh[(*case.replicate, case.shard)]
+    shard_dim = case.shard_dim
+    if shard_dim:
+        fully_shard(module, mesh=dp_mesh, shard_placement_fn=lambda _: TorchShard(shard_dim))
+    else:
+        fully_shard(module, mesh=dp_mesh)
+    w = module.w
+    assert isinstance(w, DTensor)
+    return w
+
+
+def assert_composes_like_fsdp(case: Setup) -> None:
+    w = torch_fully_shard(case)
+    composed = compose_fsdp(
+        case.source,
+        shard_axes=[case.shard],
+        replicate_axes=case.replicate,
+        mesh_sizes=case.sizes,
+        shard_dim=case.shard_dim,
+    )
+    torch_names = w.device_mesh.mesh_dim_names
+    assert torch_names is not None
+    seen = SourceLayout(case.source.mesh, torch_names, [from_torch(p) for p in w.placements])
+    assert composed == seen
+    # ... and where this rank's shard lies, as the sharded parameter itself says.
+    coordinate = w.device_mesh.get_coordinate()
+    assert coordinate is not None
+    here = dict(zip(torch_names, coordinate, strict=True))
+    expected = compute_local_shape_and_global_offset(case.shape, w.device_mesh, w.placements)
+    assert local_shape_and_offset(case.shape, composed, case.sizes, here) == expected
+    assert expected[0] == tuple(w.to_local().shape)
+
+
+FSDP = {"dp_shard": 4, "tp": 2}
+HSDP = {"dp_replicate": 2, "dp_shard": 2, "tp": 2}
+EP_TP = {"dp_shard": 2, "ep": 2, "tp": 2}
+HSDP_EP_TP = {"dp_replicate": 1, "dp_shard": 2, "ep": 2, "tp": 2}
+REP = ("dp_replicate",)
+FSDP_CASES = {
+    "fsdp-tp-rows": setup(FSDP, (), {"tp": S0}, 0, (16, 8)),
+    "fsdp-tp-cols": setup(FSDP, (), {"tp": S1}, 0, (16, 8)),
+    "fsdp-tp-replicated": setup(FSDP, (), {"tp": R}, 0, (16, 8)),
+    "fsdp-tp-uneven": setup(FSDP, (), {"tp": S0}, 0, (7, 5)),
+    "hsdp-tp": setup(HSDP, REP, {"tp": S0}, 0, (16, 8)),
+    "fsdp-ep-tp": setup(EP_TP, (), {"ep": S0, "tp": S1}, 0, (8, 8)),
+    "fsdp-ep-tp-same-dim": setup(EP_TP, (), {"ep": S0, "tp": S0}, 0, (8, 8)),
+    "hsdp-ep-tp": setup(HSDP_EP_TP, REP, {"ep": S0, "tp": S0}, 0, (12, 4)),
+    "fsdp-plain": setup({"dp_shard": 8}, (), {}, 0, (10, 3)),
+    "hsdp-plain": setup({"dp_replicate": 2, "dp_shard": 4}, REP, {}, 0, (10, 3)),
+    "dim1-tp-cols": setup(FSDP, (), {"tp": S1}, 1, (8, 16)),
+    "dim1-tp-rows": setup(FSDP, (), {"tp": S0}, 1, (8, 16)),
+}
+
+
+@pytest.mark.parametrize("case", list(FSDP_CASES.values()), ids=list(FSDP_CASES))
+def test_compose_fsdp_matches_fully_shard(fake_world: int, case: Setup) -> None:
+    assert math.prod(case.sizes.values()) == fake_world
+    assert_composes_like_fsdp(case)
+
+
+# Every way to lay 8 ranks out as (dp_replicate?, dp_shard, source axes...), powers of two.
+_FACTORINGS = [
+    sizes
+    for n in range(1, 5)
+    for sizes in itertools.product([1, 2, 4, 8], repeat=n)
+    if math.prod(sizes) == 8
+]
+
+
+@st.composite
+def fsdp_setups(draw: st.DrawFn) -> Setup:
+    hsdp = draw(st.booleans())
+    n_source = draw(st.integers(0, MAX_FSDP_SOURCE_AXES))
+    n_axes = n_source + 1 + hsdp
+    fitting = [f for f in _FACTORINGS if len(f) == n_axes]
+    factoring = draw(st.sampled_from(fitting))
+    axes = (["dp_replicate"] if hsdp else []) + ["dp_shard"] + ["ep", "tp"][2 - n_source :]
+    sizes = dict(zip(axes, factoring, strict=True))
+    choices: list[Placement] = [S0, S1, R]
+    placements = draw(st.lists(st.sampled_from(choices), min_size=n_source, max_size=n_source))
+    shard_dim = draw(st.sampled_from([0, 1]))
+    # FSDP wants even sharding on dim 1 only; 16 columns split evenly over any 8-rank mesh.
+    rows = draw(st.integers(1, 20)) if shard_dim == 0 else 16
+    role = draw(st.sampled_from(["dense", "expert"]))
+    layout = SourceLayout(role, axes[1 + hsdp :], placements)
+    return Setup(sizes, tuple(axes[:hsdp]), "dp_shard", layout, shard_dim, (rows, 16))
+
+
+@settings(max_examples=min(settings().max_examples, 30))
+@given(case=fsdp_setups())
+def test_compose_fsdp_matches_fully_shard_everywhere(fake_world: int, case: Setup) -> None:
+    assert_composes_like_fsdp(case)
+
+
+def test_fully_shard_refuses_what_compose_fsdp_refuses(fake_world: int) -> None:
+    sizes = {"dp_shard": 1, "ep": 2, "tp": 2, "sp": 2}
+    layout = SourceLayout("dense", ["ep", "tp", "sp"], [S0, S0, R])
+    with pytest.raises(NotImplementedError, match="1D TP/EP or 2D EP"):
+        torch_fully_shard(Setup(sizes, (), "dp_shard", layout, 0, (8, 8)))
+    with pytest.raises(LayoutError, match="1-D TP/EP or 2-D EP"):
+        compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
+
+
+# ---------------------------------------------------------------------------------------
+# local_shape_and_offset: worked cases
+
+
+def test_uneven_rows_shrink_at_the_tail() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    got = [local_shape_and_offset((10, 4), layout, {"tp": 4}, {"tp": i}) for i in range(4)]
+    assert got == [((3, 4), (0, 0)), ((3, 4), (3, 0)), ((3, 4), (6, 0)), ((1, 4), (9, 0))]
+
+
+def test_empty_tail_shards_sit_at_the_end() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    got = [local_shape_and_offset((2, 3), layout, {"tp": 4}, {"tp": i}) for i in range(4)]
+    assert got == [((1, 3), (0, 0)), ((1, 3), (1, 0)), ((0, 3), (2, 0)), ((0, 3), (2, 0))]
+
+
+def test_strided_blocks_interleave() -> None:
+    layout = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2), S0])
+    sizes = {"dp": 2, "tp": 2}
+    blocks = {
+        (c["dp"], c["tp"]): local_runs((8, 2), layout, sizes, c)[0]
+        for c in coordinates(["dp", "tp"], sizes)
+    }
+    assert blocks == {
+        (0, 0): (range(0, 2),),
+        (1, 0): (range(2, 4),),
+        (0, 1): (range(4, 6),),
+        (1, 1): (range(6, 8),),
+    }
+    runs = local_runs(
+        (8, 2),
+        layout.with_placements([StridedShard(0, split_factor=2), R]),
+        sizes,
+        {"dp": 1, "tp": 0},
+    )
+    assert runs == ((range(2, 4), range(6, 8)), (range(0, 2),))
+
+
+def test_coordinates_and_sizes_may_name_more_axes() -> None:
+    layout = SourceLayout("dense", ["tp"], [S1])
+    got = local_shape_and_offset((4, 10), layout, {"dp": 2, "tp": 2}, {"dp": 1, "tp": 1, "pp": 3})
+    assert got == ((4, 5), (0, 5))
+
+
+def test_replicate_and_partial_keep_the_whole_tensor() -> None:
+    layout = SourceLayout("dense", ["a", "b"], [R, Partial("max")])
+    assert local_shape_and_offset((3, 5), layout, {"a": 2, "b": 2}, {"a": 1, "b": 1}) == (
+        (3, 5),
+        (0, 0),
+    )
+
+
+def test_geometry_errors_name_the_problem() -> None:
+    layout = SourceLayout("dense", ["tp"], [Shard(2)])
+    with pytest.raises(LayoutError, match="shards dim 2 but the tensor has 2 dims") as info:
+        local_shape_and_offset((4, 4), layout, {"tp": 2}, {"tp": 0})
+    assert (info.value.axis, info.value.placement) == ("tp", "S(2)")
+    layout = SourceLayout("dense", ["tp"], [S0])
+    with pytest.raises(LayoutError, match="no index for axis 'tp'"):
+        local_shape_and_offset((4, 4), layout, {"tp": 2}, {"dp": 0})
+    with pytest.raises(LayoutError, match="outside the axis of size 2"):
+        local_shape_and_offset((4, 4), layout, {"tp": 2}, {"tp": 2})
+    with pytest.raises(LayoutError, match=r"coordinate\['tp'\] must be an int >= 0"):
+        local_shape_and_offset((4, 4), layout, {"tp": 2}, {"tp": -1})
+    with pytest.raises(LayoutError, match="no size for axis 'tp'"):
+        local_shape_and_offset((4, 4), layout, {}, {"tp": 0})
+    with pytest.raises(LayoutError, match="global_shape must hold ints >= 0"):
+        local_shape_and_offset((4, -1), layout, {"tp": 2}, {"tp": 0})
+    with pytest.raises(LayoutError, match="global_shape must be a sequence"):
+        local_shape_and_offset(4, layout, {"tp": 2}, {"tp": 0})  # type: ignore[arg-type]  # bad input on purpose
+
+
+def test_huge_tensors_cost_nothing() -> None:
+    """Runs, not indices: 10**12 rows cost what 65536 do (torch, the oracle, needs the latter).
+
+    Every block boundary is a multiple of rows / (64 * 1024) here, so scaling the rows
+    scales each shape and offset alike.
+    """
+    layout = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=64), S0])
+    sizes, at = {"dp": 1024, "tp": 64}, {"dp": 1023, "tp": 62}
+    small = 64 * 1024
+    scale = 10**12 // small
+    (rows, cols), (row0, col0) = _compute_local_shape_and_global_offset(
+        (small, 4), (1024, 64), [1023, 62], [to_torch(p) for p in layout.placements]
+    )
+    got = local_shape_and_offset((small * scale, 4), layout, sizes, at)
+    assert got == ((rows * scale, cols), (row0 * scale, col0))
+
+
+# ---------------------------------------------------------------------------------------
+# local_shape_and_offset against DTensor, every rank of random meshes
+
+
+@st.composite
+def geometries(draw: st.DrawFn) -> tuple[tuple[int, ...], SourceLayout, dict[str, int]]:
+    shape = tuple(draw(st.lists(st.integers(0, 13), min_size=1, max_size=3)))
+    n_axes = draw(st.integers(0, 3))
+    axes = [f"m{i}" for i in range(n_axes)]
+    sizes = {a: draw(st.integers(1, 4)) for a in axes}
+    dims = st.integers(0, len(shape) - 1)
+    placement = st.one_of(
+        st.just(R),
+        st.builds(Shard, dims),
+        st.builds(lambda d, k: StridedShard(d, split_factor=k), dims, st.integers(2, 4)),
+        st.just(Partial()),
+    )
+    placements = draw(st.lists(placement, min_size=n_axes, max_size=n_axes))
+    return shape, SourceLayout("dense", axes, placements), sizes
+
+
+@given(geometry=geometries())
+def test_local_shape_and_offset_match_dtensor_on_every_rank(
+    geometry: tuple[tuple[int, ...], SourceLayout, dict[str, int]],
+) -> None:
+    shape, layout, sizes = geometry
+    axes = names(layout)
+    mesh_shape = tuple(sizes[a] for a in axes)
+    theirs = [to_torch(p) for p in layout.placements]
+    for coordinate in coordinates(axes, sizes):
+        expected = _compute_local_shape_and_global_offset(
+            shape, mesh_shape, [coordinate[a] for a in axes], theirs
+        )
+        assert local_shape_and_offset(shape, layout, sizes, coordinate) == expected
+
+
+def torch_block(
+    *,
+    n: int,
+    dim: int,
+    ndim: int,
+    layout: SourceLayout,
+    sizes: Mapping[str, int],
+    at: Mapping[str, int],
+) -> list[int]:
+    """The global indices of tensor dim ``dim`` that torch's own splitting gives the rank ``at``."""
+    index = torch.arange(n)
+    view = [1] * dim + [-1] + [1] * (ndim - dim - 1)
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        if isinstance(p, Shard | StridedShard) and p.dim == dim:
+            split = to_torch(p)
+            assert isinstance(split, TorchShard | _StridedShard)
+            pieces, _ = split._split_tensor(index.view(view), sizes[axis.name], with_padding=False)
+            index = pieces[at[axis.name]].reshape(-1)
+    return [int(i) for i in index]
+
+
+@given(geometry=geometries())
+def test_local_runs_are_the_blocks_torch_cuts(
+    geometry: tuple[tuple[int, ...], SourceLayout, dict[str, int]],
+) -> None:
+    shape, layout, sizes = geometry
+    for coordinate in coordinates(names(layout), sizes):
+        runs = local_runs(shape, layout, sizes, coordinate)
+        for dim, n in enumerate(shape):
+            mine = [i for run in runs[dim] for i in run]
+            theirs = torch_block(
+                n=n, dim=dim, ndim=len(shape), layout=layout, sizes=sizes, at=coordinate
+            )
+            assert mine == theirs
+            assert all(len(r) > 0 for r in runs[dim])
+            assert all(a.stop < b.start for a, b in itertools.pairwise(runs[dim]))
+
+
+@given(geometry=geometries())
+def test_ranks_tile_each_dim(
+    geometry: tuple[tuple[int, ...], SourceLayout, dict[str, int]],
+) -> None:
+    """Along every dim each index is held by exactly the ranks of the axes not sharding it."""
+    shape, layout, sizes = geometry
+    for dim, n in enumerate(shape):
+        counts = [0] * n
+        for coordinate in coordinates(names(layout), sizes):
+            for run in local_runs(shape, layout, sizes, coordinate)[dim]:
+                for i in run:
+                    counts[i] += 1
+        replicas = math.prod(
+            sizes[a.name]
+            for a, p in zip(layout.axes, layout.placements, strict=True)
+            if not (isinstance(p, Shard | StridedShard) and p.dim == dim)
+        )
+        assert counts == [replicas] * n
