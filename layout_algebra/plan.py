@@ -8,7 +8,7 @@ placements*, ``{axis: placement}``. All three are frozen, hashable and equal by 
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
-from typing import Generic, TypeAlias, TypeVar, overload
+from typing import Generic, Protocol, TypeVar, overload
 
 import attrs
 
@@ -83,10 +83,18 @@ NamedPlacements = FrozenMap[str, Placement]
 """One parameter's placements by axis name: ``{"tp": Shard(0), "ep": Shard(0)}``."""
 
 
-NamedLike: TypeAlias = (
-    Mapping[str, Placement] | Mapping[AxisName, Placement] | Mapping[AxisLike, Placement]
-)
-"""Named placements as a planner writes them: any mapping keyed by axis name."""
+class NamedLike(Protocol):
+    """Named placements as a planner writes them: any mapping keyed by axis name.
+
+    ``{"tp": Shard(0), "dp_shard": Replicate()}`` or ``{AxisName("tp"): Shard(0)}``. Only
+    the read side of a mapping, so mypy accepts a dict literal that mixes placement kinds
+    or key kinds (a union of ``Mapping`` types would infer ``dict[str, object]`` for it).
+    Anything that is not a ``Mapping`` is still rejected at run time.
+    """
+
+    def __len__(self) -> int: ...
+
+    def items(self) -> ItemsView[AxisLike, Placement]: ...
 
 
 def param_fqn(module: str, param: str) -> str:
