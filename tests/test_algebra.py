@@ -1,0 +1,902 @@
+"""The layout algebra: strip, resolve, merge_tied, complete_default, build_table and diff.
+
+The unit tests walk the cases of the planner code this package replaces (owned axes,
+source-axis order, owned-axis conflicts, routing, resolution, tied pairs and the details
+around them); the properties check the algebra's laws and that ``build_table`` is the
+composition of the single steps.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from layout_algebra import (
+    FSDP_OWNED_AXES,
+    AxisName,
+    LayoutError,
+    ModulePlan,
+    OwnedAxisError,
+    ParamLayoutTable,
+    Partial,
+    Placement,
+    PlanError,
+    Replicate,
+    Shard,
+    ShardingPlan,
+    SourceLayout,
+    StridedShard,
+    TableDiff,
+    TiedLayoutConflict,
+    UnknownAxisError,
+    build_table,
+    complete_default,
+    diff,
+    merge_tied,
+    resolve,
+    strip,
+)
+from tests.strategies import (
+    KNOWN_SOURCE_AXES,
+    OWNED,
+    axis_sequences,
+    build_meshes,
+    param_fqns,
+    placements,
+    sharding_plans,
+    table_pairs,
+    tables,
+    tables_and_pairs,
+    tied_plans,
+    wild_plans,
+)
+
+R = Replicate()
+S0, S1 = Shard(0), Shard(1)
+
+
+def dense(**placements: Placement) -> SourceLayout:
+    """A dense layout with the given placements, in keyword order: ``dense(tp=S0)``."""
+    return SourceLayout("dense", list(placements), list(placements.values()))
+
+
+def expert(**placements: Placement) -> SourceLayout:
+    """An expert layout with the given placements, in keyword order."""
+    return SourceLayout("expert", list(placements), list(placements.values()))
+
+
+def names(axes: Sequence[AxisName]) -> list[str]:
+    return [a.name for a in axes]
+
+
+# --- strip: case 1 (the owned axes) and case 2 (source axes, order kept) --------------------
+
+
+def test_strip_drops_the_owned_axes_keeping_order() -> None:
+    assert names(strip(["fsdp_replicate", "fsdp_shard", "tp"])) == ["tp"]
+    assert names(strip(["ep", "dp", "tp", "cp"])) == ["ep", "tp"]
+    assert names(strip(["tp", "ep"])) == ["tp", "ep"]
+    assert strip([]) == ()
+    assert strip(["dp_shard", "cp"]) == ()
+
+
+@pytest.mark.parametrize("axis", OWNED)
+def test_every_owned_axis_is_stripped(axis: str) -> None:
+    assert names(strip(["tp", axis, "ep"])) == ["tp", "ep"]
+
+
+def test_strip_takes_other_owned_axes() -> None:
+    assert names(strip(["dp_shard", "tp", "ep"], owned=["ep"])) == ["dp_shard", "tp"]
+    assert names(strip(["dp_shard", "tp"], owned=())) == ["dp_shard", "tp"]
+
+
+@given(axis_sequences(max_size=8), st.sets(st.sampled_from([*KNOWN_SOURCE_AXES, *OWNED])))
+def test_strip_is_idempotent_and_keeps_order(axes: list[str], owned: set[str]) -> None:
+    once = strip(axes, owned=owned)
+    assert strip(once, owned=owned) == once
+    assert names(once) == [a for a in axes if a not in owned]
+    assert strip(axes) == strip(strip(axes))
+
+
+# --- resolve: cases 4 and 6 ------------------------------------------------------------
+
+
+def test_resolve_orders_by_source_axes_and_fills_replicate() -> None:
+    layout = resolve({"tp": S0}, ["dp_shard", "ep", "tp"])
+    assert layout == dense(ep=R, tp=S0)
+    assert str(layout) == "dense[ep=R, tp=S(0)]"
+    assert resolve({"ep": S1, "tp": S0}, ["tp", "ep"]) == dense(tp=S0, ep=S1)
+    assert resolve({}, ["tp", "ep"]) == dense(tp=R, ep=R)
+
+
+def test_resolve_keeps_the_mesh_role() -> None:
+    assert resolve({"ep": S0}, ["edp_shard", "ep"], mesh="expert") == expert(ep=S0)
+
+
+def test_placements_are_a_tuple_even_for_one_axis() -> None:
+    layout = resolve({"tp": S0}, ["tp"])
+    assert layout.placements == (S0,)
+    assert isinstance(layout.placements, tuple)
+
+
+def test_replicate_on_an_owned_axis_is_fine() -> None:
+    assert resolve({"dp_shard": R, "tp": S0}, ["dp_shard", "tp"]) == dense(tp=S0)
+
+
+@pytest.mark.parametrize("axis", OWNED)
+def test_a_shard_on_any_owned_axis_conflicts_with_fsdp(axis: str) -> None:
+    with pytest.raises(OwnedAxisError) as info:
+        resolve({axis: S1}, [axis, "tp"], fqn="layers.0.wq.weight")
+    assert str(info.value) == (
+        f"layers.0.wq.weight: S(1) on axis {axis!r} conflicts with FSDP ownership of that "
+        "axis; declare R or remove the axis"
+    )
+    assert (info.value.fqn, info.value.axis, info.value.placement) == (
+        "layers.0.wq.weight",
+        axis,
+        "S(1)",
+    )
+
+
+@pytest.mark.parametrize("placement", [S0, Partial(), StridedShard(0, split_factor=2)])
+def test_an_owned_axis_is_checked_even_when_the_mesh_lacks_it(placement: Placement) -> None:
+    with pytest.raises(OwnedAxisError, match="'cp' conflicts with FSDP ownership"):
+        resolve({"cp": placement}, ["tp"])
+    with pytest.raises(OwnedAxisError):
+        resolve({"cp": placement}, ["tp"], inactive=["cp"])
+
+
+def test_an_owned_axis_conflict_is_reported_before_a_typo() -> None:
+    with pytest.raises(OwnedAxisError):
+        resolve({"tpp": S0, "dp": S0}, ["tp"])
+
+
+def test_a_typo_is_an_unknown_axis() -> None:
+    with pytest.raises(UnknownAxisError) as info:
+        resolve({"tpp": S0}, ["dp_shard", "tp"], fqn="w")
+    assert str(info.value) == (
+        "w: S(0) on axis 'tpp', which the dense mesh (source axes ['tp']) does not have and "
+        "the run does not know; fix the axis name, or pass it in inactive= if this run knows it"
+    )
+    assert (info.value.fqn, info.value.axis, info.value.placement) == ("w", "tpp", "S(0)")
+
+
+def test_an_inactive_axis_is_dropped() -> None:
+    assert resolve({"tp": S0, "ep": S0}, ["tp"], inactive=["ep"]) == dense(tp=S0)
+    assert resolve({"ep": S0}, ["ep"], inactive=["ep"]) == dense(ep=S0)
+
+
+def test_resolve_uses_the_owned_axes_it_is_given() -> None:
+    with pytest.raises(OwnedAxisError, match="'tp' conflicts"):
+        resolve({"tp": S0}, ["tp", "ep"], owned=["tp"])
+    assert resolve({"dp": S0}, ["dp"], owned=()) == dense(dp=S0)
+
+
+def test_a_mesh_of_owned_axes_gives_a_layout_with_no_axes() -> None:
+    layout = resolve({"cp": R}, ["cp"])
+    assert (layout.mesh, layout.axes, layout.placements) == ("dense", (), ())
+
+
+def test_a_mesh_names_each_axis_once() -> None:
+    with pytest.raises(LayoutError, match="the dense mesh names axis 'tp' twice"):
+        resolve({}, ["tp", "ep", "tp"])
+
+
+def test_resolve_passes_partial_on_to_the_layout() -> None:
+    # A layout may hold Partial; the table (and build_table) reject it for parameters.
+    assert resolve({"tp": Partial()}, ["tp"]) == dense(tp=Partial())
+
+
+@given(
+    axis_sequences(max_size=6),
+    st.dictionaries(st.sampled_from(KNOWN_SOURCE_AXES), placements(), max_size=3),
+)
+def test_resolve_gives_one_placement_per_source_axis(
+    axes: list[str], named: dict[str, Placement]
+) -> None:
+    known = {a for a in KNOWN_SOURCE_AXES if a not in axes}
+    layout = resolve(named, axes, inactive=known)
+    assert layout.axes == strip(axes)
+    assert len(layout.placements) == len(strip(axes))
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        assert p == named.get(axis.name, R)
+
+
+# --- merge_tied: case 7 ------------------------------------------------------------------
+
+
+def test_replicate_takes_the_other_side_whichever_side_it_is() -> None:
+    table = ParamLayoutTable({"emb.weight": dense(tp=R), "head.weight": dense(tp=S0)})
+    for pair in [("emb.weight", "head.weight"), ("head.weight", "emb.weight")]:
+        merged = merge_tied(table, [pair])
+        assert merged == ParamLayoutTable(
+            {"emb.weight": dense(tp=S0), "head.weight": dense(tp=S0)},
+            tied=[{"emb.weight", "head.weight"}],
+        )
+
+
+def test_the_finer_sharding_wins_per_axis() -> None:
+    table = ParamLayoutTable({"a": dense(tp=S0, ep=R), "b": dense(tp=R, ep=S1)})
+    merged = merge_tied(table, [("a", "b")])
+    assert merged["a"] == merged["b"] == dense(tp=S0, ep=S1)
+    same = ParamLayoutTable({"a": dense(tp=S1), "b": dense(tp=S1)})
+    assert dict(merge_tied(same, [("b", "a")])) == dict(same)
+
+
+def test_shard_on_different_dims_conflicts() -> None:
+    table = ParamLayoutTable(
+        {"emb.weight": dense(tp=S0, ep=R), "x": dense(tp=R), "head.weight": dense(tp=S1, ep=R)}
+    )
+    with pytest.raises(TiedLayoutConflict) as info:
+        merge_tied(table, [("head.weight", "emb.weight")])
+    e = info.value
+    assert str(e) == (
+        "tied group ['emb.weight', 'head.weight']: emb.weight has S(0) but head.weight has "
+        "S(1) on axis 'tp'; a shared storage has one sharding per axis; make both placements "
+        "equal (or R on one side to take the other)"
+    )
+    assert e.group == ("emb.weight", "head.weight")
+    assert e.axis == "tp"
+    assert e.placements == ("S(0)", "S(1)")
+    assert e.sources == ("emb.weight", "head.weight")
+
+
+def test_a_conflict_names_the_member_each_placement_came_from() -> None:
+    table = ParamLayoutTable({"a": dense(tp=R), "b": dense(tp=S1), "c": dense(tp=S0)})
+    with pytest.raises(TiedLayoutConflict) as info:
+        merge_tied(table, [("a", "b"), ("b", "c")])
+    assert info.value.sources == ("b", "c")
+    assert info.value.placements == ("S(1)", "S(0)")
+    assert info.value.group == ("a", "b", "c")
+
+
+def test_strided_shard_and_shard_conflict() -> None:
+    table = ParamLayoutTable({"a": dense(tp=S0), "b": dense(tp=StridedShard(0, split_factor=2))})
+    with pytest.raises(TiedLayoutConflict, match=re.escape("a has S(0) but b has _S(0, 2)")):
+        merge_tied(table, [("a", "b")])
+
+
+def test_tied_parameters_on_different_meshes_conflict() -> None:
+    table = ParamLayoutTable({"emb.weight": dense(ep=S0), "head.weight": expert(ep=S0)})
+    with pytest.raises(TiedLayoutConflict) as info:
+        merge_tied(table, [("emb.weight", "head.weight")])
+    assert str(info.value) == (
+        "tied group ['emb.weight', 'head.weight']: emb.weight has dense[ep=S(0)] but "
+        "head.weight has expert[ep=S(0)]; storage-sharing parameters must live on one mesh "
+        "with the same axes; give them the same mesh and axes in the plan"
+    )
+    assert info.value.axis is None
+    assert info.value.placements == ("dense[ep=S(0)]", "expert[ep=S(0)]")
+
+
+@pytest.mark.parametrize("other", [dense(ep=S0), dense(tp=S0, ep=R), dense(ep=R, tp=S0), dense()])
+def test_tied_parameters_on_different_axes_conflict(other: SourceLayout) -> None:
+    table = ParamLayoutTable({"a": dense(tp=S0), "b": other})
+    with pytest.raises(TiedLayoutConflict, match="must live on one mesh with the same axes"):
+        merge_tied(table, [("a", "b")])
+
+
+def test_pairs_close_transitively() -> None:
+    table = ParamLayoutTable({"a": dense(tp=S0), "b": dense(tp=R), "c": dense(tp=R)})
+    merged = merge_tied(table, [("a", "b"), ("b", "c")])
+    assert merged.tied == (frozenset("abc"),)
+    assert merged["a"] == merged["b"] == merged["c"] == dense(tp=S0)
+
+
+def test_the_result_does_not_depend_on_pair_order() -> None:
+    # The original planner code let a chain's result depend on the order of its pairs.
+    table = ParamLayoutTable(
+        {"a": dense(tp=R, ep=S0), "b": dense(tp=R, ep=R), "c": dense(tp=S1, ep=R)}
+    )
+    orders = [
+        [("a", "b"), ("b", "c")],
+        [("b", "c"), ("a", "b")],
+        [("c", "b"), ("b", "a")],
+        [("b", "a"), ("c", "b")],
+    ]
+    results = [merge_tied(table, pairs) for pairs in orders]
+    assert all(r == results[0] for r in results)
+    assert results[0]["a"] == dense(tp=S1, ep=S0)
+
+
+def test_a_conflict_through_a_chain_is_found() -> None:
+    table = ParamLayoutTable({"a": dense(tp=S0), "b": dense(tp=R), "c": dense(tp=S1)})
+    for pairs in ([("a", "b"), ("b", "c")], [("c", "b"), ("b", "a")]):
+        with pytest.raises(TiedLayoutConflict, match="a has S\\(0\\) but c has S\\(1\\)"):
+            merge_tied(table, pairs)
+
+
+def test_a_missing_member_takes_the_group_layout() -> None:
+    table = ParamLayoutTable({"emb.weight": dense(tp=S0), "norm.weight": dense(tp=R)})
+    merged = merge_tied(table, [("head.weight", "emb.weight")])
+    assert list(merged) == ["emb.weight", "norm.weight", "head.weight"]
+    assert merged["head.weight"] == dense(tp=S0)
+    assert merged.tied == (frozenset({"emb.weight", "head.weight"}),)
+
+
+def test_a_group_with_no_member_in_the_table_is_ignored() -> None:
+    table = ParamLayoutTable({"emb.weight": dense(tp=S0)})
+    merged = merge_tied(table, [("head.weight", "out.weight")])
+    assert merged == table
+    assert merged.tied == ()
+    assert "head.weight" not in merged
+
+
+def test_a_parameter_tied_to_itself_makes_no_group() -> None:
+    table = ParamLayoutTable({"w": dense(tp=S0)})
+    assert merge_tied(table, [("w", "w")]).tied == ()
+
+
+def test_existing_groups_join_new_pairs() -> None:
+    table = ParamLayoutTable(
+        {"a": dense(tp=S0), "b": dense(tp=S0), "c": dense(tp=R)}, tied=[{"a", "b"}]
+    )
+    merged = merge_tied(table, [("c", "b")])
+    assert merged.tied == (frozenset("abc"),)
+    assert merged["c"] == dense(tp=S0)
+    assert merge_tied(table, []) == table
+
+
+def test_merge_tied_leaves_its_input_alone() -> None:
+    table = ParamLayoutTable({"a": dense(tp=S0), "b": dense(tp=R)})
+    merge_tied(table, [("a", "b"), ("a", "z")])
+    assert table == ParamLayoutTable({"a": dense(tp=S0), "b": dense(tp=R)})
+    assert table.tied == ()
+
+
+def _outcome(table: ParamLayoutTable, pairs: Sequence[Sequence[str]]) -> object:
+    """The merged table, or what the conflict says: equal for equal outcomes."""
+    try:
+        merged = merge_tied(table, pairs)
+    except TiedLayoutConflict as e:
+        return (e.group, e.axis, e.placements, e.sources)
+    return (list(merged.items()), merged.tied)
+
+
+@given(tables_and_pairs(), st.data())
+def test_merge_tied_ignores_pair_order_and_orientation(
+    table_pairs: tuple[ParamLayoutTable, list[tuple[str, str]]], data: st.DataObject
+) -> None:
+    table, pairs = table_pairs
+    shuffled = data.draw(st.permutations(pairs))
+    flips = data.draw(st.lists(st.booleans(), min_size=len(pairs), max_size=len(pairs)))
+    flipped = [(b, a) if flip else (a, b) for (a, b), flip in zip(shuffled, flips, strict=True)]
+    assert _outcome(table, flipped) == _outcome(table, pairs)
+
+
+@given(tables_and_pairs())
+def test_merge_tied_is_idempotent_and_gives_each_group_one_layout(
+    table_pairs: tuple[ParamLayoutTable, list[tuple[str, str]]],
+) -> None:
+    table, pairs = table_pairs
+    try:
+        merged = merge_tied(table, pairs)
+    except TiedLayoutConflict:
+        return
+    assert merge_tied(merged, pairs) == merged
+    assert merge_tied(merged, ()) == merged
+    for group in merged.tied:
+        assert len({merged[fqn] for fqn in group}) == 1
+    for a, b in pairs:
+        if a != b and (a in table or b in table):
+            assert merged.group_of(a) == merged.group_of(b)
+            assert merged[a] == merged[b]
+    assert list(merged)[: len(table)] == list(table)
+    for fqn in table:
+        if len(merged.group_of(fqn)) == 1:
+            assert merged[fqn] == table[fqn]
+
+
+# --- complete_default ---------------------------------------------------------------------
+
+
+def test_complete_default_fills_missing_parameters_with_replicate() -> None:
+    table = ParamLayoutTable({"a": dense(tp=S0)})
+    done = complete_default(table, ["a", "b", "c"], ["dp_shard", "tp", "ep"])
+    assert list(done.items()) == [
+        ("a", dense(tp=S0)),
+        ("b", dense(tp=R, ep=R)),
+        ("c", dense(tp=R, ep=R)),
+    ]
+    assert complete_default(table, ["b"], ["ep"], mesh="expert")["b"] == expert(ep=R)
+    assert complete_default(table, ["b"], ["tp", "sp"], owned=["tp"])["b"] == dense(sp=R)
+
+
+def test_complete_default_keeps_existing_entries_and_groups() -> None:
+    table = ParamLayoutTable({"a": expert(ep=S0), "b": expert(ep=S0)}, tied=[{"a", "b"}])
+    done = complete_default(table, ["a", "b"], ["tp"])
+    assert done == table
+    assert done.tied == table.tied
+
+
+def test_complete_default_needs_a_source_axis() -> None:
+    with pytest.raises(LayoutError) as info:
+        complete_default(ParamLayoutTable({}), ["w"], ["dp_shard", "cp"])
+    assert str(info.value) == (
+        "the dense mesh ['dp_shard', 'cp'] has no source axis (all are owned by "
+        "FSDP/pipelining), so there is no default layout; give a mesh with a non-owned axis "
+        "such as 'tp'"
+    )
+
+
+def test_complete_default_checks_its_input() -> None:
+    with pytest.raises(LayoutError, match="a parameter FQN must be a non-empty string, got ''"):
+        complete_default(ParamLayoutTable({}), [""], ["tp"])
+    with pytest.raises(LayoutError, match="names axis 'tp' twice"):
+        complete_default(ParamLayoutTable({}), ["w"], ["tp", "tp"])
+
+
+@given(
+    tables(),
+    st.lists(param_fqns(), max_size=6),
+    st.lists(st.sampled_from(KNOWN_SOURCE_AXES), unique=True, min_size=1),
+    st.lists(st.sampled_from(OWNED), unique=True, max_size=2),
+    st.data(),
+)
+def test_complete_default_never_changes_an_existing_entry(
+    table: ParamLayoutTable,
+    fqns: list[str],
+    source: list[str],
+    owned: list[str],
+    data: st.DataObject,
+) -> None:
+    axes = data.draw(st.permutations([*source, *owned]))
+    done = complete_default(table, fqns, axes)
+    assert list(done)[: len(table)] == list(table)
+    assert set(done) == set(table) | set(fqns)
+    assert done.tied == table.tied
+    for fqn, layout in done.items():
+        if fqn in table:
+            assert layout is table[fqn]
+        else:
+            assert layout == SourceLayout("dense", strip(axes), [R] * len(source))
+
+
+# --- build_table: the whole plan -------------------------------------------------------------
+
+DENSE = ("dp_shard", "tp")
+EXPERT = ("edp_shard", "ep")
+
+
+def plan_of(
+    modules: dict[str, ModulePlan],
+    *,
+    mesh_axes: Sequence[str] = ("dp_shard", "tp", "ep"),
+    tied_pairs: Sequence[tuple[str, str]] = (),
+) -> ShardingPlan:
+    return ShardingPlan(modules, mesh_axes=mesh_axes, tied_pairs=tied_pairs)
+
+
+def test_a_small_model() -> None:
+    plan = plan_of(
+        {
+            "tok_embeddings": ModulePlan({"weight": {"tp": S0}}),
+            "layers.0.attention": ModulePlan(
+                {"wq.weight": {"tp": S0}, "wo.weight": {"tp": S1, "dp_shard": R}}
+            ),
+            "layers.0.moe": ModulePlan(
+                {
+                    "experts.w1": {"ep": S0, "tp": S1},
+                    "router.gate.weight": {"ep": R},
+                },
+                expert_parallel=True,
+            ),
+            "": ModulePlan({"norm.weight": {}}),
+            "output": ModulePlan({"weight": {"tp": S0}}),
+        },
+        mesh_axes=("dp_shard", "edp_shard", "tp", "ep"),
+        tied_pairs=[("tok_embeddings.weight", "output.weight")],
+    )
+    table = build_table(plan, DENSE, expert_axes=EXPERT)
+    assert str(table) == (
+        "tok_embeddings.weight            dense[tp=S(0)]\n"
+        "layers.0.attention.wq.weight     dense[tp=S(0)]\n"
+        "layers.0.attention.wo.weight     dense[tp=S(1)]\n"
+        "layers.0.moe.experts.w1          expert[ep=S(0)]\n"
+        "layers.0.moe.router.gate.weight  dense[tp=R]\n"
+        "norm.weight                      dense[tp=R]\n"
+        "output.weight                    dense[tp=S(0)]\n"
+        "tied: output.weight, tok_embeddings.weight"
+    )
+
+
+def test_the_root_module_gives_bare_parameter_names() -> None:
+    table = build_table(plan_of({"": ModulePlan({"weight": {"tp": S0}, "emb.bias": {}})}), DENSE)
+    assert list(table) == ["weight", "emb.bias"]
+
+
+def test_an_expert_parallel_module_routes_shards_on_ep_to_the_expert_mesh() -> None:
+    plan = plan_of(
+        {
+            "moe": ModulePlan(
+                {"experts.w1": {"ep": S0}, "experts.w2": {"ep": S1, "tp": S0}, "gate": {"ep": R}},
+                expert_parallel=True,
+            ),
+            "mlp": ModulePlan({"experts.w1": {"ep": S0, "tp": S1}}),
+        },
+        mesh_axes=("dp_shard", "tp", "ep", "edp_shard"),
+    )
+    table = build_table(plan, ["dp_shard", "tp", "ep"], expert_axes=["edp_shard", "tp", "ep"])
+    assert dict(table) == {
+        "moe.experts.w1": expert(tp=R, ep=S0),
+        "moe.experts.w2": expert(tp=S0, ep=S1),
+        "moe.gate": dense(tp=R, ep=R),
+        # no expert_parallel: stays dense whatever its path says
+        "mlp.experts.w1": dense(tp=S1, ep=S0),
+    }
+
+
+def test_routed_experts_need_an_expert_mesh() -> None:
+    plan = plan_of({"layers.1.moe": ModulePlan({"experts.w1": {"ep": S0}}, expert_parallel=True)})
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE)
+    (problem,) = info.value.problems
+    assert type(problem) is LayoutError
+    assert str(problem) == (
+        "layers.1.moe.experts.w1: S(0) on axis 'ep' in expert-parallel module 'layers.1.moe' "
+        "routes it to the expert mesh, but no expert_axes were given; pass "
+        "expert_axes=(..., 'ep') or mark the module expert_parallel=False"
+    )
+    assert (problem.fqn, problem.axis, problem.placement) == (
+        "layers.1.moe.experts.w1",
+        "ep",
+        "S(0)",
+    )
+
+
+def test_ep_on_a_dense_module_with_a_mesh_lacking_ep_is_dropped() -> None:
+    plan = plan_of({"mlp": ModulePlan({"w1": {"ep": S0, "tp": S1}})})
+    assert build_table(plan, DENSE)["mlp.w1"] == dense(tp=S1)
+
+
+def test_an_axis_the_run_knows_but_the_mesh_lacks_is_dropped() -> None:
+    plan = plan_of(
+        {"m": ModulePlan({"w": {"tp": S0, "sp": S1, "etp": S0}})}, mesh_axes=("tp", "sp")
+    )
+    # sp: in the plan's mesh_axes; etp: an expert mesh axis; neither is on the dense mesh
+    table = build_table(plan, ["tp"], expert_axes=["etp"])
+    assert table["m.w"] == dense(tp=S0)
+
+
+def test_an_axis_nobody_knows_is_a_typo() -> None:
+    plan = plan_of({"m": ModulePlan({"w": {"tpp": S0}})})
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE)
+    (problem,) = info.value.problems
+    assert isinstance(problem, UnknownAxisError)
+    assert str(problem) == (
+        "m.w: S(0) on axis 'tpp', which the dense mesh (source axes ['tp']) does not have "
+        "and the run does not know; fix the axis name, or add it to the plan's mesh_axes if "
+        "this run has it"
+    )
+
+
+def test_replicate_on_an_owned_axis_builds() -> None:
+    plan = plan_of({"m": ModulePlan({"w": {"dp_shard": R, "cp": R, "tp": S0}})})
+    assert build_table(plan, DENSE)["m.w"] == dense(tp=S0)
+
+
+def test_an_owned_axis_is_checked_even_when_no_mesh_has_it() -> None:
+    plan = plan_of({"m": ModulePlan({"w": {"pp": S0}})})
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE)
+    assert [type(p) for p in info.value.problems] == [OwnedAxisError]
+
+
+def test_every_problem_of_a_plan_is_reported_at_once() -> None:
+    plan = plan_of(
+        {
+            "layers.0.attn": ModulePlan(
+                {
+                    "wq.weight": {"tp": S0, "dp_shard": S0},
+                    "wk.weight": {"tp": S0},
+                    "wo.weight": {"cp": Partial(), "tpp": S1},
+                }
+            ),
+            "layers.0.moe": ModulePlan(
+                {"experts.w1": {"ep": S0}, "gate.weight": {"tp": Partial()}},
+                expert_parallel=True,
+            ),
+            "layers.1.attn": ModulePlan({"wq.weight": {"fsdp_shard": S1}}),
+        }
+    )
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE)
+    e = info.value
+    assert [(type(p).__name__, p.fqn, p.axis, p.placement) for p in e.problems] == [
+        ("OwnedAxisError", "layers.0.attn.wq.weight", "dp_shard", "S(0)"),
+        ("OwnedAxisError", "layers.0.attn.wo.weight", "cp", "P(sum)"),
+        ("UnknownAxisError", "layers.0.attn.wo.weight", "tpp", "S(1)"),
+        ("LayoutError", "layers.0.moe.experts.w1", "ep", "S(0)"),
+        ("LayoutError", "layers.0.moe.gate.weight", "tp", "P(sum)"),
+        ("OwnedAxisError", "layers.1.attn.wq.weight", "fsdp_shard", "S(1)"),
+    ]
+    lines = str(e).splitlines()
+    assert lines[0] == "the plan has 6 problems:"
+    assert lines[1:] == [f"  - {p.message}" for p in e.problems]
+    assert (e.fqn, e.axis, e.placement) == ("layers.0.attn.wq.weight", "dp_shard", "S(0)")
+
+
+def test_a_long_list_of_problems_is_cut_in_the_message_but_kept_whole() -> None:
+    plan = plan_of({"": ModulePlan({f"w{i}": {"dp": S0} for i in range(60)})})
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE)
+    assert len(info.value.problems) == 60
+    lines = str(info.value).splitlines()
+    assert lines[0] == "the plan has 60 problems:"
+    assert len(lines) == 1 + 50 + 1
+    assert lines[-1] == "  ... and 10 more (see .problems)"
+
+
+def test_one_problem_is_singular() -> None:
+    plan = plan_of({"": ModulePlan({"w": {"dp": S0}})})
+    with pytest.raises(PlanError, match=r"^the plan has 1 problem:\n  - w: S\(0\) on axis 'dp'"):
+        build_table(plan, DENSE)
+
+
+def test_partial_is_rejected_when_the_table_is_built() -> None:
+    plan = plan_of({"m": ModulePlan({"w": {"tp": Partial("max")}})})
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE)
+    (problem,) = info.value.problems
+    assert str(problem) == (
+        "m.w: P(max) on axis 'tp': a parameter cannot be a pending reduction; declare R or "
+        "S(dim) on that axis"
+    )
+
+
+def test_a_plan_whose_only_axis_is_owned_gives_empty_layouts() -> None:
+    plan = plan_of({"m": ModulePlan({"w": {"cp": R}, "b": {}})}, mesh_axes=("cp",))
+    table = build_table(plan, ["cp"])
+    assert dict(table) == {"m.w": dense(), "m.b": dense()}
+    assert table["m.w"].placements == ()
+
+
+def test_build_table_merges_the_plans_tied_pairs() -> None:
+    plan = plan_of(
+        {"emb": ModulePlan({"weight": {"tp": S0}}), "head": ModulePlan({"weight": {}})},
+        tied_pairs=[("head.weight", "emb.weight"), ("absent.a", "absent.b")],
+    )
+    table = build_table(plan, DENSE)
+    assert table["head.weight"] == dense(tp=S0)
+    assert table.tied == (frozenset({"emb.weight", "head.weight"}),)
+
+
+def test_explicit_tied_pairs_replace_the_plans() -> None:
+    plan = plan_of(
+        {"emb": ModulePlan({"weight": {"tp": S0}}), "head": ModulePlan({"weight": {}})},
+        tied_pairs=[("head.weight", "emb.weight")],
+    )
+    off = build_table(plan, DENSE, tied_pairs=())
+    assert off["head.weight"] == dense(tp=R)
+    assert off.tied == ()
+    other = build_table(plan, DENSE, tied_pairs=[("emb.weight", "lm_head.weight")])
+    assert other["lm_head.weight"] == dense(tp=S0)
+    assert other["head.weight"] == dense(tp=R)
+
+
+def test_a_tied_conflict_is_one_of_the_plans_problems() -> None:
+    plan = plan_of(
+        {
+            "emb": ModulePlan({"weight": {"tp": S0}}),
+            "head": ModulePlan({"weight": {"tp": S1}}),
+            "x": ModulePlan({"w": {"dp": S0}}),
+        },
+        tied_pairs=[("head.weight", "emb.weight")],
+    )
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE)
+    owned, tied = info.value.problems
+    assert isinstance(owned, OwnedAxisError)
+    assert isinstance(tied, TiedLayoutConflict)
+    assert tied.group == ("emb.weight", "head.weight")
+    assert (tied.axis, tied.placements, tied.sources) == (
+        "tp",
+        ("S(0)", "S(1)"),
+        ("emb.weight", "head.weight"),
+    )
+
+
+def test_a_parameter_declared_twice_must_agree() -> None:
+    agree = plan_of({"a": ModulePlan({"b.w": {"tp": S0}}), "a.b": ModulePlan({"w": {"tp": S0}})})
+    assert dict(build_table(agree, DENSE)) == {"a.b.w": dense(tp=S0)}
+    disagree = plan_of({"a": ModulePlan({"b.w": {"tp": S0}}), "a.b": ModulePlan({"w": {"tp": S1}})})
+    with pytest.raises(PlanError) as info:
+        build_table(disagree, DENSE)
+    (problem,) = info.value.problems
+    assert str(problem).startswith("a.b.w: declared twice, as dense[tp=S(0)] and as dense[tp=S(1)]")
+
+
+def test_build_table_checks_its_meshes() -> None:
+    plan = plan_of({})
+    with pytest.raises(LayoutError, match="the dense mesh names axis 'tp' twice"):
+        build_table(plan, ["tp", "tp"])
+    with pytest.raises(LayoutError, match="the expert mesh names axis 'ep' twice"):
+        build_table(plan, ["tp"], expert_axes=["ep", "ep"])
+
+
+def test_build_table_uses_the_owned_axes_it_is_given() -> None:
+    plan = plan_of({"m": ModulePlan({"w": {"tp": R, "dp": S1}})}, mesh_axes=("tp", "dp"))
+    assert build_table(plan, ["tp", "dp"], owned=["tp"])["m.w"] == dense(dp=S1)
+    with pytest.raises(PlanError, match=r"S\(1\) on axis 'dp' conflicts with FSDP ownership"):
+        build_table(plan, ["tp", "dp"])
+
+
+def _one_step_at_a_time(
+    plan: ShardingPlan,
+    dense_axes: Sequence[str],
+    expert_axes: Sequence[str] | None,
+) -> tuple[ParamLayoutTable | None, set[tuple[str, str | None, str | None]], object]:
+    """``build_table`` from the single steps: route, ``resolve``, check, ``merge_tied``.
+
+    Returns the table (``None`` on any problem), each parameter's first problem as
+    ``(kind, fqn, axis)`` and what the first tied conflict says (``None`` if there is none).
+    """
+    vocabulary = {a.name for a in plan.mesh_axes} | set(dense_axes) | FSDP_OWNED_AXES
+    vocabulary |= set(expert_axes or ())
+    entries: dict[str, SourceLayout] = {}
+    problems: set[tuple[str, str | None, str | None]] = set()
+    for fqn, spec, named in plan.named_placements():
+        routed = spec.expert_parallel and isinstance(named.get("ep"), Shard)
+        if routed and expert_axes is None:
+            problems.add(("LayoutError", fqn, "ep"))
+            continue
+        try:
+            layout = resolve(
+                named,
+                expert_axes if routed and expert_axes is not None else dense_axes,
+                mesh="expert" if routed else "dense",
+                fqn=fqn,
+                inactive=vocabulary,
+            )
+            ParamLayoutTable({fqn: layout})  # rejects Partial
+        except LayoutError as e:
+            problems.add((type(e).__name__, e.fqn, e.axis))
+            continue
+        if entries.setdefault(fqn, layout) != layout:
+            problems.add(("LayoutError", fqn, None))
+    table: ParamLayoutTable | None = None
+    conflict: object = None
+    try:
+        table = merge_tied(ParamLayoutTable(entries), plan.tied_pairs)
+    except TiedLayoutConflict as e:
+        conflict = (e.group, e.axis, e.placements, e.sources)
+    return (None if problems else table), problems, conflict
+
+
+def _check_against_the_steps(
+    plan: ShardingPlan, meshes: tuple[tuple[str, ...], tuple[str, ...] | None]
+) -> bool:
+    dense_axes, expert_axes = meshes
+    table, problems, conflict = _one_step_at_a_time(plan, dense_axes, expert_axes)
+    try:
+        built = build_table(plan, dense_axes, expert_axes=expert_axes)
+    except PlanError as e:
+        assert table is None
+        found = [p for p in e.problems if not isinstance(p, TiedLayoutConflict)]
+        conflicts = [p for p in e.problems if isinstance(p, TiedLayoutConflict)]
+        assert problems <= {(type(p).__name__, p.fqn, p.axis) for p in found}
+        assert {fqn for _, fqn, _ in problems} == {p.fqn for p in found}
+        first = conflicts[0] if conflicts else None
+        assert conflict == (
+            None if first is None else (first.group, first.axis, first.placements, first.sources)
+        )
+        return False
+    assert table is not None
+    assert list(built.items()) == list(table.items())
+    assert built.tied == table.tied
+    assert built == table
+    return True
+
+
+@given(sharding_plans(), st.data())
+def test_build_table_is_the_composition_of_the_steps(
+    plan: ShardingPlan, data: st.DataObject
+) -> None:
+    dense_axes, expert_axes = data.draw(build_meshes(plan))
+    _check_against_the_steps(plan, (dense_axes, expert_axes))
+    # The strategy's promise: with an expert mesh, its plans always build.
+    assert _check_against_the_steps(plan, (dense_axes, expert_axes or ()))
+
+
+@given(wild_plans() | tied_plans(), st.data())
+def test_build_table_fails_exactly_when_a_step_fails(
+    plan: ShardingPlan, data: st.DataObject
+) -> None:
+    _check_against_the_steps(plan, data.draw(build_meshes(plan)))
+
+
+@given(sharding_plans(), st.data())
+def test_a_built_table_keeps_plan_order_and_its_invariants(
+    plan: ShardingPlan, data: st.DataObject
+) -> None:
+    dense_axes, expert_axes = data.draw(build_meshes(plan))
+    table = build_table(plan, dense_axes, expert_axes=expert_axes or ())
+    fqns = [fqn for fqn, _, _ in plan.named_placements()]
+    assert list(table)[: len(fqns)] == fqns
+    for fqn in list(table)[len(fqns) :]:
+        assert len(table.group_of(fqn)) > 1
+    for layout in table.values():
+        mesh_axes = (expert_axes or ()) if layout.mesh == "expert" else dense_axes
+        assert layout.axes == strip(mesh_axes)
+
+
+# --- diff -------------------------------------------------------------------------------------
+
+
+def test_diff_reports_one_line_per_fqn() -> None:
+    old = ParamLayoutTable(
+        {"layers.3.wq.weight": dense(tp=S0), "gone": dense(tp=R), "same": dense(tp=R)}
+    )
+    new = ParamLayoutTable(
+        {"layers.3.wq.weight": dense(tp=S1), "same": dense(tp=R), "new": expert(ep=S0)}
+    )
+    d = diff(old, new)
+    assert dict(d.changed) == {"layers.3.wq.weight": (dense(tp=S0), dense(tp=S1))}
+    assert dict(d.added) == {"new": expert(ep=S0)}
+    assert dict(d.removed) == {"gone": dense(tp=R)}
+    assert str(d) == (
+        "layers.3.wq.weight: dense[tp=S(0)] -> dense[tp=S(1)]\n"
+        "new: (absent) -> expert[ep=S(0)]\n"
+        "gone: dense[tp=R] -> (absent)"
+    )
+    assert d
+
+
+def test_diff_reports_tied_groups() -> None:
+    old = ParamLayoutTable({"a": dense(tp=S0), "b": dense(tp=S0)})
+    new = ParamLayoutTable({"a": dense(tp=S0), "b": dense(tp=S0)}, tied=[{"a", "b"}])
+    d = diff(old, new)
+    assert d.tied_added == (frozenset("ab"),)
+    assert str(d) == "tied +: a, b"
+    assert str(diff(new, old)) == "tied -: a, b"
+
+
+def test_no_differences() -> None:
+    table = ParamLayoutTable({"a": dense(tp=S0)})
+    d = diff(table, ParamLayoutTable({"a": dense(tp=S0)}))
+    assert not d
+    assert str(d) == "(no differences)"
+    assert d == TableDiff(added={}, removed={}, changed={})
+
+
+@given(tables())
+def test_a_table_does_not_differ_from_itself(table: ParamLayoutTable) -> None:
+    d = diff(table, table)
+    assert not d
+    assert not (d.added or d.removed or d.changed or d.tied_added or d.tied_removed)
+
+
+@given(table_pairs())
+def test_diff_is_antisymmetric(pair: tuple[ParamLayoutTable, ParamLayoutTable]) -> None:
+    a, b = pair
+    forward, backward = diff(a, b), diff(b, a)
+    assert dict(forward.added) == dict(backward.removed)
+    assert dict(forward.removed) == dict(backward.added)
+    assert {fqn: (new, old) for fqn, (old, new) in forward.changed.items()} == dict(
+        backward.changed
+    )
+    assert set(forward.tied_added) == set(backward.tied_removed)
+    assert bool(forward) == bool(backward) == (a != b)
+
+
+@given(table_pairs())
+def test_diff_prints_one_line_per_change(pair: tuple[ParamLayoutTable, ParamLayoutTable]) -> None:
+    a, b = pair
+    d = diff(a, b)
+    lines = str(d).splitlines()
+    if not d:
+        assert lines == ["(no differences)"]
+        return
+    fqns = [*d.changed, *d.added, *d.removed]
+    assert len(lines) == len(fqns) + len(d.tied_added) + len(d.tied_removed)
+    for fqn, line in zip(fqns, lines, strict=False):
+        assert line.startswith(f"{fqn}: ")
+        assert " -> " in line
+    assert set(d.changed) | set(d.added) | set(d.removed) == {
+        fqn for fqn in {*a, *b} if a.get(fqn) != b.get(fqn)
+    }

@@ -1,0 +1,302 @@
+"""Source layouts and the read-only table of them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import attrs
+import pytest
+from hypothesis import given
+
+from layout_algebra import (
+    AxisName,
+    LayoutError,
+    ParamLayoutTable,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    SourceLayout,
+    StridedShard,
+)
+from tests.strategies import source_layouts, tables
+
+TP, EP = AxisName("tp"), AxisName("ep")
+W = SourceLayout("dense", ["tp", "ep"], [Shard(0), Replicate()])
+X = SourceLayout("expert", ["ep"], [Shard(0)])
+
+
+# --- SourceLayout ---------------------------------------------------------------------
+
+
+def test_a_layout_holds_one_placement_per_axis() -> None:
+    assert W.mesh == "dense"
+    assert W.axes == (TP, EP)
+    assert W.placements == (Shard(0), Replicate())
+    assert isinstance(W.placements, tuple)
+
+
+def test_str_and_repr_of_a_layout() -> None:
+    assert str(W) == "dense[tp=S(0), ep=R]"
+    assert str(X) == "expert[ep=S(0)]"
+    assert str(SourceLayout("dense", [], [])) == "dense[]"
+    assert str(SourceLayout("dense", ["tp"], [StridedShard(0, split_factor=2)])) == (
+        "dense[tp=_S(0, 2)]"
+    )
+    assert repr(X) == (
+        "SourceLayout(mesh='expert', axes=(AxisName(name='ep'),), placements=(Shard(dim=0),))"
+    )
+
+
+def test_a_layout_may_hold_partial_but_no_table_entry_may() -> None:
+    layout = SourceLayout("dense", ["tp"], [Partial()])
+    assert str(layout) == "dense[tp=P(sum)]"
+
+
+@pytest.mark.parametrize(
+    ("axes", "placements", "message"),
+    [
+        (["tp", "ep"], [Shard(0)], "dense: 2 axes ['tp', 'ep'] but 1 placements ['S(0)']"),
+        (["tp"], [Shard(0), Replicate()], "1 axes ['tp'] but 2 placements ['S(0)', 'R']"),
+        ([], [Replicate()], "0 axes [] but 1 placements ['R']"),
+    ],
+)
+def test_a_layout_needs_as_many_placements_as_axes(
+    axes: list[str], placements: list[Placement], message: str
+) -> None:
+    with pytest.raises(LayoutError, match=re.escape(message)):
+        SourceLayout("dense", axes, placements)
+
+
+def test_a_layout_names_each_axis_once() -> None:
+    with pytest.raises(LayoutError, match=r"axis 'tp' appears twice in \['tp', 'ep', 'tp'\]") as e:
+        SourceLayout("dense", ["tp", "ep", "tp"], [Shard(0), Replicate(), Replicate()])
+    assert e.value.axis == "tp"
+
+
+@pytest.mark.parametrize("mesh", ["", None, 3, AxisName("dense")])
+def test_a_layout_needs_a_mesh_role(mesh: object) -> None:
+    with pytest.raises(LayoutError, match="mesh role must be a non-empty string such as 'dense'"):
+        SourceLayout(mesh, ["tp"], [Shard(0)])  # type: ignore[arg-type]  # run-time check
+
+
+@pytest.mark.parametrize("bad", ["S(0)", 0, None, Shard])
+def test_a_layout_holds_only_placements(bad: object) -> None:
+    with pytest.raises(LayoutError, match="is not a placement; use Shard"):
+        SourceLayout("dense", ["tp"], [bad])  # type: ignore[list-item]  # run-time check
+
+
+def test_a_layout_is_frozen() -> None:
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        W.mesh = "expert"  # type: ignore[misc]  # the point of the test
+
+
+def test_a_layout_converts_its_sequences_to_tuples() -> None:
+    axes = ["tp"]
+    placements: list[Placement] = [Shard(0)]
+    layout = SourceLayout("dense", axes, placements)
+    axes.append("ep")
+    placements.append(Replicate())
+    assert layout == SourceLayout("dense", ("tp",), (Shard(0),))
+
+
+def test_layout_helpers() -> None:
+    assert W.placement_on("ep") == Replicate()
+    assert W.placement_on(TP) == Shard(0)
+    with pytest.raises(LayoutError, match=r"dense\[tp=S\(0\), ep=R\] has no axis 'sp'"):
+        W.placement_on("sp")
+    assert W.with_placements([Replicate(), Shard(1)]) == SourceLayout(
+        "dense", ["tp", "ep"], [Replicate(), Shard(1)]
+    )
+    assert W.with_mesh("expert").mesh == "expert"
+    assert not W.is_replicated
+    assert W.with_placements([Replicate(), Replicate()]).is_replicated
+    assert SourceLayout("dense", [], []).is_replicated
+    with pytest.raises(LayoutError, match="2 axes"):
+        W.with_placements([Shard(0)])
+
+
+@given(source_layouts(), source_layouts())
+def test_equal_layouts_hash_equal(a: SourceLayout, b: SourceLayout) -> None:
+    assert (a == b) == (str(a) == str(b))
+    if a == b:
+        assert hash(a) == hash(b)
+
+
+# --- ParamLayoutTable -------------------------------------------------------------------
+
+ENTRIES = {"emb.weight": W, "layers.0.w1": X, "head.weight": W}
+
+
+def test_a_table_is_a_read_only_mapping() -> None:
+    table = ParamLayoutTable(ENTRIES)
+    assert isinstance(table, Mapping)
+    assert table["layers.0.w1"] == X
+    assert len(table) == 3
+    assert list(table) == ["emb.weight", "layers.0.w1", "head.weight"]
+    assert list(table.keys()) == list(ENTRIES.keys())
+    assert list(table.values()) == list(ENTRIES.values())
+    assert list(table.items()) == list(ENTRIES.items())
+    assert "emb.weight" in table
+    assert "nope" not in table
+    assert not table.__contains__(3)
+    assert table.get("head.weight") == W
+    assert table.get("nope") is None
+    assert table.get("nope", X) == X
+    assert dict(table) == ENTRIES
+    with pytest.raises(KeyError):
+        table["nope"]
+
+
+def test_a_table_keeps_insertion_order() -> None:
+    entries = {f"layers.{i}.w": W for i in (3, 1, 2, 0)}
+    assert list(ParamLayoutTable(entries)) == [
+        "layers.3.w",
+        "layers.1.w",
+        "layers.2.w",
+        "layers.0.w",
+    ]
+
+
+def test_a_table_cannot_be_changed() -> None:
+    table = ParamLayoutTable(ENTRIES)
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        table["x"] = W  # type: ignore[index]  # the point of the test
+    with pytest.raises(TypeError, match="does not support item deletion"):
+        del table["emb.weight"]  # type: ignore[attr-defined]  # the point of the test
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        table.tied = ()  # type: ignore[misc]  # the point of the test
+    for mutator in ("pop", "update", "clear", "setdefault", "popitem"):
+        assert not hasattr(table, mutator)
+    assert table == ParamLayoutTable(ENTRIES)
+
+
+def test_a_table_does_not_follow_changes_to_its_source() -> None:
+    entries = dict(ENTRIES)
+    table = ParamLayoutTable(entries)
+    entries["new"] = X
+    del entries["emb.weight"]
+    assert list(table) == ["emb.weight", "layers.0.w1", "head.weight"]
+
+
+def test_a_table_rejects_partial_naming_the_fqn() -> None:
+    bad = SourceLayout("dense", ["tp", "ep"], [Replicate(), Partial("max")])
+    with pytest.raises(LayoutError) as info:
+        ParamLayoutTable({"emb.weight": W, "layers.2.wo.weight": bad})
+    message = str(info.value)
+    assert message.startswith("layers.2.wo.weight: P(max) on axis 'ep' in dense[tp=R, ep=P(max)]")
+    assert "declare R or S(dim) on that axis" in message
+    assert (info.value.fqn, info.value.axis, info.value.placement) == (
+        "layers.2.wo.weight",
+        "ep",
+        "P(max)",
+    )
+
+
+def test_a_table_checks_a_shared_layout_once_for_every_fqn() -> None:
+    bad = SourceLayout("dense", ["tp"], [Partial()])
+    with pytest.raises(LayoutError, match=r"^a: P"):
+        ParamLayoutTable({"a": bad, "b": bad})
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ({"": W}, "a parameter FQN must be a non-empty string, got ''"),
+        ({3: W}, "a parameter FQN must be a non-empty string, got 3"),
+        ({"w": "dense[tp=S(0)]"}, "w: 'dense[tp=S(0)]' is not a SourceLayout"),
+        ({"w": Shard(0)}, "w: Shard(dim=0) is not a SourceLayout"),
+        ([("w", W)], "a table's entries must be a mapping from FQN to SourceLayout"),
+    ],
+)
+def test_a_table_checks_its_entries(entries: object, message: str) -> None:
+    with pytest.raises(LayoutError, match=re.escape(message)):
+        ParamLayoutTable(entries)  # type: ignore[arg-type]  # run-time check
+
+
+def test_tied_groups_are_recorded() -> None:
+    table = ParamLayoutTable(ENTRIES, tied=[["emb.weight", "head.weight"]])
+    assert table.tied == (frozenset({"emb.weight", "head.weight"}),)
+    assert table.group_of("head.weight") == frozenset({"emb.weight", "head.weight"})
+    assert table.group_of("layers.0.w1") == frozenset({"layers.0.w1"})
+
+
+@pytest.mark.parametrize(
+    ("tied", "message"),
+    [
+        ([["emb.weight"]], r"tied group \['emb.weight'\] has fewer than two members"),
+        (
+            [["emb.weight", "head.weight"], ["head.weight", "out.weight"]],
+            r"head.weight is in two tied groups .* tied groups are disjoint",
+        ),
+        (
+            [["emb.weight", "out.weight"]],
+            r"out.weight: tied in \['emb.weight', 'out.weight'\] but has no entry",
+        ),
+        (
+            [["emb.weight", "layers.0.w1"]],
+            r"tied group \['emb.weight', 'layers.0.w1'\] has different layouts "
+            r"\(emb.weight: dense\[tp=S\(0\), ep=R\], layers.0.w1: expert\[ep=S\(0\)\]\)",
+        ),
+        ([["emb.weight", ""]], "tied groups hold parameter FQNs, got ''"),
+        ([["emb.weight", 3]], "tied groups hold parameter FQNs, got 3"),
+    ],
+)
+def test_tied_groups_are_checked(tied: list[list[object]], message: str) -> None:
+    with pytest.raises(LayoutError, match=message):
+        ParamLayoutTable(ENTRIES, tied=tied)  # type: ignore[arg-type]  # run-time check
+
+
+def test_str_and_repr_of_a_table() -> None:
+    table = ParamLayoutTable(
+        {"emb.weight": W, "layers.0.w1": X, "head.weight": W},
+        tied=[["head.weight", "emb.weight"]],
+    )
+    assert str(table) == (
+        "emb.weight   dense[tp=S(0), ep=R]\n"
+        "layers.0.w1  expert[ep=S(0)]\n"
+        "head.weight  dense[tp=S(0), ep=R]\n"
+        "tied: emb.weight, head.weight"
+    )
+    assert str(ParamLayoutTable({})) == "(empty table)"
+    assert repr(ParamLayoutTable({"w": X})) == (
+        "ParamLayoutTable({'w': SourceLayout(mesh='expert', axes=(AxisName(name='ep'),), "
+        "placements=(Shard(dim=0),))})"
+    )
+    assert repr(ParamLayoutTable({})) == "ParamLayoutTable({})"
+    assert repr(table).endswith(", tied=(frozenset({'emb.weight', 'head.weight'}),))") or repr(
+        table
+    ).endswith(", tied=(frozenset({'head.weight', 'emb.weight'}),))")
+
+
+def test_with_entries_adds_and_replaces() -> None:
+    table = ParamLayoutTable({"a": W, "b": X})
+    assert table.with_entries({"b": W, "c": X}) == ParamLayoutTable({"a": W, "b": W, "c": X})
+    assert table == ParamLayoutTable({"a": W, "b": X})
+
+
+@given(tables(), tables())
+def test_equal_tables_hash_equal(a: ParamLayoutTable, b: ParamLayoutTable) -> None:
+    assert (a == b) == (dict(a) == dict(b) and a.tied == b.tied)
+    if a == b:
+        assert hash(a) == hash(b)
+
+
+@given(tables())
+def test_a_table_equals_its_rebuilt_copy(table: ParamLayoutTable) -> None:
+    copy = ParamLayoutTable(dict(table), tied=table.tied)
+    assert copy == table
+    assert hash(copy) == hash(table)
+    assert list(copy.items()) == list(table.items())
+
+
+@given(tables())
+def test_drawn_tables_keep_their_invariants(table: ParamLayoutTable) -> None:
+    members = [fqn for group in table.tied for fqn in group]
+    assert len(members) == len(set(members))
+    for group in table.tied:
+        assert len(group) >= 2
+        assert len({table[fqn] for fqn in group}) == 1
+    for layout in table.values():
+        assert not any(isinstance(p, Partial) for p in layout.placements)

@@ -1,0 +1,194 @@
+"""The plan input: module plans, whole plans, and how parameter FQNs are formed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+import attrs
+import pytest
+from hypothesis import given
+
+from layout_algebra import (
+    AxisName,
+    LayoutError,
+    ModulePlan,
+    Partial,
+    Replicate,
+    Shard,
+    ShardingPlan,
+)
+from layout_algebra.plan import param_fqn
+from tests.strategies import sharding_plans
+
+ATTN = ModulePlan({"wq.weight": {"tp": Shard(0)}, "wo.weight": {"tp": Shard(1)}})
+MOE = ModulePlan({"experts.w1": {"ep": Shard(0), "tp": Shard(1)}}, expert_parallel=True)
+
+
+def test_a_module_plan_holds_named_placements() -> None:
+    assert dict(ATTN.params["wq.weight"]) == {"tp": Shard(0)}
+    assert list(ATTN.params) == ["wq.weight", "wo.weight"]
+    assert isinstance(ATTN.params["wq.weight"], Mapping)
+    assert not ATTN.expert_parallel
+    assert MOE.expert_parallel
+
+
+def test_a_module_plan_copies_what_it_is_given() -> None:
+    named = {"tp": Shard(0)}
+    params = {"w": named}
+    plan = ModulePlan(params)
+    named["ep"] = Shard(0)
+    params["v"] = {}
+    assert plan == ModulePlan({"w": {"tp": Shard(0)}})
+
+
+def test_plans_are_frozen() -> None:
+    plan = ShardingPlan({"": ATTN}, mesh_axes=["tp"])
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        plan.tied_pairs = ()  # type: ignore[misc]  # the point of the test
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        ATTN.expert_parallel = True  # type: ignore[misc]  # the point of the test
+    with pytest.raises(TypeError):
+        ATTN.params["x"] = {}  # type: ignore[index]  # the point of the test
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ([("w", {})], "a module plan's params must map parameter paths to named placements"),
+        ({"": {}}, "parameter path '' must be a non-empty dotted name such as 'wq.weight'"),
+        ({".w": {}}, "parameter path '.w' must be a non-empty dotted name"),
+        ({"w.": {}}, "parameter path 'w.' must be a non-empty dotted name"),
+        ({3: {}}, "parameter path 3 must be a non-empty dotted name"),
+        ({"w": [("tp", Shard(0))]}, "w: named placements must be a mapping from axis to placement"),
+        ({"w": {"t-p": Shard(0)}}, "w: axis name 't-p' is not an identifier"),
+        ({"w": {"tp": "S(0)"}}, "w: 'S(0)' on axis 'tp' is not a placement; use Shard(d)"),
+        ({"w": {"tp": Shard(0), AxisName("tp"): Replicate()}}, "w: axis 'tp' is named twice"),
+    ],
+)
+def test_a_module_plan_checks_its_params(params: object, message: str) -> None:
+    with pytest.raises(LayoutError, match=re.escape(message)):
+        ModulePlan(params)  # type: ignore[arg-type]  # run-time check
+
+
+def test_errors_in_params_name_the_parameter_and_axis() -> None:
+    with pytest.raises(LayoutError) as info:
+        ModulePlan({"wq.weight": {"tp": 0}})  # type: ignore[dict-item]  # run-time check
+    assert (info.value.fqn, info.value.axis) == ("wq.weight", "tp")
+
+
+def test_expert_parallel_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="'expert_parallel' must be <class 'bool'>"):
+        ModulePlan({}, expert_parallel=1)  # type: ignore[arg-type]  # run-time check
+
+
+def test_a_module_plan_may_hold_partial() -> None:
+    # Plans carry what planners wrote; build_table rejects Partial for a parameter.
+    assert ModulePlan({"w": {"tp": Partial()}}).params["w"]["tp"] == Partial()
+
+
+def test_a_sharding_plan_holds_modules_axes_and_tied_pairs() -> None:
+    plan = ShardingPlan(
+        {"layers.0.attn": ATTN, "layers.1.moe": MOE},
+        mesh_axes=["dp_shard", "tp", "ep"],
+        tied_pairs=[["emb.weight", "head.weight"]],
+    )
+    assert list(plan.modules) == ["layers.0.attn", "layers.1.moe"]
+    assert plan.mesh_axes == (AxisName("dp_shard"), AxisName("tp"), AxisName("ep"))
+    assert plan.tied_pairs == (("emb.weight", "head.weight"),)
+    assert ShardingPlan({}, mesh_axes=[]).tied_pairs == ()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ShardingPlan([("m", ATTN)], mesh_axes=["tp"]), "a plan's modules must map"),  # type: ignore[arg-type]  # run-time check
+        (
+            lambda: ShardingPlan({".m": ATTN}, mesh_axes=["tp"]),
+            "module FQN '.m' must be a dotted name",
+        ),
+        (
+            lambda: ShardingPlan({"m.": ATTN}, mesh_axes=["tp"]),
+            "module FQN 'm.' must be a dotted name",
+        ),
+        (lambda: ShardingPlan({3: ATTN}, mesh_axes=["tp"]), "module FQN 3 must be a dotted name"),  # type: ignore[dict-item]  # run-time check
+        (
+            lambda: ShardingPlan({"m": {"w": {"tp": Shard(0)}}}, mesh_axes=["tp"]),  # type: ignore[dict-item]  # run-time check
+            "module 'm': {'w': {'tp': Shard(dim=0)}} is not a ModulePlan; wrap its params",
+        ),
+        (lambda: ShardingPlan({}, mesh_axes=["tp", "ep", "tp"]), "mesh_axes names 'tp' twice"),
+        (lambda: ShardingPlan({}, mesh_axes="tp"), "not the string 'tp'"),
+        (
+            lambda: ShardingPlan({}, mesh_axes=[], tied_pairs=[("a",)]),
+            "a tied pair is two parameter FQNs, got ('a',)",
+        ),
+        (
+            lambda: ShardingPlan({}, mesh_axes=[], tied_pairs=[("a", "b", "c")]),
+            "got ('a', 'b', 'c')",
+        ),
+        (lambda: ShardingPlan({}, mesh_axes=[], tied_pairs=["ab"]), "got 'ab'"),
+        (lambda: ShardingPlan({}, mesh_axes=[], tied_pairs=[("a", "")]), "got ('a', '')"),
+        (lambda: ShardingPlan({}, mesh_axes=[], tied_pairs=[("a", 3)]), "got ('a', 3)"),  # type: ignore[list-item]  # run-time check
+    ],
+)
+def test_a_sharding_plan_checks_its_fields(make: Callable[[], object], message: str) -> None:
+    with pytest.raises(LayoutError, match=re.escape(message)):
+        make()
+
+
+def test_mesh_axes_are_required() -> None:
+    with pytest.raises(TypeError, match="mesh_axes"):
+        ShardingPlan({})  # type: ignore[call-arg]  # the point of the test
+
+
+def test_plans_are_equal_and_hash_equal_by_value() -> None:
+    a = ShardingPlan(
+        {"m": ModulePlan({"w": {"tp": Shard(0)}, "b": {}})},
+        mesh_axes=["tp"],
+        tied_pairs=[("x", "y")],
+    )
+    b = ShardingPlan(
+        {"m": ModulePlan({"w": {AxisName("tp"): Shard(0)}, "b": {}})},
+        mesh_axes=(AxisName("tp"),),
+        tied_pairs=(["x", "y"],),
+    )
+    assert a == b
+    assert hash(a) == hash(b)
+    assert a != attrs.evolve(a, tied_pairs=())
+    assert a != attrs.evolve(a, mesh_axes=["tp", "ep"])
+    assert ModulePlan({"w": {}}) != ModulePlan({"w": {}}, expert_parallel=True)
+    assert ModulePlan({"w": {"tp": Shard(0)}}) != ModulePlan({"w": {"tp": Shard(1)}})
+
+
+@given(sharding_plans(), sharding_plans())
+def test_equal_plans_hash_equal(a: ShardingPlan, b: ShardingPlan) -> None:
+    assert a == attrs.evolve(a)
+    assert hash(a) == hash(attrs.evolve(a))
+    if a == b:
+        assert hash(a) == hash(b)
+
+
+@pytest.mark.parametrize(
+    ("module", "param", "fqn"),
+    [
+        ("", "weight", "weight"),
+        ("", "experts.w1", "experts.w1"),
+        ("layers.0", "wq.weight", "layers.0.wq.weight"),
+        ("emb", "weight", "emb.weight"),
+    ],
+)
+def test_param_fqn_joins_module_and_path(module: str, param: str, fqn: str) -> None:
+    assert param_fqn(module, param) == fqn
+
+
+def test_named_placements_walks_every_parameter_with_its_fqn() -> None:
+    plan = ShardingPlan(
+        {"": ModulePlan({"weight": {}}), "layers.1.moe": MOE, "attn": ATTN}, mesh_axes=["tp", "ep"]
+    )
+    walked = [(fqn, spec, dict(named)) for fqn, spec, named in plan.named_placements()]
+    assert walked == [
+        ("weight", plan.modules[""], {}),
+        ("layers.1.moe.experts.w1", MOE, {"ep": Shard(0), "tp": Shard(1)}),
+        ("attn.wq.weight", ATTN, {"tp": Shard(0)}),
+        ("attn.wo.weight", ATTN, {"tp": Shard(1)}),
+    ]
