@@ -1,0 +1,677 @@
+"""The command line: every subcommand, its output and its exit status.
+
+``show``, ``diff``, ``check`` and ``draw`` run in-process through ``main(argv)``; ``demo``
+starts its own fake process group, so it runs in a subprocess. The pictures ``draw``
+prints are read back cell by cell and compared with what torch's placements cut out of
+a tensor on every rank of the mesh.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import Placement as TorchPlacement
+from torch.distributed.tensor._utils import (
+    _compute_local_shape_and_global_offset,
+    compute_local_shape_and_global_offset,
+)
+from torch.distributed.tensor.placement_types import Shard as TorchShard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from layout_algebra import (
+    ModulePlan,
+    ParamLayoutTable,
+    Partial,
+    Replicate,
+    Shard,
+    ShardingPlan,
+    SourceLayout,
+)
+from layout_algebra.cli import main
+from layout_algebra.demo import TinyMoE, demo_plan, demo_table
+from layout_algebra.serialization import from_json, plan_to_json, to_json
+from layout_algebra.torch_bridge import to_torch
+
+S0, S1, R = Shard(0), Shard(1), Replicate()
+ROOT: Final = Path(__file__).resolve().parent.parent
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def table() -> ParamLayoutTable:
+    return ParamLayoutTable(
+        {
+            "emb.weight": SourceLayout("dense", ["tp"], [S0]),
+            "head.weight": SourceLayout("dense", ["tp"], [S0]),
+            "layers.0.wo.weight": SourceLayout("dense", ["tp"], [S1]),
+            "norm.weight": SourceLayout("dense", ["tp"], [R]),
+            "moe.experts.w1": SourceLayout("expert", ["ep", "tp"], [S0, S1]),
+        },
+        tied=[{"emb.weight", "head.weight"}],
+    )
+
+
+@pytest.fixture
+def table_file(tmp_path: Path, table: ParamLayoutTable) -> str:
+    return write(tmp_path / "table.json", to_json(table))
+
+
+def run(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_problem(code: int, err: str) -> None:
+    assert code == 1
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("layout-algebra: ")
+
+
+# ---------------------------------------------------------------------------------------
+# show
+
+
+def test_show_prints_every_entry_aligned_and_the_tied_groups(
+    table_file: str, table: ParamLayoutTable, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["show", table_file], capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    for fqn, layout in table.items():
+        assert any(re.fullmatch(rf"{re.escape(fqn)} +{re.escape(str(layout))}", ln) for ln in lines)
+    columns = {ln.index(str(table[ln.split()[0]])) for ln in lines if ln.split()[0] in table}
+    assert len(columns) == 1  # layouts start in one column
+    assert "tied: emb.weight, head.weight" in lines
+    assert lines[-1] == "(5 parameters, 1 tied group)"
+
+
+def test_show_of_a_missing_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "nope.json")
+    code, out, err = run(["show", missing], capsys)
+    assert_one_line_problem(code, err)
+    assert missing in err and "No such file" in err
+    assert out == ""
+
+
+def test_show_of_a_directory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(["show", str(tmp_path)], capsys)
+    assert_one_line_problem(code, err)
+    assert str(tmp_path) in err
+
+
+def test_show_of_invalid_json_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "bad.json", '{"version": 1,\n "entries": {\n')
+    code, out, err = run(["show", path], capsys)
+    assert_one_line_problem(code, err)
+    assert path in err and "not valid JSON" in err
+    assert out == ""
+
+
+def test_show_of_invalid_utf8_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bytes.json"
+    path.write_bytes(b'{"version": 1, "entries": {"\xff": 1}}')
+    code, _, err = run(["show", str(path)], capsys)
+    assert_one_line_problem(code, err)
+
+
+def test_show_of_a_bad_placement_names_its_json_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (
+        '{"version": 1, "entries": {"layers.7.w": '
+        '{"mesh": "dense", "axes": ["tp", "ep"], "placements": ["S(0)", "X(1)"]}}}'
+    )
+    path = write(tmp_path / "bad.json", text)
+    code, out, err = run(["show", path], capsys)
+    assert_one_line_problem(code, err)
+    assert 'entries["layers.7.w"].placements[1]' in err
+    assert "'X(1)'" in err
+    assert out == ""
+
+
+def test_show_of_a_partial_placement_is_a_layout_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (
+        '{"version": 1, "entries": {"w": '
+        '{"mesh": "dense", "axes": ["tp"], "placements": ["P(sum)"]}}}'
+    )
+    code, _, err = run(["show", write(tmp_path / "p.json", text)], capsys)
+    assert_one_line_problem(code, err)
+    assert 'entries["w"].placements[0]' in err
+
+
+# ---------------------------------------------------------------------------------------
+# diff
+
+
+def test_diff_of_equal_tables_exits_0_silently(
+    tmp_path: Path, table: ParamLayoutTable, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = write(tmp_path / "a.json", to_json(table))
+    b = write(tmp_path / "b.json", to_json(table))
+    assert run(["diff", a, b], capsys) == (0, "", "")
+
+
+def test_diff_of_different_tables_exits_1_with_the_report(
+    tmp_path: Path, table: ParamLayoutTable, capsys: pytest.CaptureFixture[str]
+) -> None:
+    changed = table.with_entries({"layers.0.wo.weight": SourceLayout("dense", ["tp"], [S0])})
+    a = write(tmp_path / "a.json", to_json(table))
+    b = write(tmp_path / "b.json", to_json(changed))
+    code, out, err = run(["diff", a, b], capsys)
+    assert (code, err) == (1, "")
+    assert out == "layers.0.wo.weight: dense[tp=S(1)] -> dense[tp=S(0)]\n"
+
+
+def test_diff_with_a_bad_file_is_a_layout_problem(
+    tmp_path: Path, table_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = write(tmp_path / "bad.json", '{"version": 2, "entries": {}}')
+    code, _, err = run(["diff", table_file, bad], capsys)
+    assert_one_line_problem(code, err)
+    assert bad in err and "version" in err
+
+
+# ---------------------------------------------------------------------------------------
+# check
+
+
+def moe_plan() -> ShardingPlan:
+    return ShardingPlan(
+        {
+            "emb": ModulePlan({"weight": {"tp": S0}}),
+            "head": ModulePlan({"weight": {"tp": S0}}),
+            "attn": ModulePlan({"wq.weight": {"tp": S0}, "wo.weight": {"tp": S1}}),
+            "moe": ModulePlan(
+                {"experts.w1": {"ep": S0, "tp": S1}, "router.weight": {"dp_shard": R}},
+                expert_parallel=True,
+            ),
+        },
+        mesh_axes=["dp_shard", "ep", "tp"],
+        tied_pairs=[("emb.weight", "head.weight")],
+    )
+
+
+def test_check_of_a_good_plan_prints_a_summary_and_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
+    argv = ["check", path, "--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith(f"{path}: OK, 6 parameters\n")
+    assert "dense mesh (dp_shard=2, tp=4): 5 parameters; source axes tp" in out
+    assert "expert mesh (dp_shard=2, ep=4): 1 parameter; source axes ep" in out
+    assert "1 tied group" in out
+    assert re.search(r"^moe\.experts\.w1 +expert\[ep=S\(0\)\]$", out, re.MULTILINE)
+    assert re.search(r"^attn\.wo\.weight +dense\[tp=S\(1\)\]$", out, re.MULTILINE)
+    assert "tied: emb.weight, head.weight" in out
+
+
+def test_check_reports_every_problem_with_its_fqn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = ShardingPlan(
+        {
+            "attn": ModulePlan(
+                {
+                    "wq.weight": {"tpp": S0},  # a typo
+                    "wk.weight": {"dp_shard": S0},  # FSDP's axis
+                    "wv.weight": {"tp": Partial()},  # not a parameter layout
+                    "wo.weight": {"tp": S1},  # fine
+                }
+            ),
+            "moe": ModulePlan({"experts.w1": {"ep": S0}}, expert_parallel=True),  # no expert mesh
+            "emb": ModulePlan({"weight": {"tp": S0}}),
+            "head": ModulePlan({"weight": {"tp": S1}}),  # tied to emb, conflicting
+        },
+        mesh_axes=["dp_shard", "ep", "tp"],
+        tied_pairs=[("emb.weight", "head.weight")],
+    )
+    path = write(tmp_path / "plan.json", plan_to_json(plan))
+    code, out, err = run(["check", path, "--mesh", "dp_shard=2,tp=4"], capsys)
+    assert code == 1
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.startswith(f"layout-algebra: {path}: the plan has 5 problems:\n")
+    problems = err.splitlines()[1:]
+    assert len(problems) == 5
+    for fqn in ["attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "moe.experts.w1"]:
+        assert sum(fqn in p for p in problems) == 1, fqn
+    assert any("emb.weight" in p and "head.weight" in p for p in problems)
+    assert "attn.wo.weight" not in err
+    assert "'tpp'" in err and "'dp_shard'" in err and "P(sum)" in err
+
+
+def test_check_of_a_bad_plan_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (
+        '{"version": 1, "mesh_axes": ["tp"], '
+        '"modules": {"attn": {"params": {"w": {"tp": "S(-1)"}}}}}'
+    )
+    path = write(tmp_path / "plan.json", text)
+    code, _, err = run(["check", path, "--mesh", "tp=2"], capsys)
+    assert_one_line_problem(code, err)
+    assert 'modules["attn"].params["w"]["tp"]' in err
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    ["tp4", "tp=0", "tp=-2", "tp=x", "tp=2,tp=2", "1tp=2", "tp=2,", "", "tp=2;ep=2"],
+)
+def test_check_with_bad_mesh_syntax_is_a_usage_error(
+    tmp_path: Path, mesh: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
+    code, out, err = run(["check", path, "--mesh", mesh], capsys)
+    assert code == 2
+    assert out == ""
+    assert "usage:" in err and "--mesh" in err and "Traceback" not in err
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([], capsys)[0] == 2
+    assert run(["explode"], capsys)[0] == 2
+    assert run(["check", "plan.json"], capsys)[0] == 2  # --mesh is required
+    assert run(["demo", "--rank", "8"], capsys)[0] == 2
+    assert run(["draw", "t.json", "w", "--shape", "4,x", "--mesh", "tp=2"], capsys)[0] == 2
+    assert (
+        run(["draw", "t.json", "w", "--shape", "4", "--mesh", "tp=2", "--fsdp", "9"], capsys)[0]
+        == 2
+    )
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    for command in ["demo", "show", "diff", "check", "draw"]:
+        assert command in out
+
+
+# ---------------------------------------------------------------------------------------
+# draw: the picture, read back
+
+
+def parse_ranks(text: str) -> set[int]:
+    """``"0-2,5"`` → ``{0, 1, 2, 5}``."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def parse_span(text: str) -> range:
+    lo, hi = text.split(":")
+    return range(int(lo), int(hi))
+
+
+def read_picture(out: str, ndim: int) -> tuple[dict[int, set[tuple[int, ...]]], set[int]]:
+    """Which elements each rank holds according to the picture, and the ranks not drawn."""
+    lines = out.splitlines()
+    first_rule = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("+"))
+    cols = [parse_span(t) for t in lines[first_rule - 1].split()]
+    held: dict[int, set[tuple[int, ...]]] = {}
+    for ln in lines[first_rule:]:
+        if "|" not in ln:
+            if not ln.lstrip().startswith("+"):
+                break
+            continue
+        label, *cells, _ = ln.split("|")
+        rows = [parse_span(label.strip())] if ndim == 2 else [range(1)]
+        assert len(cells) == len(cols)
+        for col, cell in zip(cols, cells, strict=True):
+            for rank in parse_ranks(cell.strip()):
+                for i, j in itertools.product(rows[0], col):
+                    held.setdefault(rank, set()).add((i, j) if ndim == 2 else (j,))
+    empty: set[int] = set()
+    m = re.search(r"^not drawn: ranks? (\S+) holds? an empty shard", out, re.MULTILINE)
+    if m:
+        empty = parse_ranks(m.group(1))
+    return held, empty
+
+
+def torch_blocks(
+    shape: Sequence[int], sizes: Mapping[str, int], placements: Sequence[TorchPlacement]
+) -> list[tuple[set[tuple[int, ...]], tuple[int, ...], tuple[int, ...]]]:
+    """Per rank (row-major over ``sizes``): the elements torch's placements give it, and
+    DTensor's local shape and offset for its coordinate.
+
+    The elements come from splitting an index tensor mesh dim by mesh dim with each
+    placement's own ``_split_tensor``, as ``distribute_tensor`` does.
+    """
+    index = torch.arange(math.prod(shape)).reshape(tuple(shape))
+    out = []
+    for coordinate in itertools.product(*(range(n) for n in sizes.values())):
+        local = index
+        for p, n, c in zip(placements, sizes.values(), coordinate, strict=True):
+            if isinstance(p, TorchShard | _StridedShard):
+                local = p._split_tensor(local, n, with_padding=False)[0][c]
+        elements = {
+            tuple(int(x) for x in torch.unravel_index(torch.tensor(v), tuple(shape)))
+            for v in local.flatten().tolist()
+        }
+        shape_, offset = _compute_local_shape_and_global_offset(
+            tuple(shape), tuple(sizes.values()), list(coordinate), list(placements)
+        )
+        out.append((elements, tuple(shape_), tuple(offset)))
+    return out
+
+
+def legend(out: str, ranks: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each rank's local shape and offset, as the legend below the picture states them."""
+    rows = []
+    for rank in range(ranks):
+        m = re.search(rf"^{rank} .*?(\([0-9, ]*\)) +(\([0-9, ]*\))", out, re.MULTILINE)
+        assert m is not None, rank
+        rows.append((eval_tuple(m.group(1)), eval_tuple(m.group(2))))
+    return rows
+
+
+def eval_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.strip("()").split(",") if x.strip())
+
+
+def assert_picture_matches_torch(
+    out: str,
+    shape: Sequence[int],
+    sizes: Mapping[str, int],
+    placements: Sequence[TorchPlacement],
+) -> None:
+    held, empty = read_picture(out, len(shape))
+    expected = torch_blocks(shape, sizes, placements)
+    for rank, (elements, local, offset) in enumerate(expected):
+        assert held.get(rank, set()) == elements, rank
+        assert (rank in empty) == (not elements), rank
+        assert (local, offset) == legend(out, len(expected))[rank], rank
+
+
+def torch_placements_after_fsdp(
+    sizes: Mapping[str, int],
+    fsdp_axis: str,
+    source: Sequence[tuple[str, TorchPlacement]],
+    shape: Sequence[int],
+) -> tuple[tuple[str, ...], tuple[TorchPlacement, ...]]:
+    """The mesh dims and placements torch's ``fully_shard`` gives a parameter."""
+    mesh = init_device_mesh("cpu", tuple(sizes.values()), mesh_dim_names=tuple(sizes))
+    axes = tuple(a for a, _ in source)
+    sub = mesh[axes[0]] if len(axes) == 1 else mesh[axes]
+    module = nn.Linear(1, 1, bias=False, device="meta")
+    module.weight = nn.Parameter(
+        distribute_tensor(torch.empty(tuple(shape), device="meta"), sub, [p for _, p in source])
+    )
+    fully_shard(module, mesh=mesh[fsdp_axis])
+    param = module.weight
+    assert isinstance(param, DTensor)
+    return tuple(param.device_mesh.mesh_dim_names or ()), tuple(param.placements)
+
+
+def test_draw_2d_even(
+    table_file: str, table: ParamLayoutTable, capsys: pytest.CaptureFixture[str], fake_world: int
+) -> None:
+    sizes = {"dp_shard": 2, "tp": 4}
+    argv = [
+        "draw",
+        table_file,
+        "layers.0.wo.weight",
+        "--shape",
+        "16,8",
+        "--mesh",
+        "dp_shard=2,tp=4",
+    ]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert "layout dense[tp=S(1)]" in out
+    # tp cuts the columns; ranks differing only in dp_shard hold the same block
+    assert "| 0,4 | 1,5 | 2,6 | 3,7 |" in out
+    torch_placements = [to_torch(R), to_torch(S1)]  # dp_shard, tp
+    assert_picture_matches_torch(out, (16, 8), sizes, torch_placements)
+
+    # rank 0's block agrees with DTensor on a real mesh of the fake process group
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_shard", "tp"))
+    assert legend(out, 8)[0] == compute_local_shape_and_global_offset(
+        (16, 8), mesh, torch_placements
+    )
+
+
+def test_draw_2d_blocks_with_fsdp(
+    table_file: str, capsys: pytest.CaptureFixture[str], fake_world: int
+) -> None:
+    sizes = {"dp_shard": 2, "tp": 4}
+    argv = ["draw", table_file, "layers.0.wo.weight", "--shape", "16,8"]
+    argv += ["--mesh", "dp_shard=2,tp=4", "--fsdp", "dp_shard"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    names, placements = torch_placements_after_fsdp(
+        sizes, "dp_shard", [("tp", to_torch(S1))], (16, 8)
+    )
+    assert names == ("dp_shard", "tp")
+    assert "with FSDP over 'dp_shard': dense[dp_shard=S(0), tp=S(1)]" in out
+    assert_picture_matches_torch(out, (16, 8), sizes, placements)
+    held, empty = read_picture(out, 2)
+    assert not empty and all(len(e) == 8 * 2 for e in held.values())
+
+
+def test_draw_uneven_rows(table_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # 10 rows over 4 ranks: 3, 3, 3, 1
+    argv = ["draw", table_file, "emb.weight", "--shape", "10,8", "--mesh", "tp=4"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    labels = re.findall(r"^ *(\d+:\d+) \|", out, re.MULTILINE)
+    assert labels == ["0:3", "3:6", "6:9", "9:10"]
+    assert "not drawn" not in out
+    assert_picture_matches_torch(out, (10, 8), {"tp": 4}, [to_torch(S0)])
+
+
+def test_draw_leaves_out_empty_shards_and_says_so(
+    table_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2 rows over 4 ranks: 1, 1, 0, 0
+    argv = ["draw", table_file, "emb.weight", "--shape", "2,3", "--mesh", "tp=4"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert "not drawn: ranks 2,3 hold an empty shard (local shape (0, 3))" in out
+    held, empty = read_picture(out, 2)
+    assert set(held) == {0, 1} and empty == {2, 3}
+    assert_picture_matches_torch(out, (2, 3), {"tp": 4}, [to_torch(S0)])
+
+
+def test_draw_of_a_tensor_without_elements_draws_nothing(
+    table_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["draw", table_file, "emb.weight", "--shape", "3,0", "--mesh", "tp=2"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert "(shape (3, 0) has no elements: nothing to draw)" in out
+    assert "+" not in out
+    expected = torch_blocks((3, 0), {"tp": 2}, [to_torch(S0)])
+    assert legend(out, 2) == [(local, offset) for _, local, offset in expected]
+
+
+def test_draw_strided_shards_under_fsdp(
+    table_file: str, capsys: pytest.CaptureFixture[str], fake_world: int
+) -> None:
+    # tp=4 cuts 10 rows 3, 3, 3, 1; FSDP over dp_shard=2 cuts each tp shard again, so
+    # dp_shard's shards interleave with tp's: _S(0, 4), and rank 7 gets nothing
+    sizes = {"dp_shard": 2, "tp": 4}
+    argv = ["draw", table_file, "emb.weight", "--shape", "10,8"]
+    argv += ["--mesh", "dp_shard=2,tp=4", "--fsdp", "dp_shard"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    names, placements = torch_placements_after_fsdp(
+        sizes, "dp_shard", [("tp", to_torch(S0))], (10, 8)
+    )
+    assert names == ("dp_shard", "tp")
+    assert placements == (_StridedShard(0, split_factor=4), TorchShard(0))
+    assert "dense[dp_shard=_S(0, 4), tp=S(0)]" in out
+    assert "not drawn: rank 7 holds an empty shard (local shape (0, 8))" in out
+    assert_picture_matches_torch(out, (10, 8), sizes, placements)
+
+
+def test_draw_strided_expert_weight_across_two_source_axes(
+    table_file: str, capsys: pytest.CaptureFixture[str], fake_world: int
+) -> None:
+    # the expert mesh's ep and tp, FSDP over dp_shard: a 2-D slice of an expert weight
+    sizes = {"dp_shard": 2, "ep": 2, "tp": 2}
+    argv = ["draw", table_file, "moe.experts.w1", "--shape", "6,5"]
+    argv += ["--mesh", "dp_shard=2,ep=2,tp=2", "--fsdp", "dp_shard"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    source = [("ep", to_torch(S0)), ("tp", to_torch(S1))]
+    names, placements = torch_placements_after_fsdp(sizes, "dp_shard", source, (6, 5))
+    assert names == tuple(sizes)
+    assert_picture_matches_torch(out, (6, 5), sizes, placements)
+
+
+def test_draw_1d(table_file: str, capsys: pytest.CaptureFixture[str], fake_world: int) -> None:
+    sizes = {"dp_shard": 2, "tp": 4}
+    argv = ["draw", table_file, "norm.weight", "--shape", "10", "--mesh", "dp_shard=2,tp=4"]
+    code, out, err = run([*argv, "--fsdp", "dp_shard"], capsys)
+    assert (code, err) == (0, "")
+    assert "| 0-3 | 4-7  |" in out
+    _, placements = torch_placements_after_fsdp(sizes, "dp_shard", [("tp", to_torch(R))], (10,))
+    assert_picture_matches_torch(out, (10,), sizes, placements)
+
+
+def test_draw_with_a_mesh_axis_the_layout_lacks_replicates_over_it(
+    table_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["draw", table_file, "emb.weight", "--shape", "4", "--mesh", "tp=2,sp=3"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    assert "| 0-2 | 3-5 |" in out
+    assert_picture_matches_torch(out, (4,), {"tp": 2, "sp": 3}, [to_torch(S0), to_torch(R)])
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--shape", "4,4,4", "--mesh", "tp=2"], "has 3 dims; draw pictures 1-D and 2-D"),
+        (["--shape", "4,4", "--mesh", "dp_shard=2"], "uses axis 'tp', which --mesh"),
+        (["--shape", "4,4", "--mesh", "tp=2", "--fsdp", "dp"], "--fsdp dp: no such axis"),
+        (["--shape", "4", "--mesh", "tp=2,dp=2"], None),  # S(1) on a 1-D tensor
+    ],
+)
+def test_draw_refuses_what_it_cannot_draw(
+    table_file: str, extra: list[str], needle: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["draw", table_file, "layers.0.wo.weight", *extra], capsys)
+    assert_one_line_problem(code, err)
+    assert out == ""
+    if needle is not None:
+        assert needle in err
+
+
+def test_draw_of_an_unknown_fqn_suggests_close_ones(
+    table_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["draw", table_file, "emb.weigth", "--shape", "4", "--mesh", "tp=2"]
+    code, _, err = run(argv, capsys)
+    assert_one_line_problem(code, err)
+    assert "emb.weigth: no such parameter" in err and "emb.weight" in err
+
+
+# ---------------------------------------------------------------------------------------
+# no torch outside demo
+
+
+def test_show_diff_check_and_draw_never_import_torch(table_file: str, tmp_path: Path) -> None:
+    plan = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
+    script = f"""
+import sys
+from layout_algebra.cli import main
+codes = [
+    main(["show", {table_file!r}]),
+    main(["diff", {table_file!r}, {table_file!r}]),
+    main(["check", {plan!r}, "--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]),
+    main(["draw", {table_file!r}, "emb.weight", "--shape", "8,4", "--mesh", "tp=4"]),
+]
+assert codes == [0, 0, 0, 0], codes
+assert "torch" not in sys.modules, "torch was imported"
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# demo, in its own process (it starts its own fake process group)
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "layout_algebra", "demo", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def demo_model_and_table() -> tuple[list[str], ParamLayoutTable]:
+    model = TinyMoE()
+    fqns = [fqn for fqn, _ in model.named_parameters(remove_duplicate=False)]
+    return fqns, demo_table(model, demo_plan())
+
+
+def test_demo_prints_every_parameter() -> None:
+    done = run_demo()
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    fqns, table = demo_model_and_table()
+    assert "output.weight" in fqns and "layers.1.moe.experts.w2" in fqns
+    lines = done.stdout.splitlines()
+    for fqn in fqns:
+        row = next(ln for ln in lines if ln.startswith(f"{fqn} "))
+        assert str(table[fqn]) in row
+    assert "tied (one storage): output.weight, tok_embeddings.weight" in done.stdout
+    assert "every FQN matched" in done.stdout
+
+
+def test_demo_verify_on_another_rank_agrees_with_torch() -> None:
+    done = run_demo("--verify", "--rank", "5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    fqns, _ = demo_model_and_table()
+    assert "MISMATCH" not in done.stdout
+    assert f"{len(fqns)}/{len(fqns)} OK" in done.stdout
+    assert "local shapes on rank 5: dp_shard=1, ep=0, tp=1 (dense: dp=2, tp=1)" in done.stdout
+    rows = [ln for ln in done.stdout.splitlines() if ln.split(" ")[0] in fqns]
+    assert len(rows) == len(fqns) and all(ln.endswith(" OK") for ln in rows)
+
+
+def test_demo_json_is_the_demo_table() -> None:
+    done = run_demo("--json")
+    assert done.returncode == 0, done.stderr
+    _, table = demo_model_and_table()
+    assert from_json(done.stdout) == table
+    assert table.tied == (frozenset({"tok_embeddings.weight", "output.weight"}),)
