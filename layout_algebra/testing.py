@@ -39,8 +39,10 @@ from layout_algebra.placements import (
 from layout_algebra.plan import ModulePlan, ShardingPlan, param_fqn
 
 __all__ = [
+    "ALL_KINDS",
     "KNOWN_SOURCE_AXES",
     "MESH_ROLES",
+    "PlacementKind",
     "axis_names",
     "module_fqns",
     "param_fqns",
