@@ -12,7 +12,7 @@ from typing import Final, Literal, TypeAlias, TypeGuard, assert_never, get_args
 
 import attrs
 
-from layout_algebra.errors import PlacementSyntaxError
+from layout_algebra.errors import LayoutError, PlacementSyntaxError
 
 __all__ = [
     "Partial",
@@ -35,7 +35,7 @@ REDUCE_OPS: Final[tuple[str, ...]] = get_args(ReduceOp)
 def _check_dim(_: object, attribute: attrs.Attribute[int], value: int) -> None:
     if type(value) is not int or value < 0:
         msg = f"{attribute.name} must be an int >= 0, got {value!r}; tensor dims count from 0"
-        raise ValueError(msg)
+        raise LayoutError(msg, placement=f"{attribute.name}={value!r}")
 
 
 def _check_split_factor(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -44,13 +44,13 @@ def _check_split_factor(_: object, attribute: attrs.Attribute[int], value: int) 
             f"{attribute.name} must be an int >= 2, got {value!r}; "
             "a split factor of 1 is a plain Shard"
         )
-        raise ValueError(msg)
+        raise LayoutError(msg, placement=f"{attribute.name}={value!r}")
 
 
 def _check_reduce_op(_: object, attribute: attrs.Attribute[str], value: str) -> None:
     if value not in REDUCE_OPS:
         msg = f"{attribute.name} must be one of {', '.join(REDUCE_OPS)}; got {value!r}"
-        raise ValueError(msg)
+        raise LayoutError(msg, placement=f"{attribute.name}={value!r}")
 
 
 @attrs.frozen(cache_hash=True)
@@ -186,8 +186,8 @@ def _parse(text: str) -> Placement:
                 return Partial()
             if (sdim := m.group("sdim")) is not None:
                 return StridedShard(int(sdim), split_factor=int(m.group("factor")))
-    except ValueError as e:
-        msg = f"{text!r} is not a placement: {e}; grammar: {GRAMMAR}"
+    except LayoutError as e:
+        msg = f"{text!r} is not a placement: {e.message}; grammar: {GRAMMAR}"
         raise PlacementSyntaxError(msg, text=text) from None
     msg = f"{text!r} is not a placement; grammar: {GRAMMAR}"
     raise PlacementSyntaxError(msg, text=text)

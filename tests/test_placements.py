@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from layout_algebra import (
+    LayoutError,
     Partial,
     Placement,
     PlacementSyntaxError,
@@ -70,7 +71,7 @@ def test_strided_shard_split_factor_is_keyword_only() -> None:
     ],
 )
 def test_invalid_fields_are_rejected(make: Callable[[], Placement], message: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(LayoutError, match=re.escape(message)):
         make()
 
 
