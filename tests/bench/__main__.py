@@ -1,0 +1,36 @@
+"""Every benchmark, one after the other: ``python -m tests.bench [--quick]``.
+
+Building the table, the JSON round trip, then binding a table to a live model (when
+``tests.bench.bench_bind`` is present). Each compares against a baseline measured in
+this same process and prints its targets with PASS or MISS; ``--quick`` runs smaller
+scales as a smoke test. The exit status is 0 either way: timings depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+from collections.abc import Sequence
+
+from tests.bench import bench_build, bench_json
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller scales, for a smoke run")
+    args = parser.parse_args(argv)
+
+    met, total = bench_build.run(quick=args.quick)
+    print()
+    json_met, json_total = bench_json.run(quick=args.quick)
+    met, total = met + json_met, total + json_total
+    if importlib.util.find_spec("tests.bench.bench_bind") is not None:
+        print()
+        importlib.import_module("tests.bench.bench_bind").main()
+    print()
+    print(f"build and JSON targets met: {met} of {total}")
+
+
+if __name__ == "__main__":
+    main()
