@@ -29,7 +29,7 @@ from layout_algebra.placements import (
     Shard,
     format_placement,
 )
-from layout_algebra.plan import FrozenMap, NamedLike, ShardingPlan, as_pairs, param_fqn
+from layout_algebra.plan import FrozenMap, NamedLike, ShardingPlan, as_pairs
 
 __all__ = [
     "TableDiff",
@@ -286,24 +286,28 @@ def _join_group(
     return joined, None
 
 
-def _merge(
-    entries: Mapping[str, SourceLayout],
+def _merge_into(
+    merged: CheckedEntries,
     existing: Iterable[frozenset[str]],
     pairs: Iterable[Iterable[str]],
-) -> tuple[CheckedEntries, tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
+) -> tuple[tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
+    """Give the members of each tied group in ``merged`` the group's layout, in place.
+
+    Groups are disjoint, so writing one group's members never changes what another
+    group reads.
+    """
     groups = _groups([*existing, *as_pairs(pairs)])
-    merged = CheckedEntries(entries)
     kept: list[frozenset[str]] = []
     conflicts: list[TiedLayoutConflict] = []
     for group in groups:
-        joined, conflict = _join_group(group, entries)
+        joined, conflict = _join_group(group, merged)
         if conflict is not None:
             conflicts.append(conflict)
         elif joined is not None:
             for fqn in sorted(group):
                 merged[fqn] = joined
             kept.append(group)
-    return merged, tuple(kept), conflicts
+    return tuple(kept), conflicts
 
 
 def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> ParamLayoutTable:
@@ -319,7 +323,8 @@ def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> Param
         TiedLayoutConflict: ``S(d)`` against ``S(e)``, or members on different meshes or
             axes; names the group, the axis, both placements and whose they are.
     """
-    merged, groups, conflicts = _merge(table, table.tied, pairs)
+    merged = CheckedEntries(table)
+    groups, conflicts = _merge_into(merged, table.tied, pairs)
     if conflicts:
         raise conflicts[0]
     return ParamLayoutTable(merged, tied=groups)
@@ -414,20 +419,26 @@ def build_table(
 
     problems: list[LayoutError] = []
     entries = CheckedEntries()
-    # memo: (id of the named placements, routed to experts) -> its layout. The plan keeps
-    # every named placement alive for the whole call, so ids are stable; a value memo
-    # catches equal placements held in different objects.
-    by_id: dict[tuple[int, bool], SourceLayout] = {}
+    # Memo: id of the named placements -> its layout, one memo per kind of module (the
+    # route depends only on the placements and whether the module is expert-parallel).
+    # The plan keeps every named placement alive for the whole call, so ids are stable;
+    # a value memo catches equal placements held in different objects. Placements with
+    # a problem are never memoised, so every parameter holding them is reported.
+    by_id_dense: dict[int, SourceLayout] = {}
+    by_id_expert: dict[int, SourceLayout] = {}
     by_value: dict[tuple[Mapping[str, Placement], bool], SourceLayout] = {}
     interned: dict[SourceLayout, SourceLayout] = {}
+    setdefault = entries.setdefault
 
     for module, spec in plan.modules.items():
         ep_module = spec.expert_parallel
+        by_id = by_id_expert if ep_module else by_id_dense
+        prefix = f"{module}." if module else ""  # param_fqn, spelled once per module
         for path, named in spec.params.items():
-            fqn = param_fqn(module, path)
-            to_expert = ep_module and isinstance(named.get("ep"), Shard)
-            layout = by_id.get((id(named), to_expert))
+            fqn = prefix + path
+            layout = by_id.get(id(named))
             if layout is None:
+                to_expert = ep_module and isinstance(named.get("ep"), Shard)
                 layout = by_value.get((named, to_expert))
                 if layout is None:
                     layout = _resolve_one(fqn, module, named, to_expert, dense, expert, problems)
@@ -435,8 +446,8 @@ def build_table(
                         continue
                     layout = interned.setdefault(layout, layout)
                     by_value[named, to_expert] = layout
-                by_id[id(named), to_expert] = layout
-            previous = entries.setdefault(fqn, layout)
+                by_id[id(named)] = layout
+            previous = setdefault(fqn, layout)
             if previous is not layout:
                 msg = (
                     f"{fqn}: declared twice, as {previous} and as {layout} (a parameter path "
@@ -445,11 +456,11 @@ def build_table(
                 problems.append(LayoutError(msg, fqn=fqn))
 
     pairs = plan.tied_pairs if tied_pairs is None else tied_pairs
-    merged, groups, conflicts = _merge(entries, (), pairs)
+    groups, conflicts = _merge_into(entries, (), pairs)
     problems.extend(conflicts)
     if problems:
         raise PlanError(_problem_report(problems), problems=problems)
-    return ParamLayoutTable(merged, tied=groups)
+    return ParamLayoutTable(entries, tied=groups)
 
 
 def _resolve_one(

@@ -8,7 +8,7 @@ placements*, ``{axis: placement}``. All three are frozen, hashable and equal by 
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
-from typing import Generic, Protocol, TypeVar, overload
+from typing import Final, Generic, Protocol, TypeVar, overload
 
 import attrs
 
@@ -102,6 +102,12 @@ def param_fqn(module: str, param: str) -> str:
     return f"{module}.{param}" if module else param
 
 
+_SHARED: dict[tuple[tuple[str, Placement], ...], NamedPlacements] = {}
+"""Named placements already frozen, by their items: a plan's layout kinds are few, and
+equal ones in different modules become one object (bounded, like the axis names)."""
+_MAX_SHARED: Final = 4096
+
+
 def _named(param: str, named: NamedLike) -> NamedPlacements:
     if isinstance(named, FrozenMap):
         return named
@@ -129,7 +135,13 @@ def _named(param: str, named: NamedLike) -> NamedPlacements:
             )
             raise LayoutError(msg, fqn=param, axis=name)
         out[name] = placement
-    return FrozenMap(out)
+    key = tuple(out.items())
+    shared = _SHARED.get(key)
+    if shared is None:
+        shared = FrozenMap(out)
+        if len(_SHARED) < _MAX_SHARED:
+            _SHARED[key] = shared
+    return shared
 
 
 def _as_params(
@@ -139,7 +151,8 @@ def _as_params(
     if not isinstance(raw, Mapping):
         msg = f"a module plan's params must map parameter paths to named placements, got {params!r}"
         raise LayoutError(msg)
-    # Planners reuse one dict for every parameter laid out alike: convert each once.
+    # Planners reuse one dict for every parameter laid out alike: convert each once (and
+    # equal ones across modules share one frozen value, see _named).
     converted: dict[int, NamedPlacements] = {}
     out: dict[str, NamedPlacements] = {}
     for path, named in params.items():

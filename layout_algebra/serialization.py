@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from json.encoder import encode_basestring_ascii
 from typing import Any, Final, TypeVar
 
 import cattrs
@@ -195,19 +196,20 @@ def _table(value: object, path: str = "") -> ParamLayoutTable:
     raw_entries = doc["entries"]
     if not isinstance(raw_entries, dict):
         raise _fail(entries_path, "expected a JSON object of FQN -> layout", raw_entries)
-    entries = CheckedEntries()
+    # A copy of the document's entries, each value then replaced by its layout: the copy
+    # has every key already, in order, so filling it never grows it.
+    entries = CheckedEntries(raw_entries)
     # Equal layouts are written alike: read each spelling once and share the value.
     seen: dict[tuple[object, ...], SourceLayout] = {}
     for fqn, raw in raw_entries.items():
-        where = _key(entries_path, fqn)
         if not fqn:
-            raise _fail(where, "a parameter FQN must be non-empty", fqn)
+            raise _fail(_key(entries_path, fqn), "a parameter FQN must be non-empty", fqn)
         layout = None
         memo_key = _memo_key(raw)
         if memo_key is not None:
             layout = seen.get(memo_key)
         if layout is None:
-            layout = _entry(fqn, raw, where)
+            layout = _entry(fqn, raw, _key(entries_path, fqn))
             if memo_key is not None:
                 seen[memo_key] = layout
         entries[fqn] = layout
@@ -361,13 +363,15 @@ def to_json(table: ParamLayoutTable) -> str:
      "tied": []}
     """
     dumps = json.dumps
+    quote = encode_basestring_ascii  # what dumps does with a str, without its set-up
     cache: dict[int, str] = {}
     lines: list[str] = []
+    append = lines.append
     for fqn, layout in table.items():
         text = cache.get(id(layout))
         if text is None:
             text = cache[id(layout)] = dumps(_layout_obj(layout))
-        lines.append(f"  {dumps(fqn)}: {text}")
+        append(f"  {quote(fqn)}: {text}")
     body = ",\n".join(lines)
     tied = dumps([sorted(g) for g in table.tied])
     entries = f"{{\n{body}\n }}" if lines else "{}"
