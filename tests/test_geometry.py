@@ -500,6 +500,7 @@ def geometries(draw: st.DrawFn) -> tuple[tuple[int, ...], SourceLayout, dict[str
     return shape, SourceLayout("dense", axes, placements), sizes
 
 
+@settings(max_examples=300)  # x every coordinate of the mesh: well over 1,000 rank cases
 @given(geometry=geometries())
 def test_local_shape_and_offset_match_dtensor_on_every_rank(
     geometry: tuple[tuple[int, ...], SourceLayout, dict[str, int]],
