@@ -1,0 +1,642 @@
+"""Tests of layout_algebra.torch_bridge on torch's fake 8-rank process group.
+
+torch is the oracle: placements are compared with what ``distribute_tensor`` and
+``fully_shard`` produce, local shards with the slice of the full tensor torch says the
+rank holds, and the parameters one ``fully_shard`` call manages with torch's own record.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator, Mapping
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import placement_types as tpt
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from layout_algebra import (
+    BindError,
+    LayoutError,
+    ModulePlan,
+    ParamLayoutTable,
+    Placement,
+    Replicate,
+    Shard,
+    ShardingPlan,
+    SourceLayout,
+    StridedShard,
+    build_table,
+    format_placement,
+)
+from layout_algebra.torch_bridge import (
+    Binding,
+    ParamBindings,
+    bind,
+    default_binding,
+    distribute,
+    from_torch,
+    managed_bindings,
+    table_from_module,
+    to_torch,
+)
+from tests.strategies import placements
+
+# ---------------------------------------------------------------------------------------
+# a small model: tied embedding and head, attention-like linears, experts on their mesh
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq = nn.Linear(8, 16, bias=False)
+        self.wo = nn.Linear(16, 8, bias=False)
+
+
+class Experts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(4, 8, 6))
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = Attention()
+        self.experts = Experts()
+        self.norm = nn.Parameter(torch.randn(8))
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(32, 8)
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(8, 32, bias=False)
+        self.head.weight = self.emb.weight
+
+
+def block(model: Model, i: int) -> Block:
+    found = model.layers[i]
+    assert isinstance(found, Block)
+    return found
+
+
+def as_param(tensor: torch.Tensor) -> nn.Parameter:
+    """``tensor``, which is a parameter (torch types module weights as plain tensors)."""
+    assert isinstance(tensor, nn.Parameter)
+    return tensor
+
+
+def as_dtensor(tensor: torch.Tensor) -> DTensor:
+    assert isinstance(tensor, DTensor)
+    return tensor
+
+
+DENSE = ("dp_shard", "tp")
+WORLD = ("dp_shard", "ep", "tp")
+
+
+def make_model() -> Model:
+    torch.manual_seed(0)
+    return Model()
+
+
+def make_plan() -> ShardingPlan:
+    modules = {"emb": ModulePlan({"weight": {"tp": Shard(0)}})}
+    for i in range(2):
+        modules[f"layers.{i}"] = ModulePlan(
+            {
+                "attn.wq.weight": {"tp": Shard(0)},
+                "attn.wo.weight": {"tp": Shard(1)},
+                "norm": {"tp": Replicate()},
+            }
+        )
+        modules[f"layers.{i}.experts"] = ModulePlan(
+            {"w1": {"ep": Shard(0), "tp": Shard(2)}}, expert_parallel=True
+        )
+    return ShardingPlan(modules, mesh_axes=WORLD, tied_pairs=[("emb.weight", "head.weight")])
+
+
+@pytest.fixture(scope="module")
+def world(fake_world: int) -> DeviceMesh:
+    return init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=WORLD)
+
+
+@pytest.fixture(scope="module")
+def dense(fake_world: int) -> DeviceMesh:
+    return init_device_mesh("cpu", (2, 4), mesh_dim_names=DENSE)
+
+
+@pytest.fixture(scope="module")
+def meshes(world: DeviceMesh, dense: DeviceMesh) -> dict[str, DeviceMesh]:
+    return {"dense": dense, "expert": world}
+
+
+@pytest.fixture(scope="module")
+def table() -> ParamLayoutTable:
+    return build_table(make_plan(), DENSE, expert_axes=WORLD)
+
+
+def layout(role: str, **named: Placement) -> SourceLayout:
+    return SourceLayout(role, tuple(named), tuple(named.values()))
+
+
+# ---------------------------------------------------------------------------------------
+# placements
+
+
+@given(placements())
+def test_to_torch_then_from_torch_is_identity(p: Placement) -> None:
+    tp = to_torch(p)
+    assert from_torch(tp) == p
+    assert str(tp) == format_placement(p)  # torch prints the same DSL
+
+
+@given(
+    st.one_of(
+        st.builds(tpt.Shard, st.integers(0, 5)),
+        st.just(tpt.Replicate()),
+        st.builds(tpt.Partial, st.sampled_from(["sum", "avg", "min", "max", "product"])),
+        st.builds(
+            lambda d, k: tpt._StridedShard(d, split_factor=k),
+            st.integers(0, 5),
+            st.integers(2, 8),
+        ),
+    )
+)
+def test_from_torch_then_to_torch_is_identity(tp: tpt.Placement) -> None:
+    back = to_torch(from_torch(tp))
+    assert back == tp
+    assert type(back) is type(tp)
+
+
+def test_to_torch_kinds() -> None:
+    assert type(to_torch(Shard(1))) is tpt.Shard
+    assert type(to_torch(StridedShard(0, split_factor=2))) is tpt._StridedShard
+    assert to_torch(StridedShard(0, split_factor=2)) == tpt._StridedShard(0, split_factor=2)
+    assert to_torch(Shard(1)) != tpt._StridedShard(1, split_factor=2)
+
+
+class Diagonal(tpt.Placement):
+    """A placement kind this package does not know."""
+
+
+def test_from_torch_unknown_kind_names_the_type() -> None:
+    with pytest.raises(LayoutError, match=r"test_torch_bridge\.Diagonal has no layout_algebra"):
+        from_torch(Diagonal())
+    odd = tpt._StridedShard(0, split_factor=1)
+    with pytest.raises(LayoutError, match=r"_StridedShard\(dim=0, sf=1\).*split_factor"):
+        from_torch(odd)
+
+
+# ---------------------------------------------------------------------------------------
+# bind
+
+
+def test_bind_small_model(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh], dense: DeviceMesh, world: DeviceMesh
+) -> None:
+    model = make_model()
+    bindings = bind(table, model, meshes)
+    distinct = {id(p) for p in model.parameters()}
+    assert len(bindings) == len(distinct) == len(table) - 1  # the head is the embedding
+    assert set(map(id, bindings)) == distinct
+
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        b = bindings[param]
+        expected = table[fqn]
+        assert b.placements == tuple(to_torch(p) for p in expected.placements)
+        assert b.mesh is not None
+        assert b.mesh.mesh_dim_names == tuple(a.name for a in expected.axes)
+        assert b.mesh == (world[("ep", "tp")] if expected.mesh == "expert" else dense["tp"])
+    assert bindings[as_param(model.head.weight)].fqn == "emb.weight"
+
+    # one slice object per (role, axes)
+    by_role: dict[str, set[int]] = {}
+    for fqn, b in bindings.fqns().items():
+        by_role.setdefault(table[fqn].mesh, set()).add(id(b.mesh))
+    assert {role: len(ids) for role, ids in by_role.items()} == {"dense": 1, "expert": 1}
+
+    # torch agrees: the binding distributes a tensor to the placements torch reports
+    w1 = block(model, 0).experts.w1
+    b = bindings[w1]
+    assert b.mesh is not None
+    dt = distribute_tensor(w1.detach(), b.mesh, b.placements, src_data_rank=None)
+    assert dt.placements == (tpt.Shard(0), tpt.Shard(2))
+    assert dt.device_mesh is b.mesh
+    assert dt.to_local().shape == (2, 8, 3)
+
+
+def test_bind_table_order_does_not_matter(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    reordered = ParamLayoutTable(dict(list(table.items())[::-1]), tied=table.tied)
+    forward, backward = bind(table, model, meshes), bind(reordered, model, meshes)
+    assert dict(forward) == dict(backward)
+
+
+def test_bind_skips_parameters_the_table_does_not_mention(
+    meshes: dict[str, DeviceMesh],
+) -> None:
+    model = make_model()
+    only_head = ParamLayoutTable({"head.weight": layout("dense", tp=Shard(0))})
+    bindings = bind(only_head, model, meshes)
+    assert list(bindings) == [model.emb.weight]
+    assert bindings[as_param(model.emb.weight)].fqn == "head.weight"
+    assert block(model, 0).norm not in bindings
+
+
+def test_binding_str(table: ParamLayoutTable, meshes: dict[str, DeviceMesh]) -> None:
+    model = make_model()
+    bindings = bind(table, model, meshes)
+    assert str(bindings[block(model, 1).experts.w1]) == (
+        "layers.1.experts.w1: [ep=S(0), tp=S(2)] on (2, 2) ranks"
+    )
+    assert repr(bindings) == "ParamBindings(<9 parameters>)"
+
+
+def test_bind_unknown_fqn_suggests_close_names(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    typo = table.with_entries({"layers.0.attn.wqq.weight": layout("dense", tp=Shard(0))})
+    with pytest.raises(BindError) as info:
+        bind(typo, make_model(), meshes)
+    msg = str(info.value)
+    assert msg.startswith("layers.0.attn.wqq.weight: unknown parameter FQN, Model has no such")
+    assert "did you mean 'layers.0.attn.wq.weight'" in msg
+    assert msg.endswith("fix the table's FQN or bind the module the table was built for")
+    assert info.value.fqn == "layers.0.attn.wqq.weight"
+
+
+def test_bind_missing_mesh_role(table: ParamLayoutTable, dense: DeviceMesh) -> None:
+    with pytest.raises(BindError) as info:
+        bind(table, make_model(), {"dense": dense})
+    msg = str(info.value)
+    assert msg.startswith("layers.0.experts.w1: expert[ep=S(0), tp=S(2)] is on the 'expert' mesh")
+    assert "no mesh was given for that role (given: ['dense'])" in msg
+    assert msg.endswith("pass meshes={'expert': mesh, ...}")
+
+
+def test_bind_axis_the_mesh_lacks(meshes: dict[str, DeviceMesh]) -> None:
+    bad = ParamLayoutTable({"layers.0.norm": layout("dense", ep=Shard(0))})
+    with pytest.raises(BindError) as info:
+        bind(bad, make_model(), meshes)
+    e = info.value
+    assert (e.fqn, e.axis, e.placement) == ("layers.0.norm", "ep", "S(0)")
+    assert str(e) == (
+        "layers.0.norm: S(0) on axis 'ep' of dense[ep=S(0)], but the 'dense' mesh has dims "
+        "['dp_shard', 'tp']; build the table for this mesh or pass the mesh that has 'ep'"
+    )
+
+
+def test_bind_mesh_without_names(fake_world: int) -> None:
+    unnamed = init_device_mesh("cpu", (8,))
+    table = ParamLayoutTable({"layers.0.norm": layout("dense", tp=Replicate())})
+    with pytest.raises(BindError) as info:
+        bind(table, make_model(), {"dense": unnamed})
+    e = info.value
+    assert (e.fqn, e.axis, e.placement) == ("layers.0.norm", "tp", "R")
+    assert "the 'dense' mesh" in str(e)
+    assert "has no dim names, so axis 'tp' (R) of dense[tp=R] cannot be found" in str(e)
+    assert str(e).endswith("init_device_mesh(..., mesh_dim_names=(...))")
+
+
+def test_bind_shard_dim_beyond_ndim(meshes: dict[str, DeviceMesh]) -> None:
+    bad = ParamLayoutTable({"layers.1.norm": layout("dense", tp=Shard(1))})
+    with pytest.raises(BindError) as info:
+        bind(bad, make_model(), meshes)
+    e = info.value
+    assert (e.fqn, e.axis, e.placement) == ("layers.1.norm", "tp", "S(1)")
+    assert str(e) == (
+        "layers.1.norm: S(1) on axis 'tp' shards dim 1, but the parameter has 1 dim "
+        "(shape (8,)); shard a dim below 1 or declare R"
+    )
+
+
+def test_bind_tied_aliases_with_different_layouts(meshes: dict[str, DeviceMesh]) -> None:
+    split = ParamLayoutTable(
+        {"emb.weight": layout("dense", tp=Shard(0)), "head.weight": layout("dense", tp=Shard(1))}
+    )
+    with pytest.raises(BindError) as info:
+        bind(split, make_model(), meshes)
+    e = info.value
+    assert (e.fqn, e.axis, e.placement) == ("head.weight", "tp", "S(1)")
+    assert str(e).startswith(
+        "head.weight: tied parameter aliases have conflicting source layouts: emb.weight is "
+        "dense[tp=S(0)] but head.weight is dense[tp=S(1)]"
+    )
+    assert str(e).endswith(
+        "give them one layout (merge_tied, or tie them in the plan's tied_pairs)"
+    )
+
+
+def test_bind_layout_without_source_axes(meshes: dict[str, DeviceMesh]) -> None:
+    plan = ShardingPlan({"": ModulePlan({"layers.0.norm": {}})}, mesh_axes=DENSE)
+    fsdp_only = build_table(plan, ("dp_shard",))
+    assert fsdp_only["layers.0.norm"].axes == ()
+    model = make_model()
+    bindings = bind(fsdp_only, model, meshes)
+    assert bindings[block(model, 0).norm] == Binding("layers.0.norm", None, ())
+    distribute(model, fsdp_only, meshes)
+    assert not isinstance(block(model, 0).norm, DTensor)
+
+
+# ---------------------------------------------------------------------------------------
+# ParamBindings: identity keys, held weakly
+
+
+def test_bindings_are_weak_and_drop_replaced_parameters(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    bindings = bind(table, model, meshes)
+    old = block(model, 0).attn.wq.weight
+    old_ref = weakref.ref(old)
+    assert old in bindings
+    block(model, 0).attn.wq.weight = nn.Parameter(torch.zeros(16, 8))
+    del old
+    gc.collect()
+    assert old_ref() is None  # the bindings did not keep it alive
+    assert len(bindings) == 8
+    assert block(model, 0).attn.wq.weight not in bindings
+    with pytest.raises(KeyError):
+        bindings.by_fqn("layers.0.attn.wq.weight")
+    assert "layers.0.attn.wq.weight" not in bindings.fqns()
+    param, binding = bindings.by_fqn("layers.1.attn.wq.weight")
+    assert param is block(model, 1).attn.wq.weight
+    assert binding.fqn == "layers.1.attn.wq.weight"
+
+
+def test_bindings_outlive_nothing(table: ParamLayoutTable, meshes: dict[str, DeviceMesh]) -> None:
+    model = make_model()
+    bindings = bind(table, model, meshes)
+    refs = [weakref.ref(p) for p in model.parameters()]
+    del model
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert len(bindings) == 0
+    assert list(bindings) == []
+
+
+def test_bindings_look_up_by_identity_not_equality(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    bindings = bind(table, model, meshes)
+    wq = as_param(block(model, 0).attn.wq.weight)
+    twin = nn.Parameter(wq.detach().clone())  # equal values, another object
+    assert torch.equal(twin, wq)
+    assert twin not in bindings
+    assert bindings.get(twin) is None
+    with pytest.raises(KeyError):
+        bindings[twin]
+    assert bindings[wq].fqn == "layers.0.attn.wq.weight"
+    assert bindings == dict(bindings.items())
+    assert ParamBindings(bindings.items()) == bindings
+    assert "not a parameter" not in bindings
+
+
+def test_bindings_build_each_binding_once(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    bindings = bind(table, model, meshes)
+    assert bindings[as_param(model.emb.weight)] is bindings[as_param(model.head.weight)]
+
+
+# ---------------------------------------------------------------------------------------
+# default and managed bindings
+
+
+def test_default_binding(world: DeviceMesh, dense: DeviceMesh) -> None:
+    b = default_binding(world)
+    assert b.mesh == world[("ep", "tp")]
+    assert b.placements == (tpt.Replicate(), tpt.Replicate())
+    assert b.fqn == "<default>"
+    d = default_binding(dense)
+    assert d.mesh == dense["tp"]
+    assert d.placements == (tpt.Replicate(),)
+    assert default_binding(world, owned={"dp_shard", "ep"}).mesh == world["tp"]
+
+
+def test_default_binding_errors(fake_world: int) -> None:
+    with pytest.raises(BindError, match=r"has no dim names.*mesh_dim_names=\(\.\.\.\)\)$"):
+        default_binding(init_device_mesh("cpu", (8,)))
+    owned_only = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_replicate", "dp_shard"))
+    with pytest.raises(BindError) as info:
+        default_binding(owned_only)
+    assert "every dim of the mesh ['dp_replicate', 'dp_shard'] is FSDP-owned" in str(info.value)
+    assert str(info.value).endswith("pass a mesh with a source axis")
+
+
+def alias_groups(module: nn.Module, params: Iterator[nn.Parameter]) -> set[frozenset[str]]:
+    """Each parameter as the set of FQNs naming it in ``module``."""
+    names: dict[int, set[str]] = {}
+    for fqn, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), set()).add(fqn)
+    return {frozenset(names[id(p)]) for p in params}
+
+
+def torch_managed(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters torch's ``fully_shard`` state of ``module`` manages."""
+    state = fully_shard.state(module)  # type: ignore[attr-defined]  # set by torch's contract decorator
+    group = state._fsdp_param_group
+    assert group is not None
+    return [fp.sharded_param for fp in group.fsdp_params]
+
+
+def test_managed_bindings_match_fully_shard(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh], world: DeviceMesh, dense: DeviceMesh
+) -> None:
+    model = make_model()
+    partial = ParamLayoutTable(
+        {fqn: lay for fqn, lay in table.items() if not fqn.endswith("norm")}, tied=table.tied
+    )
+    bindings = bind(partial, model, meshes)
+    fully_shard(block(model, 0), mesh=dense["dp_shard"])
+    gc.collect()
+    # the nested unit replaced its parameters: their bindings are gone
+    assert block(model, 0).attn.wq.weight not in bindings
+    assert isinstance(block(model, 0), FSDPModule)
+
+    ignored = {block(model, 1).experts.w1}
+    default = default_binding(world)
+    managed = managed_bindings(bindings, model, default=default, ignored_params=ignored)
+    ours = alias_groups(model, iter(managed))
+    assert ours == {
+        frozenset({"emb.weight", "head.weight"}),
+        frozenset({"layers.1.attn.wq.weight"}),
+        frozenset({"layers.1.attn.wo.weight"}),
+        frozenset({"layers.1.norm"}),
+    }
+    norm = managed[block(model, 1).norm]
+    assert (norm.fqn, norm.mesh, norm.placements) == (
+        "layers.1.norm",
+        default.mesh,
+        default.placements,
+    )
+    assert managed[as_param(model.emb.weight)] is bindings[as_param(model.emb.weight)]
+
+    fully_shard(model, mesh=dense["dp_shard"], ignored_params=ignored)
+    assert alias_groups(model, iter(torch_managed(model))) == ours
+
+
+def test_managed_bindings_fqn_relative_to_owner(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh], world: DeviceMesh
+) -> None:
+    model = make_model()
+    bindings = bind(ParamLayoutTable({"emb.weight": table["emb.weight"]}), model, meshes)
+    managed = managed_bindings(bindings, block(model, 1), default=default_binding(world))
+    assert sorted(b.fqn for b in managed.values()) == [
+        "attn.wo.weight",
+        "attn.wq.weight",
+        "experts.w1",
+        "norm",
+    ]
+
+
+def test_managed_bindings_missing_without_default(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    partial = ParamLayoutTable(
+        {fqn: lay for fqn, lay in table.items() if not fqn.endswith("norm")}, tied=table.tied
+    )
+    bindings = bind(partial, model, meshes)
+    with pytest.raises(BindError) as info:
+        managed_bindings(bindings, model)
+    e = info.value
+    assert e.fqn == "layers.0.norm"
+    assert str(e).startswith(
+        "layers.0.norm: managed by fully_shard(Model) but has no binding and no default was "
+        "given (2 such: layers.0.norm, layers.1.norm)"
+    )
+    assert str(e).endswith("pass default=default_binding(world_mesh)")
+    # ignoring them is enough
+    ignored = [block(model, 0).norm, block(model, 1).norm]
+    assert len(managed_bindings(bindings, model, ignored_params=ignored)) == 7
+
+
+# ---------------------------------------------------------------------------------------
+# distribute and table_from_module
+
+
+def expected_local(
+    full: torch.Tensor, mesh: DeviceMesh, placements: tuple[tpt.Placement, ...]
+) -> torch.Tensor:
+    """The block of ``full`` torch says this rank holds."""
+    shape, offset = compute_local_shape_and_global_offset(full.shape, mesh, placements)
+    index = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
+    return full[index]
+
+
+def test_distribute_matches_torch(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh], dense: DeviceMesh, world: DeviceMesh
+) -> None:
+    model = make_model()
+    block(model, 1).norm.requires_grad_(False)
+    originals = {
+        fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)
+    }
+    distribute(model, table, meshes, src_data_rank=None)
+
+    assert model.emb.weight is model.head.weight  # tied stays tied
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        assert isinstance(param, nn.Parameter)
+        assert isinstance(param, DTensor)
+        lay = table[fqn]
+        assert param.placements == tuple(to_torch(p) for p in lay.placements)
+        assert param.device_mesh == (world[("ep", "tp")] if lay.mesh == "expert" else dense["tp"])
+        assert param.shape == originals[fqn].shape
+        local = param.to_local()
+        assert torch.equal(
+            local, expected_local(originals[fqn], param.device_mesh, param.placements)
+        )
+    assert block(model, 1).norm.requires_grad is False
+    assert block(model, 0).norm.requires_grad is True
+    # the rank-0 block of the experts: ep=0 holds experts 0-1, tp=0 the first 3 columns
+    assert torch.equal(
+        as_dtensor(block(model, 0).experts.w1).to_local(),
+        originals["layers.0.experts.w1"][:2, :, :3],
+    )
+
+
+def test_distribute_leaves_the_module_untouched_on_error(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    before = dict(model.named_parameters(remove_duplicate=False))
+    bad = table.with_entries({"layers.1.norm": layout("dense", tp=Shard(3))})  # last to bind
+    with pytest.raises(BindError, match=r"layers\.1\.norm: S\(3\) on axis 'tp'"):
+        distribute(model, bad, meshes)
+    after = dict(model.named_parameters(remove_duplicate=False))
+    assert after.keys() == before.keys()
+    assert all(after[fqn] is before[fqn] for fqn in before)
+    assert not any(isinstance(p, DTensor) for p in after.values())
+
+
+def test_distribute_twice_is_refused(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    distribute(model, table, meshes)
+    before = dict(model.named_parameters(remove_duplicate=False))
+    with pytest.raises(BindError, match=r"^emb\.weight: already a DTensor"):
+        distribute(model, table, meshes)
+    after = dict(model.named_parameters(remove_duplicate=False))
+    assert all(after[fqn] is before[fqn] for fqn in before)
+
+
+def roles_of(meshes: Mapping[str, DeviceMesh]) -> dict[DeviceMesh, str]:
+    return {mesh: role for role, mesh in meshes.items()}
+
+
+def test_table_from_module_round_trip(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    distribute(model, table, meshes)
+    read = table_from_module(model, roles=roles_of(meshes))
+    assert read == table
+    assert read.tied == (frozenset({"emb.weight", "head.weight"}),)
+    # without roles every mesh is "dense"
+    plain = table_from_module(model)
+    assert plain["layers.0.experts.w1"] == table["layers.0.experts.w1"].with_mesh("dense")
+    assert plain["emb.weight"] == table["emb.weight"]
+
+
+def test_table_from_module_after_fully_shard(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh], dense: DeviceMesh, world: DeviceMesh
+) -> None:
+    model = make_model()
+    distribute(model, table, meshes)
+    for i in range(2):
+        fully_shard(block(model, i).experts, mesh=world["dp_shard"])
+    fully_shard(model, mesh=dense["dp_shard"])
+    wq = block(model, 0).attn.wq.weight
+    assert isinstance(wq, DTensor)
+    assert wq.device_mesh.mesh_dim_names == DENSE
+    assert wq.placements == (tpt._StridedShard(0, split_factor=4), tpt.Shard(0))
+    w1 = block(model, 0).experts.w1
+    assert isinstance(w1, DTensor)
+    assert w1.device_mesh.mesh_dim_names == WORLD
+    # FSDP's own dims are dropped: the source layouts come back unchanged
+    assert table_from_module(model, roles=roles_of(meshes)) == table
+
+
+def test_table_from_module_plain_parameter() -> None:
+    with pytest.raises(LayoutError) as info:
+        table_from_module(make_model())
+    assert info.value.fqn == "emb.weight"
+    assert str(info.value).startswith(
+        "emb.weight: a plain tensor of shape (32, 8), not a DTensor, so it has no layout to read"
+    )
