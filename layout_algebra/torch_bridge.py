@@ -307,7 +307,9 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
 
     def fqns(self) -> dict[str, Binding]:
         """Every binding of a live parameter, by the FQN it was bound under."""
-        return {ref.fqn: self._binding(ref) for ref in list(self._refs.values()) if ref() is not None}
+        return {
+            ref.fqn: self._binding(ref) for ref in list(self._refs.values()) if ref() is not None
+        }
 
 
 # ---------------------------------------------------------------------------------------
