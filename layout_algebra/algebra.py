@@ -67,7 +67,10 @@ def strip(
 def _check_mesh_axes(axes: tuple[AxisName, ...], what: str) -> None:
     if len(set(axes)) != len(axes):
         dup = next(a for i, a in enumerate(axes) if a in axes[:i])
-        msg = f"{what} names axis {dup.name!r} twice: {[a.name for a in axes]}; a mesh's axes are distinct"
+        msg = (
+            f"{what} names axis {dup.name!r} twice: {[a.name for a in axes]}; "
+            "a mesh's axes are distinct"
+        )
         raise LayoutError(msg, axis=dup.name)
 
 
@@ -104,7 +107,9 @@ class _Mesh:
             hint=hint,
         )
 
-    def resolve(self, named: Mapping[str, Placement], fqn: str) -> tuple[SourceLayout | None, list[LayoutError]]:
+    def resolve(
+        self, named: Mapping[str, Placement], fqn: str
+    ) -> tuple[SourceLayout | None, list[LayoutError]]:
         """The layout of ``named`` on this mesh, or every problem with it."""
         placements: list[Placement] = [_REPLICATE] * len(self.source)
         owned: list[LayoutError] = []  # reported first: they are never a typo
@@ -219,9 +224,7 @@ def _groups(pairs: Iterable[Iterable[str]]) -> list[frozenset[str]]:
     components: dict[str, set[str]] = {}
     for x in parent:
         components.setdefault(find(x), set()).add(x)
-    return sorted(
-        (frozenset(c) for c in components.values() if len(c) > 1), key=lambda g: sorted(g)
-    )
+    return sorted((frozenset(c) for c in components.values() if len(c) > 1), key=sorted)
 
 
 def _join_placement(a: Placement, b: Placement) -> Placement | None:
@@ -271,7 +274,7 @@ def _join_group(
             )
             return None, _conflict(group, None, (first, str(joined)), (fqn, str(layout)), why)
         placements = list(joined.placements)
-        for i, (axis, mine) in enumerate(zip(layout.axes, layout.placements)):
+        for i, (axis, mine) in enumerate(zip(layout.axes, layout.placements, strict=True)):
             best = _join_placement(placements[i], mine)
             if best is None:
                 why = (
@@ -441,7 +444,15 @@ def build_table(
                 to_expert = ep_module and isinstance(named.get("ep"), Shard)
                 layout = by_value.get((named, to_expert))
                 if layout is None:
-                    layout = _resolve_one(fqn, module, named, to_expert, dense, expert, problems)
+                    layout = _resolve_one(
+                        fqn,
+                        module=module,
+                        named=named,
+                        to_expert=to_expert,
+                        dense=dense,
+                        expert=expert,
+                        problems=problems,
+                    )
                     if layout is None:
                         continue
                     layout = interned.setdefault(layout, layout)
@@ -465,6 +476,7 @@ def build_table(
 
 def _resolve_one(
     fqn: str,
+    *,
     module: str,
     named: Mapping[str, Placement],
     to_expert: bool,
@@ -489,7 +501,7 @@ def _resolve_one(
     problems.extend(found)
     if layout is None:
         return None
-    for axis, p in zip(layout.axes, layout.placements):
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
         if isinstance(p, Partial):
             shown = format_placement(p)
             msg = (
@@ -525,9 +537,7 @@ class TableDiff:
 
     added: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
     removed: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
-    changed: FrozenMap[str, tuple[SourceLayout, SourceLayout]] = attrs.field(
-        converter=_changes
-    )
+    changed: FrozenMap[str, tuple[SourceLayout, SourceLayout]] = attrs.field(converter=_changes)
     tied_added: tuple[frozenset[str], ...] = ()
     tied_removed: tuple[frozenset[str], ...] = ()
 
@@ -567,4 +577,3 @@ def diff(a: ParamLayoutTable, b: ParamLayoutTable) -> TableDiff:
         tied_added=tuple(g for g in b.tied if g not in a_tied),
         tied_removed=tuple(g for g in a.tied if g not in b_tied),
     )
-

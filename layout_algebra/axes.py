@@ -10,7 +10,7 @@ import attrs
 
 from layout_algebra.errors import LayoutError
 
-__all__ = ["FSDP_OWNED_AXES", "AxisLike", "AxisName", "as_axis", "as_axes", "axis_str"]
+__all__ = ["FSDP_OWNED_AXES", "AxisLike", "AxisName", "as_axes", "as_axis", "axis_str"]
 
 _AXIS_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -72,7 +72,8 @@ class SourceLayout:
 
     def __str__(self) -> str:
         inner = ", ".join(
-            f"{a.name}={format_placement(p)}" for a, p in zip(self.axes, self.placements)
+            f"{a.name}={format_placement(p)}"
+            for a, p in zip(self.axes, self.placements, strict=True)
         )
         return f"{self.mesh}[{inner}]"
 
@@ -83,7 +84,7 @@ class SourceLayout:
             LayoutError: the layout has no such axis.
         """
         name = as_axis(axis)
-        for a, p in zip(self.axes, self.placements):
+        for a, p in zip(self.axes, self.placements, strict=True):
             if a == name:
                 return p
         msg = f"{self} has no axis {name.name!r}; its axes are {[a.name for a in self.axes]}"
@@ -155,7 +156,7 @@ def check_no_partial(fqn: str, layout: SourceLayout) -> None:
     Raises:
         LayoutError: naming the FQN, the axis and the placement.
     """
-    for axis, p in zip(layout.axes, layout.placements):
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
         if isinstance(p, Partial):
             msg = (
                 f"{fqn}: {format_placement(p)} on axis {axis.name!r} in {layout}: a parameter "
@@ -187,9 +188,7 @@ class ParamLayoutTable(Mapping[str, SourceLayout]):
     """
 
     _entries: dict[str, SourceLayout] = attrs.field(converter=_check_entries, eq=_entries_key)
-    tied: tuple[frozenset[str], ...] = attrs.field(
-        default=(), kw_only=True, converter=_as_groups
-    )
+    tied: tuple[frozenset[str], ...] = attrs.field(default=(), kw_only=True, converter=_as_groups)
 
     @tied.validator
     def _check_tied(self, _: attrs.Attribute[tuple[frozenset[str], ...]], value: object) -> None:
@@ -274,4 +273,3 @@ class ParamLayoutTable(Mapping[str, SourceLayout]):
     def with_entries(self, entries: Mapping[str, SourceLayout]) -> ParamLayoutTable:
         """This table with ``entries`` added or replacing existing ones, tied kept."""
         return ParamLayoutTable({**self._entries, **entries}, tied=self.tied)
-

@@ -179,7 +179,9 @@ def _parse(text: str) -> Placement:
                 return _REPLICATE
             if (op := m.group("op")) is not None:
                 if not _is_reduce_op(op):
-                    msg = f"{text!r} is not a placement: unknown reduce op {op!r}; grammar: {GRAMMAR}"
+                    msg = (
+                        f"{text!r} is not a placement: unknown reduce op {op!r}; grammar: {GRAMMAR}"
+                    )
                     raise PlacementSyntaxError(msg, text=text)
                 return Partial(op)
             if m.group("partial") is not None:

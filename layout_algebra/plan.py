@@ -166,6 +166,12 @@ def _as_params(
     return FrozenMap(out)
 
 
+def _check_flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        msg = f"{attribute.name} must be True or False, got {value!r}"
+        raise LayoutError(msg)
+
+
 @attrs.frozen(cache_hash=True)
 class ModulePlan:
     """The named placements of one module's parameters.
@@ -176,9 +182,7 @@ class ModulePlan:
     """
 
     params: FrozenMap[str, NamedPlacements] = attrs.field(converter=_as_params)
-    expert_parallel: bool = attrs.field(
-        default=False, kw_only=True, validator=attrs.validators.instance_of(bool)
-    )
+    expert_parallel: bool = attrs.field(default=False, kw_only=True, validator=_check_flag)
 
 
 def _is_dotted(name: object) -> bool:
@@ -196,7 +200,9 @@ def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]
             raise LayoutError(msg, fqn=str(fqn))
         spec_obj: object = spec
         if not isinstance(spec_obj, ModulePlan):
-            msg = f"module {fqn!r}: {spec!r} is not a ModulePlan; wrap its params in ModulePlan(...)"
+            msg = (
+                f"module {fqn!r}: {spec!r} is not a ModulePlan; wrap its params in ModulePlan(...)"
+            )
             raise LayoutError(msg, fqn=fqn)
     return FrozenMap(modules)
 
@@ -218,7 +224,9 @@ def as_pairs(pairs: Iterable[Iterable[str]]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _check_vocabulary(_: object, __: attrs.Attribute[tuple[AxisName, ...]], value: tuple[AxisName, ...]) -> None:
+def _check_vocabulary(
+    _: object, __: attrs.Attribute[tuple[AxisName, ...]], value: tuple[AxisName, ...]
+) -> None:
     if len(set(value)) != len(value):
         dup = next(a for i, a in enumerate(value) if a in value[:i])
         msg = f"mesh_axes names {dup.name!r} twice: {[a.name for a in value]}"

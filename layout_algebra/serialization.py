@@ -18,7 +18,7 @@ input names a class, and nothing is executed or imported from it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
 from typing import Any, Final, TypeVar
 
@@ -82,7 +82,9 @@ def _fail(path: str, what: str, value: object, fqn: str | None = None) -> Serial
     return SerializationError(msg, path=_shown(path), fqn=fqn)
 
 
-def _object(value: object, path: str, required: frozenset[str], optional: frozenset[str] = frozenset()) -> dict[str, object]:
+def _object(
+    value: object, path: str, required: frozenset[str], optional: frozenset[str] = frozenset()
+) -> dict[str, object]:
     if not isinstance(value, dict):
         raise _fail(path, "expected a JSON object", value)
     keys = value.keys()
@@ -119,7 +121,9 @@ def _bool(value: object, path: str) -> bool:
 def _version(doc: dict[str, object], path: str = "") -> None:
     v = doc["version"]
     if type(v) is not int or v != FORMAT_VERSION:
-        raise _fail(_field(path, "version"), f"unsupported version (this reads {FORMAT_VERSION})", v)
+        raise _fail(
+            _field(path, "version"), f"unsupported version (this reads {FORMAT_VERSION})", v
+        )
 
 
 def _placement(value: object, path: str) -> Placement:
@@ -242,7 +246,9 @@ def _module(value: object, path: str) -> ModulePlan:
     params_path = _field(path, "params")
     raw_params = doc["params"]
     if not isinstance(raw_params, dict):
-        raise _fail(params_path, "expected a JSON object of parameter path -> placements", raw_params)
+        raise _fail(
+            params_path, "expected a JSON object of parameter path -> placements", raw_params
+        )
     params = {name: _named(named, _key(params_path, name)) for name, named in raw_params.items()}
     expert = _bool(doc.get("expert_parallel", False), _field(path, "expert_parallel"))
     return _wrap(path, lambda: ModulePlan(params, expert_parallel=expert))
@@ -254,11 +260,15 @@ def _plan(value: object, path: str = "") -> ShardingPlan:
     )
     _version(doc, path)
     axes_path = _field(path, "mesh_axes")
-    mesh_axes = [_axis(a, _index(axes_path, i)) for i, a in enumerate(_list(doc["mesh_axes"], axes_path))]
+    mesh_axes = [
+        _axis(a, _index(axes_path, i)) for i, a in enumerate(_list(doc["mesh_axes"], axes_path))
+    ]
     modules_path = _field(path, "modules")
     raw_modules = doc["modules"]
     if not isinstance(raw_modules, dict):
-        raise _fail(modules_path, "expected a JSON object of module FQN -> module plan", raw_modules)
+        raise _fail(
+            modules_path, "expected a JSON object of module FQN -> module plan", raw_modules
+        )
     modules = {name: _module(spec, _key(modules_path, name)) for name, spec in raw_modules.items()}
     pairs_path = _field(path, "tied_pairs")
     pairs: list[tuple[str, str]] = []
@@ -299,7 +309,9 @@ def _load(text: str | bytes) -> object:
     try:
         return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_reject_constant)
     except _DuplicateKey as e:
-        raise _fail("", f"key {e.key!r} appears twice in one JSON object; each key once", e.key) from None
+        raise _fail(
+            "", f"key {e.key!r} appears twice in one JSON object; each key once", e.key
+        ) from None
     except _NonFinite as e:
         raise _fail("", "NaN and Infinity are not JSON", str(e)) from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, absurd nesting
@@ -410,7 +422,7 @@ def plan_to_json(plan: ShardingPlan) -> str:
             f"    {dumps(path)}: {dumps({a: format_placement(p) for a, p in named.items()})}"
             for path, named in spec.params.items()
         )
-        head = f"  {dumps(name)}: {{\"expert_parallel\": {dumps(spec.expert_parallel)}, \"params\": "
+        head = f'  {dumps(name)}: {{"expert_parallel": {dumps(spec.expert_parallel)}, "params": '
         modules.append(f"{head}{{\n{params}\n  }}}}" if params else f"{head}{{}}}}")
     joined = ",\n".join(modules)
     body = f"{{\n{joined}\n }}" if modules else "{}"
@@ -467,4 +479,3 @@ converter: Final[cattrs.Converter] = _make_converter()
 """The configured converter: ``converter.unstructure(table)`` gives the JSON-ready
 document, ``converter.structure(obj, ParamLayoutTable)`` reads one back (the same for
 ``ShardingPlan``, ``SourceLayout``, ``AxisName`` and every placement)."""
-

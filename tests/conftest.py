@@ -8,9 +8,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "fast", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -32,11 +30,9 @@ def fake_world() -> Iterator[int]:
     The fake backend moves no data: collectives return at once. It is enough for
     ``init_device_mesh``, ``distribute_tensor`` metadata and ``fully_shard``'s placements.
     """
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    import torch.distributed as dist  # noqa: PLC0415 - torch loads only for tests with a mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: PLC0415
 
     if not dist.is_initialized():
-        dist.init_process_group(
-            "fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD_SIZE
-        )
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD_SIZE)
     yield FAKE_WORLD_SIZE

@@ -78,7 +78,7 @@ def test_errors_in_params_name_the_parameter_and_axis() -> None:
 
 
 def test_expert_parallel_must_be_a_bool() -> None:
-    with pytest.raises(TypeError, match="'expert_parallel' must be <class 'bool'>"):
+    with pytest.raises(LayoutError, match="expert_parallel must be True or False, got 1"):
         ModulePlan({}, expert_parallel=1)  # type: ignore[arg-type]  # run-time check
 
 

@@ -100,7 +100,9 @@ def test_plan_file_words_are_read() -> None:
         {
             "version": 1,
             "mesh_axes": ["tp"],
-            "modules": {"attn": {"params": {"wq.weight": {"tp": "shard(0)"}, "b": {"tp": "Replicate"}}}},
+            "modules": {
+                "attn": {"params": {"wq.weight": {"tp": "shard(0)"}, "b": {"tp": "Replicate"}}}
+            },
         }
     )
     plan = plan_from_json(text)
@@ -205,7 +207,10 @@ def test_bad_table_documents(text: str, path: str, words: str) -> None:
             'modules["a"].expert_parallel',
         ),
         ({"version": 1, "mesh_axes": [], "modules": {}, "tied_pairs": [["a"]]}, "tied_pairs[0]"),
-        ({"version": 1, "mesh_axes": [], "modules": {}, "tied_pairs": [["a", 2]]}, "tied_pairs[0][1]"),
+        (
+            {"version": 1, "mesh_axes": [], "modules": {}, "tied_pairs": [["a", 2]]},
+            "tied_pairs[0][1]",
+        ),
     ],
 )
 def test_bad_plan_documents(doc: dict[str, Any], path: str) -> None:
