@@ -21,9 +21,14 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
-from layout_algebra.layout import CheckedEntries, ParamLayoutTable, SourceLayout, is_fqn
+from layout_algebra.layout import (
+    CheckedEntries,
+    ParamLayoutTable,
+    SourceLayout,
+    is_fqn,
+    partial_error,
+)
 from layout_algebra.placements import (
-    Partial,
     Placement,
     Replicate,
     Shard,
@@ -501,15 +506,10 @@ def _resolve_one(
     problems.extend(found)
     if layout is None:
         return None
-    for axis, p in zip(layout.axes, layout.placements, strict=True):
-        if isinstance(p, Partial):
-            shown = format_placement(p)
-            msg = (
-                f"{fqn}: {shown} on axis {axis.name!r}: a parameter cannot be a pending "
-                "reduction; declare R or S(dim) on that axis"
-            )
-            problems.append(LayoutError(msg, fqn=fqn, axis=axis.name, placement=shown))
-            return None
+    error = partial_error(layout, fqn)
+    if error is not None:
+        problems.append(error)
+        return None
     return layout
 
 

@@ -16,7 +16,7 @@ from typing import Final, TypeAlias, assert_never
 
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str
 from layout_algebra.errors import LayoutError
-from layout_algebra.layout import SourceLayout
+from layout_algebra.layout import SourceLayout, partial_error
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -142,14 +142,9 @@ def _check_distinct(layout: SourceLayout, fsdp_axes: tuple[AxisName, ...]) -> No
 
 def _check_parameter(layout: SourceLayout) -> None:
     """A parameter is a whole value: no pending reduction for FSDP to shard."""
-    for axis, p in zip(layout.axes, layout.placements, strict=True):
-        if isinstance(p, Partial):
-            shown = format_placement(p)
-            msg = (
-                f"{layout}: {shown} on axis {axis.name!r}: a parameter cannot be a pending "
-                "reduction, so FSDP cannot shard it; declare R or S(dim) on that axis"
-            )
-            raise LayoutError(msg, axis=axis.name, placement=shown)
+    error = partial_error(layout)
+    if error is not None:
+        raise error
 
 
 def _check_shard_dim(shard_dim: int) -> None:

@@ -23,7 +23,14 @@ from layout_algebra.placements import (
     is_placement,
 )
 
-__all__ = ["CheckedEntries", "ParamLayoutTable", "SourceLayout", "check_no_partial", "is_fqn"]
+__all__ = [
+    "CheckedEntries",
+    "ParamLayoutTable",
+    "SourceLayout",
+    "check_no_partial",
+    "is_fqn",
+    "partial_error",
+]
 
 
 def _as_placements(values: Iterable[Placement]) -> tuple[Placement, ...]:
@@ -150,19 +157,33 @@ def _is_layout(value: object) -> bool:
     return isinstance(value, SourceLayout)
 
 
+def partial_error(layout: SourceLayout, fqn: str | None = None) -> LayoutError | None:
+    """The error for the first ``Partial`` in a parameter's layout, or ``None``.
+
+    Parameters are whole values, never a pending reduction; the error names the FQN
+    (where given), the axis and the placement.
+    """
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        if isinstance(p, Partial):
+            shown = format_placement(p)
+            who = f"{fqn}: " if fqn else ""
+            msg = (
+                f"{who}{shown} on axis {axis.name!r} in {layout}: a parameter cannot be a "
+                "pending reduction; declare R or S(dim) on that axis"
+            )
+            return LayoutError(msg, fqn=fqn, axis=axis.name, placement=shown)
+    return None
+
+
 def check_no_partial(fqn: str, layout: SourceLayout) -> None:
     """A parameter's layout holds no ``Partial``: parameters are whole values.
 
     Raises:
         LayoutError: naming the FQN, the axis and the placement.
     """
-    for axis, p in zip(layout.axes, layout.placements, strict=True):
-        if isinstance(p, Partial):
-            msg = (
-                f"{fqn}: {format_placement(p)} on axis {axis.name!r} in {layout}: a parameter "
-                "cannot be a pending reduction; declare R or S(dim) on that axis"
-            )
-            raise LayoutError(msg, fqn=fqn, axis=axis.name, placement=format_placement(p))
+    error = partial_error(layout, fqn)
+    if error is not None:
+        raise error
 
 
 def _as_groups(groups: Iterable[Iterable[str]]) -> tuple[frozenset[str], ...]:

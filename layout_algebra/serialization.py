@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import cattrs
 
@@ -97,6 +97,13 @@ def _object(
         name = sorted(extra)[0]
         allowed = ", ".join(sorted(required | optional))
         raise _fail(_field(path, name), f"unknown field {name!r} (allowed: {allowed})", value[name])
+    return value
+
+
+def _mapping(value: object, path: str, what: str) -> dict[str, object]:
+    """A JSON object of any keys (``what`` says of which), or the error at ``path``."""
+    if not isinstance(value, dict):
+        raise _fail(path, f"expected a JSON object of {what}", value)
     return value
 
 
@@ -197,12 +204,11 @@ def _table(value: object, path: str = "") -> ParamLayoutTable:
     doc = _object(value, path, frozenset({"version", "entries"}), frozenset({"tied"}))
     _version(doc, path)
     entries_path = _field(path, "entries")
-    raw_entries = doc["entries"]
-    if not isinstance(raw_entries, dict):
-        raise _fail(entries_path, "expected a JSON object of FQN -> layout", raw_entries)
+    raw_entries = _mapping(doc["entries"], entries_path, "FQN -> layout")
     # A copy of the document's entries, each value then replaced by its layout: the copy
-    # has every key already, in order, so filling it never grows it.
-    entries = CheckedEntries(raw_entries)
+    # has every key already, in order, so filling it never grows it. Every value is
+    # replaced below before the table sees it (an error discards the copy).
+    entries = CheckedEntries(cast("dict[str, SourceLayout]", raw_entries))
     # Equal layouts are written alike: read each spelling once and share the value.
     seen: dict[tuple[object, ...], SourceLayout] = {}
     for fqn, raw in raw_entries.items():
@@ -232,10 +238,8 @@ def _table(value: object, path: str = "") -> ParamLayoutTable:
 
 
 def _named(value: object, path: str) -> dict[str, Placement]:
-    if not isinstance(value, dict):
-        raise _fail(path, "expected a JSON object of axis -> placement", value)
     out: dict[str, Placement] = {}
-    for axis, p in value.items():
+    for axis, p in _mapping(value, path, "axis -> placement").items():
         where = _key(path, axis)
         out[_axis(axis, where).name] = _placement(p, where)
     return out
@@ -244,11 +248,7 @@ def _named(value: object, path: str) -> dict[str, Placement]:
 def _module(value: object, path: str) -> ModulePlan:
     doc = _object(value, path, frozenset({"params"}), frozenset({"expert_parallel"}))
     params_path = _field(path, "params")
-    raw_params = doc["params"]
-    if not isinstance(raw_params, dict):
-        raise _fail(
-            params_path, "expected a JSON object of parameter path -> placements", raw_params
-        )
+    raw_params = _mapping(doc["params"], params_path, "parameter path -> placements")
     params = {name: _named(named, _key(params_path, name)) for name, named in raw_params.items()}
     expert = _bool(doc.get("expert_parallel", False), _field(path, "expert_parallel"))
     return _wrap(path, lambda: ModulePlan(params, expert_parallel=expert))
@@ -264,11 +264,7 @@ def _plan(value: object, path: str = "") -> ShardingPlan:
         _axis(a, _index(axes_path, i)) for i, a in enumerate(_list(doc["mesh_axes"], axes_path))
     ]
     modules_path = _field(path, "modules")
-    raw_modules = doc["modules"]
-    if not isinstance(raw_modules, dict):
-        raise _fail(
-            modules_path, "expected a JSON object of module FQN -> module plan", raw_modules
-        )
+    raw_modules = _mapping(doc["modules"], modules_path, "module FQN -> module plan")
     modules = {name: _module(spec, _key(modules_path, name)) for name, spec in raw_modules.items()}
     pairs_path = _field(path, "tied_pairs")
     pairs: list[tuple[str, str]] = []

@@ -644,7 +644,8 @@ def test_partial_is_rejected_when_the_table_is_built() -> None:
         build_table(plan, DENSE)
     (problem,) = info.value.problems
     assert str(problem) == (
-        "m.w: P(max) on axis 'tp': a parameter cannot be a pending reduction; declare R or "
+        "m.w: P(max) on axis 'tp' in dense[tp=P(max)]: a parameter cannot be a pending "
+        "reduction; declare R or "
         "S(dim) on that axis"
     )
 
