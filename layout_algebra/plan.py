@@ -112,6 +112,14 @@ def _named(param: str, named: NamedLike) -> NamedPlacements:
     if isinstance(named, FrozenMap):
         return named
     raw: object = named
+    if type(raw) is dict:
+        # Fast path: items equal to ones already checked and frozen are that value.
+        try:
+            shared = _SHARED.get(tuple(raw.items()))
+        except TypeError:  # an unhashable value: the full check below reports it
+            shared = None
+        if shared is not None:
+            return shared
     if not isinstance(raw, Mapping):
         msg = (
             f"{param}: named placements must be a mapping from axis to placement such as "
@@ -156,12 +164,13 @@ def _as_params(
     converted: dict[int, NamedPlacements] = {}
     out: dict[str, NamedPlacements] = {}
     for path, named in params.items():
-        if not _is_dotted(path) or not path:
+        if type(path) is not str or not path or path[0] == "." or path[-1] == ".":
             msg = f"parameter path {path!r} must be a non-empty dotted name such as 'wq.weight'"
             raise LayoutError(msg, fqn=str(path))
-        frozen = converted.get(id(named))
+        key = id(named)
+        frozen = converted.get(key)
         if frozen is None:
-            frozen = converted[id(named)] = _named(path, named)
+            frozen = converted[key] = _named(path, named)
         out[path] = frozen
     return FrozenMap(out)
 
