@@ -33,6 +33,9 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from layout_algebra import (
     AxisName,
     LayoutError,
+    ModulePlan,
+    ShardingPlan,
+    build_table,
     Partial,
     Placement,
     Replicate,
@@ -43,6 +46,7 @@ from layout_algebra import (
     local_shape_and_offset,
 )
 from layout_algebra.geometry import MAX_FSDP_SOURCE_AXES, local_runs
+from layout_algebra.torch_bridge import distribute
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
 
@@ -572,3 +576,58 @@ def test_ranks_tile_each_dim(
             if not (isinstance(p, Shard | StridedShard) and p.dim == dim)
         )
         assert counts == [replicas] * n
+
+
+# ---------------------------------------------------------------------------------------
+# a whole model, parameter by parameter: plan -> table -> distribute -> fully_shard
+
+
+class TiedTP(nn.Module):
+    """An embedding tied to its head, a column-wise and a row-wise linear with biases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(12, 8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+        self.head = nn.Linear(8, 12, bias=False)
+        self.head.weight = self.emb.weight
+
+
+def tied_tp_plan() -> ShardingPlan:
+    return ShardingPlan(
+        {
+            "emb": ModulePlan({"weight": {"tp": S0}}),
+            "up": ModulePlan({"weight": {"tp": S0}, "bias": {"tp": S0}}),
+            "down": ModulePlan({"weight": {"tp": S1}, "bias": {"tp": R}}),
+            "head": ModulePlan({"weight": {"tp": R}}),
+        },
+        mesh_axes=["dp_replicate", "dp_shard", "tp"],
+        tied_pairs=[("emb.weight", "head.weight")],
+    )
+
+
+@pytest.mark.parametrize(
+    ("sizes", "replicate"),
+    [(FSDP, ()), (HSDP, REP)],
+    ids=["fsdp", "hsdp"],
+)
+def test_compose_fsdp_predicts_a_whole_model(
+    fake_world: int, sizes: dict[str, int], replicate: tuple[str, ...]
+) -> None:
+    mesh = world_mesh(sizes)
+    table = build_table(tied_tp_plan(), list(sizes))
+    assert table["head.weight"] == table["emb.weight"]  # R ⊔ S(0): the finer sharding wins
+    model = TiedTP()
+    distribute(model, table, {"dense": mesh})
+    fully_shard(model, mesh=mesh[(*replicate, "dp_shard")])
+    assert model.head.weight is model.emb.weight
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        assert isinstance(param, DTensor)
+        predicted = compose_fsdp(
+            table[fqn], shard_axes=["dp_shard"], replicate_axes=replicate, mesh_sizes=sizes
+        )
+        torch_names = param.device_mesh.mesh_dim_names
+        assert torch_names is not None
+        assert [a.name for a in predicted.axes] == list(torch_names), fqn
+        assert predicted.placements == tuple(from_torch(p) for p in param.placements), fqn
