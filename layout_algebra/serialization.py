@@ -85,6 +85,7 @@ def _fail(path: str, what: str, value: object, fqn: str | None = None) -> Serial
 def _object(
     value: object, path: str, required: frozenset[str], optional: frozenset[str] = frozenset()
 ) -> dict[str, object]:
+    _check_unique(value, path, _field)
     if not isinstance(value, dict):
         raise _fail(path, "expected a JSON object", value)
     keys = value.keys()
@@ -102,6 +103,7 @@ def _object(
 
 def _mapping(value: object, path: str, what: str) -> dict[str, object]:
     """A JSON object of any keys (``what`` says of which), or the error at ``path``."""
+    _check_unique(value, path, _key)
     if not isinstance(value, dict):
         raise _fail(path, f"expected a JSON object of {what}", value)
     return value
@@ -277,18 +279,30 @@ def _plan(value: object, path: str = "") -> ShardingPlan:
     return _wrap(path, lambda: ShardingPlan(modules, mesh_axes=mesh_axes, tied_pairs=pairs))
 
 
+class _Duplicated(dict[str, object]):
+    """A JSON object that spelled a key twice; reported where the reader meets it."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, pairs: list[tuple[str, object]], key: str) -> None:
+        super().__init__(pairs)
+        self.key = key
+
+
 def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
     out = dict(pairs)
     if len(out) != len(pairs):
         keys = [k for k, _ in pairs]
-        raise _DuplicateKey(next(k for i, k in enumerate(keys) if k in keys[:i]))
+        return _Duplicated(pairs, next(k for i, k in enumerate(keys) if k in keys[:i]))
     return out
 
 
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
+def _check_unique(value: object, path: str, at: Callable[[str, str], str]) -> None:
+    """A key spelled twice would silently drop a value: refuse it, at its path."""
+    if isinstance(value, _Duplicated):
+        where = at(path, value.key)
+        msg = f"key {value.key!r} appears twice in one JSON object; give each key once"
+        raise _fail(where, msg, value.key)
 
 
 def _reject_constant(name: str) -> object:
@@ -304,10 +318,6 @@ def _load(text: str | bytes) -> object:
         raise _fail("", "expected JSON text", text)
     try:
         return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_reject_constant)
-    except _DuplicateKey as e:
-        raise _fail(
-            "", f"key {e.key!r} appears twice in one JSON object; each key once", e.key
-        ) from None
     except _NonFinite as e:
         raise _fail("", "NaN and Infinity are not JSON", str(e)) from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, absurd nesting

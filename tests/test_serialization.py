@@ -176,7 +176,14 @@ def _entry(**changes: Any) -> str:
         (_table_doc(tied=[["layers.7.w", "absent.w"]]), "tied[0][1]", "no entry"),
         (_table_doc(tied=[["layers.7.w"]]), "tied", "fewer than two"),
         (_table_doc(tied={"a": 1}), "tied", "JSON array"),
-        ('{"version": 1, "entries": {"a": {}, "a": {}}}', "$", "appears twice"),
+        ('{"version": 1, "entries": {"a": {}, "a": {}}}', 'entries["a"]', "appears twice"),
+        ('{"version": 1, "version": 1, "entries": {}}', "version", "appears twice"),
+        (
+            '{"version": 1, "entries": {"a": {"mesh": "d", "mesh": "e", "axes": [], '
+            '"placements": []}}}',
+            'entries["a"].mesh',
+            "appears twice",
+        ),
     ],
 )
 def test_bad_table_documents(text: str, path: str, words: str) -> None:
