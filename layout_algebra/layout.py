@@ -7,13 +7,13 @@ parameters share storage (``tied``).
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
-from typing import TypeVar, overload
+from collections.abc import Iterable, Mapping
 
 import attrs
 
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
+from layout_algebra.frozen import DictView, items_key
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -121,10 +121,6 @@ class CheckedEntries(dict[str, SourceLayout]):
     __slots__ = ()
 
 
-def _entries_key(entries: Mapping[str, SourceLayout]) -> frozenset[tuple[str, SourceLayout]]:
-    return frozenset(entries.items())
-
-
 def _check_entries(entries: Mapping[str, SourceLayout]) -> dict[str, SourceLayout]:
     if isinstance(entries, CheckedEntries):
         return entries
@@ -196,11 +192,8 @@ def _as_groups(groups: Iterable[Iterable[str]]) -> tuple[frozenset[str], ...]:
     return out
 
 
-_T = TypeVar("_T")
-
-
 @attrs.frozen(cache_hash=True, repr=False)
-class ParamLayoutTable(Mapping[str, SourceLayout]):
+class ParamLayoutTable(DictView[str, SourceLayout]):
     """The source layout of every parameter, by FQN, and the groups that share storage.
 
     A read-only mapping in insertion order. ``tied`` holds groups of FQNs that share one
@@ -208,7 +201,9 @@ class ParamLayoutTable(Mapping[str, SourceLayout]):
     a group have the same layout. No layout holds a ``Partial``.
     """
 
-    _entries: dict[str, SourceLayout] = attrs.field(converter=_check_entries, eq=_entries_key)
+    _items: dict[str, SourceLayout] = attrs.field(
+        alias="entries", converter=_check_entries, eq=items_key
+    )
     tied: tuple[frozenset[str], ...] = attrs.field(default=(), kw_only=True, converter=_as_groups)
 
     @tied.validator
@@ -219,7 +214,7 @@ class ParamLayoutTable(Mapping[str, SourceLayout]):
             if len(group) < 2:
                 msg = f"tied group {members} has fewer than two members; drop it"
                 raise LayoutError(msg)
-            layouts = {self._entries.get(fqn) for fqn in group}
+            layouts = {self._items.get(fqn) for fqn in group}
             for fqn in members:
                 if fqn in owner:
                     msg = (
@@ -228,59 +223,29 @@ class ParamLayoutTable(Mapping[str, SourceLayout]):
                     )
                     raise LayoutError(msg, fqn=fqn)
                 owner[fqn] = i
-                if fqn not in self._entries:
+                if fqn not in self._items:
                     msg = (
                         f"{fqn}: tied in {members} but has no entry; every tied member needs "
                         "one (merge_tied gives missing members the group's layout)"
                     )
                     raise LayoutError(msg, fqn=fqn)
             if len(layouts) > 1:
-                shown = ", ".join(f"{fqn}: {self._entries[fqn]}" for fqn in members)
+                shown = ", ".join(f"{fqn}: {self._items[fqn]}" for fqn in members)
                 msg = (
                     f"tied group {members} has different layouts ({shown}); parameters that "
                     "share storage need one layout (use merge_tied)"
                 )
                 raise LayoutError(msg, fqn=members[0])
 
-    def __getitem__(self, fqn: str) -> SourceLayout:
-        return self._entries[fqn]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, fqn: object) -> bool:
-        return fqn in self._entries
-
-    @overload
-    def get(self, fqn: str, /) -> SourceLayout | None: ...
-    @overload
-    def get(self, fqn: str, /, default: SourceLayout) -> SourceLayout: ...
-    @overload
-    def get(self, fqn: str, /, default: _T) -> SourceLayout | _T: ...
-    def get(self, fqn: str, /, default: object = None) -> object:
-        return self._entries.get(fqn, default)
-
-    def keys(self) -> KeysView[str]:
-        return self._entries.keys()
-
-    def values(self) -> ValuesView[SourceLayout]:
-        return self._entries.values()
-
-    def items(self) -> ItemsView[str, SourceLayout]:
-        return self._entries.items()
-
     def __repr__(self) -> str:
         tied = f", tied={self.tied!r}" if self.tied else ""
-        return f"ParamLayoutTable({self._entries!r}{tied})"
+        return f"ParamLayoutTable({self._items!r}{tied})"
 
     def __str__(self) -> str:
-        if not self._entries:
+        if not self._items:
             return "(empty table)"
-        width = max(map(len, self._entries))
-        lines = [f"{fqn:<{width}}  {layout}" for fqn, layout in self._entries.items()]
+        width = max(map(len, self._items))
+        lines = [f"{fqn:<{width}}  {layout}" for fqn, layout in self._items.items()]
         lines.extend(f"tied: {', '.join(sorted(g))}" for g in self.tied)
         return "\n".join(lines)
 
@@ -293,4 +258,4 @@ class ParamLayoutTable(Mapping[str, SourceLayout]):
 
     def with_entries(self, entries: Mapping[str, SourceLayout]) -> ParamLayoutTable:
         """This table with ``entries`` added or replacing existing ones, tied kept."""
-        return ParamLayoutTable({**self._entries, **entries}, tied=self.tied)
+        return ParamLayoutTable({**self._items, **entries}, tied=self.tied)

@@ -7,13 +7,14 @@ placements*, ``{axis: placement}``. All three are frozen, hashable and equal by 
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
-from typing import Final, Generic, Protocol, TypeVar, overload
+from collections.abc import ItemsView, Iterable, Iterator, Mapping
+from typing import Final, Protocol
 
 import attrs
 
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str
 from layout_algebra.errors import LayoutError
+from layout_algebra.frozen import FrozenMap
 from layout_algebra.placements import Placement, is_placement
 
 __all__ = [
@@ -25,59 +26,6 @@ __all__ = [
     "as_pairs",
     "param_fqn",
 ]
-
-K = TypeVar("K")
-V = TypeVar("V")
-T = TypeVar("T")
-
-
-def _items_key(items: Mapping[K, V]) -> frozenset[tuple[K, V]]:
-    return frozenset(items.items())
-
-
-def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
-    return dict(items)
-
-
-@attrs.frozen(cache_hash=True, repr=False)
-class FrozenMap(Mapping[K, V], Generic[K, V]):
-    """A read-only, hashable mapping that keeps insertion order and compares by value."""
-
-    _items: dict[K, V] = attrs.field(converter=_as_dict, eq=_items_key)
-
-    def __getitem__(self, key: K) -> V:
-        return self._items[key]
-
-    def __iter__(self) -> Iterator[K]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    @overload
-    def get(self, key: K, /) -> V | None: ...
-    @overload
-    def get(self, key: K, /, default: V) -> V: ...
-    @overload
-    def get(self, key: K, /, default: T) -> V | T: ...
-    def get(self, key: K, /, default: object = None) -> object:
-        return self._items.get(key, default)
-
-    def keys(self) -> KeysView[K]:
-        return self._items.keys()
-
-    def values(self) -> ValuesView[V]:
-        return self._items.values()
-
-    def items(self) -> ItemsView[K, V]:
-        return self._items.items()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._items!r})"
-
 
 NamedPlacements = FrozenMap[str, Placement]
 """One parameter's placements by axis name: ``{"tp": Shard(0), "ep": Shard(0)}``."""
