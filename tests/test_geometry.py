@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import NamedTuple, assert_never
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -20,9 +20,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.tensor import Partial as TorchPartial
-from torch.distributed.tensor import Placement as TorchPlacement
-from torch.distributed.tensor import Replicate as TorchReplicate
 from torch.distributed.tensor import Shard as TorchShard
 from torch.distributed.tensor._utils import (
     _compute_local_shape_and_global_offset,
@@ -46,38 +43,9 @@ from layout_algebra import (
     local_shape_and_offset,
 )
 from layout_algebra.geometry import MAX_FSDP_SOURCE_AXES, local_runs
-from layout_algebra.torch_bridge import distribute
+from layout_algebra.torch_bridge import distribute, from_torch, to_torch
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
-
-
-# ---------------------------------------------------------------------------------------
-# placements across the border (kept here so these tests stand on torch alone)
-
-
-def to_torch(p: Placement) -> TorchPlacement:
-    match p:
-        case Shard(dim):
-            return TorchShard(dim)
-        case Replicate():
-            return TorchReplicate()
-        case Partial(op):
-            return TorchPartial(op)
-        case StridedShard(dim, split_factor=k):
-            return _StridedShard(dim, split_factor=k)
-        case _:
-            assert_never(p)
-
-
-def from_torch(p: TorchPlacement) -> Placement:
-    """Ours for a placement ``fully_shard`` gives a parameter (never a ``Partial``)."""
-    if isinstance(p, _StridedShard):
-        return StridedShard(p.dim, split_factor=int(p.split_factor))
-    if isinstance(p, TorchShard):
-        return Shard(p.dim)
-    if isinstance(p, TorchReplicate):
-        return Replicate()
-    raise AssertionError(p)
 
 
 def coordinates(axes: Sequence[str], sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
