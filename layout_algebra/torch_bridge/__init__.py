@@ -1,0 +1,47 @@
+"""The bridge to torch: placements both ways, tables bound to a live model and meshes.
+
+This package is the only part of layout_algebra that imports torch (install it with
+``pip install 'layout_algebra[torch]'``). It maps a ``ParamLayoutTable`` onto a live
+``nn.Module`` and its ``DeviceMesh`` objects, one module per job:
+
+- ``convert``: ``to_torch`` / ``from_torch`` convert placements losslessly
+  (``StridedShard`` is torch's ``_StridedShard``);
+- ``param_map``: ``Binding`` and ``ParamBindings``, the weak map from each live parameter
+  (by identity) to its binding; it never keeps a parameter alive once the model has
+  replaced it;
+- ``binding``: ``bind`` gives every parameter the table mentions a ``Binding`` (the
+  source sub-mesh, one slice object per distinct mesh and axes, and the torch
+  placements), ``default_binding`` and ``managed_bindings`` complete them for one
+  ``fully_shard`` call;
+- ``models``: ``distribute`` turns the parameters into DTensors, and
+  ``table_from_module`` reads the table back off such a model.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401  (checked first, for a clear message without it)
+except ModuleNotFoundError as e:  # pragma: no cover - exercised in a subprocess test
+    _msg = (
+        "layout_algebra.torch_bridge needs torch, which is not installed; install it with "
+        "pip install 'layout_algebra[torch]'"
+    )
+    raise ImportError(_msg, name=e.name) from e
+
+from layout_algebra.torch_bridge.binding import bind, default_binding, managed_bindings
+from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch, to_torch
+from layout_algebra.torch_bridge.models import distribute, table_from_module
+from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
+
+__all__ = [
+    "Binding",
+    "ParamBindings",
+    "TorchPlacement",
+    "bind",
+    "default_binding",
+    "distribute",
+    "from_torch",
+    "managed_bindings",
+    "table_from_module",
+    "to_torch",
+]

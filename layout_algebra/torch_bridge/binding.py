@@ -1,0 +1,368 @@
+"""Bindings of a table to a live model: ``bind``, ``default_binding``, ``managed_bindings``."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import gc
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Final
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import placement_types as tpt
+
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_str
+from layout_algebra.errors import BindError
+from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.placements import Replicate, Shard, StridedShard, format_placement
+from layout_algebra.torch_bridge.convert import from_torch, to_torch
+from layout_algebra.torch_bridge.param_map import Binding, ParamBindings, _ParamRef, _Slot
+
+__all__ = ["bind", "default_binding", "managed_bindings"]
+
+DEFAULT_FQN: Final = "<default>"
+"""The ``fqn`` of a ``default_binding`` before ``managed_bindings`` names its parameter."""
+
+_MAX_SUGGESTIONS: Final = 3
+_MAX_LISTED: Final = 5
+_END: Final[tuple[None, SourceLayout]] = (None, SourceLayout("<end>", (), ()))
+"""Past the table's last entry: no FQN matches ``None``."""
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Automatic garbage collection off for a bulk build, back on (if it was) after.
+
+    A build that keeps one tracked object per parameter would otherwise trigger full
+    collections that rescan the whole model heap, costing more than the build itself.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _slice(mesh: DeviceMesh, axes: tuple[str, ...]) -> DeviceMesh:
+    """The sub-mesh of ``mesh`` over ``axes``: the mesh itself when they are its names."""
+    if mesh.mesh_dim_names == axes:
+        return mesh
+    if len(axes) == 1:
+        return mesh[axes[0]]
+    return mesh[axes]
+
+
+class _Binder:
+    """Layouts checked and sliced once each, whatever the number of parameters."""
+
+    def __init__(self, meshes: Mapping[str, DeviceMesh]) -> None:
+        self.meshes = meshes
+        self.slices: dict[tuple[str, tuple[str, ...]], DeviceMesh] = {}
+        self.by_value: dict[SourceLayout, _Slot] = {}
+        # layouts are kept alive by the table for the whole call, so ids are stable
+        self.by_id: dict[int, _Slot] = {}
+
+    def slot(self, fqn: str, layout: SourceLayout) -> _Slot:
+        found = self.by_id.get(id(layout))
+        if found is None:
+            found = self.by_value.get(layout)
+            if found is None:
+                found = self.by_value[layout] = self._prepare(fqn, layout)
+            self.by_id[id(layout)] = found
+        return found
+
+    def _prepare(self, fqn: str, layout: SourceLayout) -> _Slot:
+        mesh = self.meshes.get(layout.mesh)
+        if mesh is None:
+            given = sorted(self.meshes)
+            msg = (
+                f"{fqn}: {layout} is on the {layout.mesh!r} mesh, but no mesh was given for "
+                f"that role (given: {given}); pass meshes={{{layout.mesh!r}: mesh, ...}}"
+            )
+            raise BindError(msg, fqn=fqn)
+        axes = tuple(a.name for a in layout.axes)
+        placements = tuple(to_torch(p) for p in layout.placements)
+        min_ndim = 0
+        for p in layout.placements:
+            if isinstance(p, Shard | StridedShard):
+                min_ndim = max(min_ndim, p.dim + 1)
+        if not axes:
+            return _Slot(None, (), 0)
+        key = (layout.mesh, axes)
+        sub = self.slices.get(key)
+        if sub is None:
+            sub = self.slices[key] = self._new_slice(fqn, layout, mesh, axes)
+        return _Slot(sub, placements, min_ndim)
+
+    def _new_slice(
+        self, fqn: str, layout: SourceLayout, mesh: DeviceMesh, axes: tuple[str, ...]
+    ) -> DeviceMesh:
+        names = mesh.mesh_dim_names
+        if not names:
+            axis, p = axes[0], format_placement(layout.placements[0])
+            msg = (
+                f"{fqn}: the {layout.mesh!r} mesh {mesh} has no dim names, so axis {axis!r} "
+                f"({p}) of {layout} cannot be found on it; create the mesh with "
+                "init_device_mesh(..., mesh_dim_names=(...))"
+            )
+            raise BindError(msg, fqn=fqn, axis=axis, placement=p)
+        for axis, placement in zip(axes, layout.placements, strict=True):
+            if axis not in names:
+                p = format_placement(placement)
+                msg = (
+                    f"{fqn}: {p} on axis {axis!r} of {layout}, but the {layout.mesh!r} mesh "
+                    f"has dims {list(names)}; build the table for this mesh or pass the "
+                    f"mesh that has {axis!r}"
+                )
+                raise BindError(msg, fqn=fqn, axis=axis, placement=p)
+        try:
+            return _slice(mesh, axes)
+        except (RuntimeError, KeyError, ValueError) as e:
+            msg = (
+                f"{fqn}: torch cannot slice the {layout.mesh!r} mesh (dims {list(names)}) "
+                f"over {list(axes)} for {layout}: {e}; order the layout's axes as the mesh's"
+            )
+            raise BindError(msg, fqn=fqn, axis=axes[0]) from e
+
+    @staticmethod
+    def dim_error(fqn: str, layout: SourceLayout, param: nn.Parameter) -> BindError:
+        ndim = param.ndim
+        for axis, placement in zip(layout.axes, layout.placements, strict=True):
+            if isinstance(placement, Shard | StridedShard) and placement.dim >= ndim:
+                p = format_placement(placement)
+                msg = (
+                    f"{fqn}: {p} on axis {axis.name!r} shards dim {placement.dim}, but the "
+                    f"parameter has {ndim} dim{'s' if ndim != 1 else ''} (shape "
+                    f"{tuple(param.shape)}); shard a dim below {ndim} or declare R"
+                )
+                return BindError(msg, fqn=fqn, axis=axis.name, placement=p)
+        msg = f"{fqn}: {layout} does not fit a parameter of shape {tuple(param.shape)}"
+        return BindError(msg, fqn=fqn)
+
+
+def _unknown_fqn(fqn: str, module: nn.Module, names: Iterable[str]) -> BindError:
+    close = difflib.get_close_matches(fqn, list(names), n=_MAX_SUGGESTIONS)
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+    msg = (
+        f"{fqn}: unknown parameter FQN, {type(module).__name__} has no such parameter"
+        f"{hint}; fix the table's FQN or bind the module the table was built for"
+    )
+    return BindError(msg, fqn=fqn)
+
+
+def _alias_conflict(
+    first: str, first_layout: SourceLayout, fqn: str, layout: SourceLayout
+) -> BindError:
+    axis: str | None = None
+    placement: str | None = None
+    if first_layout.axes == layout.axes:
+        for a, p, q in zip(layout.axes, first_layout.placements, layout.placements, strict=True):
+            if p != q:
+                axis, placement = a.name, format_placement(q)
+                break
+    msg = (
+        f"{fqn}: tied parameter aliases have conflicting source layouts: {first} is "
+        f"{first_layout} but {fqn} is {layout}, and both name one Parameter; give them one "
+        "layout (merge_tied, or tie them in the plan's tied_pairs)"
+    )
+    return BindError(msg, fqn=fqn, axis=axis, placement=placement)
+
+
+def bind(
+    table: ParamLayoutTable, module: nn.Module, meshes: Mapping[str, DeviceMesh]
+) -> ParamBindings:
+    """The binding of every parameter of ``module`` that ``table`` mentions.
+
+    FQNs are resolved with ``module.named_parameters(remove_duplicate=False)``, so every
+    alias of a tied parameter is seen. A parameter is bound once, under the first of its
+    FQNs (in the module's order) that the table mentions; aliases the table does not
+    mention change nothing, and parameters it does not mention at all get no binding
+    (``managed_bindings`` completes them).
+    Bindings of equal ``(mesh role, axes)`` share one ``DeviceMesh`` slice object.
+
+    Args:
+        table: the source layout of each parameter, by FQN.
+        module: the live model.
+        meshes: the device mesh of each role (``SourceLayout.mesh``), e.g.
+            ``{"dense": world, "expert": expert_mesh}``; each layout is bound to the
+            slice ``mesh[axes]`` of its role's mesh.
+
+    Raises:
+        BindError: an FQN the module does not have (with close names suggested), a role
+            with no mesh, a mesh without dim names, an axis the mesh lacks, a shard dim
+            beyond the parameter's dims, or two aliases of one Parameter with different
+            layouts. Nothing is bound unless everything binds.
+    """
+    binder = _Binder(meshes)
+    out = ParamBindings()
+    # The hot loop, one pass over the module's parameters: a lookup or two each and one
+    # weak reference holding the entry (the Binding is built on first access). Tables
+    # usually list parameters in the module's order, so the table is walked alongside
+    # and only an FQN out of step is looked up by hash.
+    setdefault = out._refs.setdefault
+    drop = out._drop
+    get_slot = binder.by_id.get
+    entries = iter(table.items())
+    next_fqn, next_layout = next(entries, _END)
+    by_fqn: dict[str, SourceLayout] | None = None
+    found = 0
+    with _gc_paused():
+        for fqn, param in module.named_parameters(remove_duplicate=False):
+            if fqn == next_fqn:
+                layout = next_layout
+                next_fqn, next_layout = next(entries, _END)
+            else:
+                if by_fqn is None:
+                    by_fqn = dict(table.items())
+                found_layout = by_fqn.get(fqn)
+                if found_layout is None:
+                    continue
+                layout = found_layout
+            found += 1
+            slot = get_slot(id(layout))
+            if slot is None:
+                slot = binder.slot(fqn, layout)
+            if slot.min_ndim and param.dim() < slot.min_ndim:
+                raise binder.dim_error(fqn, layout, param)
+            pid = id(param)
+            ref = _ParamRef(param, drop)
+            first = setdefault(pid, ref)
+            if first is not ref:
+                # an alias seen before; equal layouts share one slot, so another slot
+                # means another layout
+                if first.slot is not slot:
+                    raise _alias_conflict(first.fqn, table[first.fqn], fqn, layout)
+                continue
+            ref.pid, ref.fqn, ref.slot = pid, fqn, slot
+    if found < len(table):
+        names = {fqn for fqn, _ in module.named_parameters(remove_duplicate=False)}
+        unknown = next(fqn for fqn in table if fqn not in names)
+        raise _unknown_fqn(unknown, module, names)
+    return out
+
+
+def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_AXES) -> Binding:
+    """All-``Replicate`` over the source axes of a named world mesh, on that slice.
+
+    The layout of a parameter no table mentions: for a world mesh
+    ``(dp_shard, ep, tp)`` it is ``[R, R]`` on ``mesh[("ep", "tp")]``. Its ``fqn`` is
+    ``"<default>"`` until ``managed_bindings`` gives it a parameter's name.
+
+    Raises:
+        BindError: the mesh has no dim names, or every one of its axes is owned.
+    """
+    names = mesh.mesh_dim_names
+    if not names:
+        msg = (
+            f"default binding: the mesh {mesh} has no dim names, so its FSDP-owned and "
+            "source axes cannot be told apart; create it with "
+            "init_device_mesh(..., mesh_dim_names=(...))"
+        )
+        raise BindError(msg)
+    owned_names = {axis_str(a) for a in owned}
+    source = tuple(n for n in names if n not in owned_names)
+    if not source:
+        msg = (
+            f"default binding: every dim of the mesh {list(names)} is FSDP-owned, so there "
+            "is no source axis to replicate over; give those parameters table entries or "
+            "pass a mesh with a source axis"
+        )
+        raise BindError(msg, axis=names[0])
+    replicate = to_torch(Replicate())
+    return Binding(DEFAULT_FQN, _slice(mesh, source), (replicate,) * len(source))
+
+
+def _managed_params(owner: nn.Module, ignored: set[int]) -> list[tuple[str, nn.Parameter]]:
+    """The parameters ``fully_shard(owner)`` will manage, each once, with an FQN.
+
+    As torch walks it: the owner and its submodules, not descending into a submodule
+    already wrapped by ``fully_shard``; each module's own parameters, minus ignored ones.
+    A parameter seen twice (tied) keeps its first FQN, in ``named_parameters`` order.
+    """
+    out: list[tuple[str, nn.Parameter]] = []
+    seen_params: set[int] = set()
+    seen_modules: set[int] = set()
+    stack: list[tuple[str, nn.Module]] = [("", owner)]
+    while stack:
+        prefix, mod = stack.pop()
+        if id(mod) in seen_modules:
+            continue
+        seen_modules.add(id(mod))
+        for name, param in mod.named_parameters(recurse=False):
+            pid = id(param)
+            if pid in ignored or pid in seen_params:
+                continue
+            seen_params.add(pid)
+            out.append((f"{prefix}.{name}" if prefix else name, param))
+        children = [
+            (f"{prefix}.{name}" if prefix else name, child)
+            for name, child in mod.named_children()
+            if not isinstance(child, FSDPModule) and child is not owner
+        ]
+        stack.extend(reversed(children))
+    return out
+
+
+def managed_bindings(
+    bindings: Mapping[nn.Parameter, Binding],
+    owner: nn.Module,
+    *,
+    default: Binding | None = None,
+    ignored_params: Iterable[nn.Parameter] | None = None,
+) -> ParamBindings:
+    """The bindings of exactly the parameters one ``fully_shard(owner)`` call manages.
+
+    That is the parameters of ``owner``'s subtree, minus those of submodules already
+    wrapped by ``fully_shard`` (they belong to that nested unit) and minus
+    ``ignored_params``, each once. A parameter ``bindings`` has is kept with its binding;
+    one it lacks gets ``default`` under its FQN relative to ``owner``.
+
+    Args:
+        bindings: bindings by parameter identity, e.g. from ``bind``.
+        owner: the module about to be passed to ``fully_shard``.
+        default: the binding of parameters ``bindings`` lacks (see ``default_binding``).
+        ignored_params: the parameters ``fully_shard`` will be told to ignore.
+
+    Raises:
+        BindError: a managed parameter has no binding and there is no ``default``, or
+            the default shards a dim the parameter does not have.
+    """
+    ignored = {id(p) for p in ignored_params} if ignored_params is not None else set()
+    managed = _managed_params(owner, ignored)
+    pairs: list[tuple[nn.Parameter, Binding]] = []
+    missing: list[str] = []
+    for fqn, param in managed:
+        binding = bindings.get(param)
+        if binding is None:
+            if default is None:
+                missing.append(fqn)
+                continue
+            _check_default_dims(fqn, default, param)
+            binding = default.with_fqn(fqn)
+        pairs.append((param, binding))
+    if missing:
+        shown = ", ".join(missing[:_MAX_LISTED])
+        more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
+        msg = (
+            f"{missing[0]}: managed by fully_shard({type(owner).__name__}) but has no "
+            f"binding and no default was given ({len(missing)} such: {shown}{more}); add "
+            "them to the table or pass default=default_binding(world_mesh)"
+        )
+        raise BindError(msg, fqn=missing[0])
+    return ParamBindings(pairs)
+
+
+def _check_default_dims(fqn: str, default: Binding, param: nn.Parameter) -> None:
+    names = (default.mesh.mesh_dim_names or ()) if default.mesh is not None else ()
+    for axis, p in zip(names, default.placements, strict=False):
+        if isinstance(p, tpt.Shard | tpt._StridedShard) and p.dim >= param.ndim:
+            shown = format_placement(from_torch(p))
+            msg = (
+                f"{fqn}: the default binding puts {shown} on axis {axis!r}, but the "
+                f"parameter has shape {tuple(param.shape)}; give it a table entry"
+            )
+            raise BindError(msg, fqn=fqn, axis=axis, placement=shown)

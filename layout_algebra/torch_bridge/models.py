@@ -1,0 +1,188 @@
+"""Whole models: ``distribute`` a table onto one, ``table_from_module`` reads it back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_str
+from layout_algebra.errors import BindError, LayoutError
+from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.placements import Partial, Placement, format_placement
+from layout_algebra.torch_bridge.binding import _slice, bind
+from layout_algebra.torch_bridge.convert import from_torch
+
+__all__ = ["distribute", "table_from_module"]
+
+
+def distribute(
+    module: nn.Module,
+    table: ParamLayoutTable,
+    meshes: Mapping[str, DeviceMesh],
+    *,
+    src_data_rank: int | None = 0,
+) -> None:
+    """Turn each parameter ``table`` mentions into a DTensor with its layout, in place.
+
+    Each becomes an ``nn.Parameter`` wrapping ``distribute_tensor(param, slice,
+    placements)`` with ``requires_grad`` kept. Every alias of a tied parameter is pointed
+    at the one new Parameter, so tied parameters stay tied. Everything is checked (see
+    ``bind``) and every DTensor built before the first parameter is swapped: on any
+    error the module is left untouched. Parameters with no source axes stay plain.
+
+    Args:
+        module: the model, its parameters plain tensors.
+        table: the layouts, by FQN.
+        meshes: the device mesh of each role, as for ``bind``.
+        src_data_rank: passed to ``distribute_tensor``: the rank whose values are
+            scattered (``None``: every rank splits its own full tensor).
+
+    Raises:
+        BindError: as ``bind``, or a parameter that is already a DTensor.
+    """
+    bindings = bind(table, module, meshes)
+    for param, binding in bindings.items():
+        if isinstance(param, DTensor):
+            msg = (
+                f"{binding.fqn}: already a DTensor with placements {param.placements} on "
+                f"{param.device_mesh}; distribute a model whose parameters are plain tensors"
+            )
+            raise BindError(msg, fqn=binding.fqn)
+    replaced: dict[int, nn.Parameter] = {}
+    with torch.no_grad():
+        for param, binding in bindings.items():
+            if binding.mesh is None:
+                continue
+            local = distribute_tensor(
+                param.detach(), binding.mesh, binding.placements, src_data_rank=src_data_rank
+            )
+            replaced[id(param)] = nn.Parameter(local, requires_grad=param.requires_grad)
+    targets = [
+        (fqn, replaced[id(p)])
+        for fqn, p in module.named_parameters(remove_duplicate=False)
+        if id(p) in replaced
+    ]
+    for fqn, new in targets:
+        prefix, _, leaf = fqn.rpartition(".")
+        setattr(module.get_submodule(prefix), leaf, new)
+
+
+class _Roles:
+    """The role of each DTensor mesh: by identity or equality, else by a matching slice."""
+
+    def __init__(self, roles: Mapping[DeviceMesh, str] | None) -> None:
+        self.roles = dict(roles or {})
+        self.cache: dict[tuple[int, tuple[str, ...]], str] = {}
+        self.keep: list[DeviceMesh] = []  # keeps cached ids valid for the call
+
+    def of(self, mesh: DeviceMesh, source: tuple[str, ...]) -> str:
+        key = (id(mesh), source)
+        found = self.cache.get(key)
+        if found is None:
+            found = self.cache[key] = self._find(mesh, source)
+            self.keep.append(mesh)
+        return found
+
+    def _find(self, mesh: DeviceMesh, source: tuple[str, ...]) -> str:
+        role = self.roles.get(mesh)  # a dict finds a mesh by identity, then equality
+        if role is not None:
+            return role
+        if not source:
+            return "dense"
+        mine = _slice(mesh, source)
+        for candidate, role in self.roles.items():
+            names = candidate.mesh_dim_names or ()
+            if all(a in names for a in source) and _slice(candidate, source) == mine:
+                return role
+        return "dense"
+
+
+def table_from_module(
+    module: nn.Module,
+    *,
+    roles: Mapping[DeviceMesh, str] | None = None,
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+) -> ParamLayoutTable:
+    """The table of a model whose parameters are all DTensors, read off the DTensors.
+
+    Each parameter's layout has the non-owned dims of its DTensor's mesh as axes and the
+    placements torch reports on them. Dims of owned axes (``dp_shard``, ...) are dropped:
+    their sharding is FSDP's own (``Shard``/``_StridedShard`` after ``fully_shard``,
+    ``Replicate`` for HSDP replication), never part of a source layout; a ``Partial``
+    there is refused. So the table of a model after ``distribute`` and after
+    ``fully_shard`` is the same. Aliases of one Parameter form a tied group.
+
+    Args:
+        module: the model.
+        roles: the role of each mesh. A DTensor's mesh gets the role of the mesh that is
+            it (by identity, then equality) or, failing that, of the first mesh whose
+            slice over the same source axes equals its own — so the meshes given to
+            ``distribute`` can be passed back here. Otherwise the role is ``"dense"``.
+        owned: the axes FSDP and pipelining own.
+
+    Raises:
+        LayoutError: a parameter that is not a DTensor, a mesh without dim names, a
+            torch placement with no equivalent, or a ``Partial`` placement.
+    """
+    owned_names = {axis_str(a) for a in owned}
+    role_of = _Roles(roles)
+    entries: dict[str, SourceLayout] = {}
+    aliases: dict[int, list[str]] = {}
+    layouts: dict[int, SourceLayout] = {}
+    interned: dict[SourceLayout, SourceLayout] = {}
+    for fqn, param in module.named_parameters(remove_duplicate=False):
+        pid = id(param)
+        known = layouts.get(pid)
+        if known is not None:
+            entries[fqn] = known
+            aliases[pid].append(fqn)
+            continue
+        layout = _layout_of(fqn, param, owned_names, role_of)
+        layout = interned.setdefault(layout, layout)
+        layouts[pid] = entries[fqn] = layout
+        aliases[pid] = [fqn]
+    tied = [group for group in aliases.values() if len(group) > 1]
+    return ParamLayoutTable(entries, tied=tied)
+
+
+def _layout_of(fqn: str, param: nn.Parameter, owned: set[str], role_of: _Roles) -> SourceLayout:
+    if not isinstance(param, DTensor):
+        msg = (
+            f"{fqn}: a plain tensor of shape {tuple(param.shape)}, not a DTensor, so it has "
+            "no layout to read; distribute the model first (torch_bridge.distribute) or "
+            "build the table from the plan (build_table)"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    mesh = param.device_mesh
+    names = mesh.mesh_dim_names
+    if not names:
+        msg = (
+            f"{fqn}: its DTensor's mesh {mesh} has no dim names, so its axes are unknown; "
+            "create the mesh with init_device_mesh(..., mesh_dim_names=(...))"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    axes: list[str] = []
+    placements: list[Placement] = []
+    for axis, tp in zip(names, param.placements, strict=True):
+        try:
+            p = from_torch(tp)
+        except LayoutError as e:
+            msg = f"{fqn}: on axis {axis!r}: {e}"
+            raise LayoutError(msg, fqn=fqn, axis=axis, placement=e.placement) from None
+        if axis in owned:
+            if isinstance(p, Partial):
+                shown = format_placement(p)
+                msg = (
+                    f"{fqn}: {shown} on the FSDP-owned axis {axis!r}: a parameter cannot be "
+                    "a pending reduction; redistribute it to R or S(dim) first"
+                )
+                raise LayoutError(msg, fqn=fqn, axis=axis, placement=shown)
+            continue
+        axes.append(axis)
+        placements.append(p)
+    source = tuple(axes)
+    return SourceLayout(role_of.of(mesh, source), source, placements)
