@@ -18,31 +18,25 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import itertools
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final, TextIO
 
 from layout_algebra.algebra import build_table, diff
 from layout_algebra.axes import FSDP_OWNED_AXES, as_axis
+from layout_algebra.draw import draw, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.geometry import compose_fsdp, local_runs, local_shape_and_offset
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json
 
-__all__ = ["PROG", "draw_text", "main", "mesh_spec", "shape_spec"]
+__all__ = ["PROG", "main"]
 
 PROG: Final = "layout-algebra"
 """The program's name in messages (the console script's name)."""
-
-MAX_DRAW_RANKS: Final = 65536
-"""``draw`` enumerates every rank of the mesh; beyond this many it refuses."""
-
-MAX_DRAW_DIMS: Final = 2
 
 _MESH_ITEM: Final = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([+-]?[0-9]+)\s*")
 _DEMO_WORLD_SIZE: Final = 8
@@ -262,15 +256,11 @@ def _diff(args: argparse.Namespace, out: TextIO) -> int:
     return 1
 
 
-def _mesh_str(sizes: Mapping[str, int]) -> str:
-    return "(" + ", ".join(f"{a}={n}" for a, n in sizes.items()) + ")"
-
-
 def _mesh_summary(role: str, sizes: Mapping[str, int], count: int) -> str:
     source = [a for a in sizes if a not in FSDP_OWNED_AXES]
     owned = [a for a in sizes if a in FSDP_OWNED_AXES]
     return (
-        f"  {role} mesh {_mesh_str(sizes)}: {count} parameter{'s' if count != 1 else ''}; "
+        f"  {role} mesh {mesh_str(sizes)}: {count} parameter{'s' if count != 1 else ''}; "
         f"source axes {', '.join(source) or '(none)'}; "
         f"FSDP/pipeline axes {', '.join(owned) or '(none)'}"
     )
@@ -305,203 +295,20 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 # draw
 
 
-def _ranks_str(ranks: Sequence[int]) -> str:
-    """Ranks in ascending order, runs shortened: ``[0, 1, 2, 5]`` → ``"0-2,5"``."""
-    parts: list[str] = []
-    for _, run in itertools.groupby(enumerate(ranks), lambda item: item[1] - item[0]):
-        values = [r for _, r in run]
-        if len(values) > 2:
-            parts.append(f"{values[0]}-{values[-1]}")
-        else:
-            parts.extend(str(v) for v in values)
-    return ",".join(parts)
-
-
-def _span_str(span: range) -> str:
-    return f"{span.start}:{span.stop}"
-
-
-def _runs_str(runs: Sequence[range]) -> str:
-    return "+".join(f"[{_span_str(r)}]" for r in runs)
-
-
-def _segments(size: int, held: Sequence[Sequence[range]]) -> list[range]:
-    """The dim ``[0, size)`` cut at every boundary of every rank's runs, in order."""
-    cuts = {0, size}
-    for runs in held:
-        for run in runs:
-            cuts.update((run.start, run.stop))
-    points = sorted(cuts)
-    return [range(lo, hi) for lo, hi in itertools.pairwise(points) if lo < hi]
-
-
-def _holds(runs: Sequence[range], segment: range) -> bool:
-    return any(segment.start in run for run in runs)
-
-
-def _coordinates(sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
-    """Every coordinate of the mesh, in rank order (row-major over the axes as given)."""
-    names = list(sizes)
-    for index in itertools.product(*(range(n) for n in sizes.values())):
-        yield dict(zip(names, index, strict=True))
-
-
-def _grid(
-    row_labels: Sequence[str], col_labels: Sequence[str], cells: Sequence[Sequence[str]]
-) -> list[str]:
-    """An ASCII box per cell, column labels above, row labels on the left."""
-    widths = [
-        max([len(col_labels[j]), *(len(row[j]) for row in cells)]) + 2
-        for j in range(len(col_labels))
-    ]
-    margin = max((len(label) for label in row_labels), default=0)
-    pad = " " * (margin + 1 if margin else 0)
-    rule = pad + "+" + "+".join("-" * w for w in widths) + "+"
-    lines = [
-        (
-            pad
-            + " "
-            + " ".join(label.center(w) for label, w in zip(col_labels, widths, strict=True))
-        ).rstrip()
-    ]
-    lines.append(rule)
-    for label, row in zip(row_labels, cells, strict=True):
-        lead = f"{label:>{margin}} " if margin else ""
-        lines.append(
-            lead + "|" + "|".join(c.center(w) for c, w in zip(row, widths, strict=True)) + "|"
-        )
-        lines.append(rule)
-    return lines
-
-
-def _draw_layout(
-    table: ParamLayoutTable, fqn: str, mesh: Mapping[str, int], fsdp: str | None
-) -> tuple[SourceLayout, SourceLayout]:
+def _table_layout(table: ParamLayoutTable, fqn: str) -> SourceLayout:
     layout = table.get(fqn)
     if layout is None:
         close = difflib.get_close_matches(fqn, list(table), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `show` lists the table's FQNs"
         msg = f"{fqn}: no such parameter in the table{hint}"
         raise LayoutError(msg, fqn=fqn)
-    drawn = layout
-    if fsdp is not None:
-        if fsdp not in mesh:
-            msg = f"--fsdp {fsdp}: no such axis in --mesh {_mesh_str(mesh)}; name one of its axes"
-            raise LayoutError(msg, axis=fsdp)
-        drawn = compose_fsdp(layout, shard_axes=(fsdp,), mesh_sizes=mesh)
-    missing = [a.name for a in drawn.axes if a.name not in mesh]
-    if missing:
-        msg = (
-            f"{fqn}: {drawn} uses axis {missing[0]!r}, which --mesh {_mesh_str(mesh)} lacks; "
-            f"add {missing[0]}=N to --mesh"
-        )
-        raise LayoutError(msg, fqn=fqn, axis=missing[0])
-    return layout, drawn
-
-
-def draw_text(
-    table: ParamLayoutTable,
-    fqn: str,
-    shape: Sequence[int],
-    mesh: Mapping[str, int],
-    fsdp: str | None = None,
-) -> str:
-    """A picture of which rank holds which block of parameter ``fqn``.
-
-    Every coordinate of ``mesh`` is a rank, numbered row-major over the axes of ``mesh``
-    in order. The parameter's 1-D or 2-D extent is cut at every boundary of every rank's
-    shard; each cell lists the ranks holding it. Ranks whose shard is empty are not
-    drawn but named below the picture (2 rows ``S(0)`` over 4 ranks: ranks 2 and 3 hold
-    nothing), followed by every rank's local shape, offset and the runs it holds.
-
-    Raises:
-        LayoutError: an unknown FQN, a layout axis missing from ``mesh``, a layout that
-            does not fit the shape, more than two dims or more than ``MAX_DRAW_RANKS``.
-    """
-    if len(shape) > MAX_DRAW_DIMS or not shape:
-        msg = (
-            f"{fqn}: shape {tuple(shape)} has {len(shape)} dims; draw pictures 1-D and "
-            "2-D parameters only, give --shape with one or two sizes"
-        )
-        raise LayoutError(msg, fqn=fqn)
-    total = 1
-    for n in mesh.values():
-        total *= n
-    if total > MAX_DRAW_RANKS:
-        msg = (
-            f"--mesh {_mesh_str(mesh)} has {total} ranks; draw enumerates at most {MAX_DRAW_RANKS}"
-        )
-        raise LayoutError(msg)
-    source, layout = _draw_layout(table, fqn, mesh, fsdp)
-
-    coords = list(_coordinates(mesh))
-    held = [local_runs(shape, layout, mesh, c) for c in coords]
-    placed = [local_shape_and_offset(shape, layout, mesh, c) for c in coords]
-    present = [r for r, (local, _) in enumerate(placed) if all(local)]
-    empty = [r for r, (local, _) in enumerate(placed) if not all(local)]
-
-    segments = [_segments(n, [held[r][d] for r in present]) for d, n in enumerate(shape)]
-    if len(shape) == 1:
-        rows: list[range | None] = [None]
-        cols = segments[0]
-    else:
-        rows = list(segments[0])
-        cols = segments[1]
-    cells: list[list[str]] = []
-    for row in rows:
-        line: list[str] = []
-        for col in cols:
-            ranks = [
-                r
-                for r in present
-                if (row is None or _holds(held[r][0], row)) and _holds(held[r][-1], col)
-            ]
-            line.append(_ranks_str(ranks) if ranks else "-")
-        cells.append(line)
-
-    lines = [f"{fqn}: shape {tuple(shape)} on mesh {_mesh_str(mesh)}"]
-    if fsdp is not None:
-        lines.append(f"  source layout {source}, with FSDP over {fsdp!r}: {layout}")
-    else:
-        lines.append(f"  layout {layout}")
-    lines.append(
-        f"  rank = row-major index over ({', '.join(mesh)}); cells list the ranks holding them"
-    )
-    if len(shape) == 2:
-        lines.append("  rows down, columns across")
-    lines.append("")
-    if not present:
-        lines.append(f"(shape {tuple(shape)} has no elements: nothing to draw)")
-    else:
-        row_labels = ["" if r is None else _span_str(r) for r in rows]
-        lines.extend(_grid(row_labels, [_span_str(c) for c in cols], cells))
-        if empty:
-            local = ", ".join(sorted({str(placed[r][0]) for r in empty}))
-            lines.append(
-                f"not drawn: rank{'s' if len(empty) != 1 else ''} {_ranks_str(empty)} "
-                f"hold{'s' if len(empty) == 1 else ''} an empty shard (local shape {local})"
-            )
-    lines.append("")
-    header = ["rank", *mesh, "local shape", "offset", "holds"]
-    table_rows = [
-        [
-            str(r),
-            *(str(c[a]) for a in mesh),
-            str(placed[r][0]),
-            str(placed[r][1]),
-            " x ".join(_runs_str(runs) or "[]" for runs in held[r]),
-        ]
-        for r, c in enumerate(coords)
-    ]
-    widths = [max(len(line[i]) for line in [header, *table_rows]) for i in range(len(header))]
-    for line in [header, *table_rows]:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+    return layout
 
 
 def _draw(args: argparse.Namespace, out: TextIO) -> int:
     table = _load_table(args.table)
-    out.write(draw_text(table, args.fqn, args.shape, args.mesh, args.fsdp) + "\n")
+    layout = _table_layout(table, args.fqn)
+    out.write(draw(layout, args.shape, args.mesh, fqn=args.fqn, fsdp=args.fsdp) + "\n")
     return 0
 
 
@@ -511,9 +318,9 @@ def _draw(args: argparse.Namespace, out: TextIO) -> int:
 
 def _demo(args: argparse.Namespace, out: TextIO) -> int:
     # demo imports torch: only this subcommand pays for it
-    from layout_algebra import demo  # noqa: PLC0415 (torch stays unloaded for the others)
+    from layout_algebra import _demo  # noqa: PLC0415 (torch stays unloaded for the others)
 
-    return demo.run(rank=args.rank, verify=args.verify, as_json=args.json, out=out)
+    return _demo.run(rank=args.rank, verify=args.verify, as_json=args.json, out=out)
 
 
 # ---------------------------------------------------------------------------------------

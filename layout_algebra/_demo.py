@@ -12,15 +12,16 @@ same ``tp`` shard, so FSDP shards them over ``dp``, the flattening of
 ``(dp_shard, ep)`` (4 ranks); their source axis is ``tp``. This is how an expert-parallel
 run borrows its ``ep`` ranks from data parallelism.
 
-Only this module and the torch bridge import torch; the command line imports this
-module only when ``demo`` runs.
+A private module of the command line: only this module and the torch bridge import
+torch, and the command line imports this module only when ``demo`` runs.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final, TextIO
 
 import attrs
@@ -34,6 +35,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from layout_algebra.algebra import build_table, complete_default
+from layout_algebra.draw import columns, mesh_coordinates
 from layout_algebra.errors import BindError
 from layout_algebra.geometry import compose_fsdp, local_shape_and_offset
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
@@ -42,19 +44,7 @@ from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.serialization import to_json
 from layout_algebra.torch_bridge import bind, distribute, from_torch
 
-__all__ = [
-    "DENSE_AXES",
-    "EXPERT_AXES",
-    "FSDP_AXIS",
-    "WORLD",
-    "DemoConfig",
-    "TinyMoE",
-    "demo_plan",
-    "demo_table",
-    "mesh_sizes",
-    "rank_coordinate",
-    "run",
-]
+__all__ = ["run"]
 
 WORLD: Final[Mapping[str, int]] = {"dp_shard": 2, "ep": 2, "tp": 2}
 """The simulated world mesh, axes in order; ranks are row-major over it."""
@@ -208,15 +198,10 @@ def rank_coordinate(rank: int, role: str) -> dict[str, int]:
     Ranks are row-major over the world ``(dp_shard, ep, tp)``: rank 5 is
     ``dp_shard=1, ep=0, tp=1``; on the dense mesh it is ``dp = 1 * 2 + 0 = 2, tp=1``.
     """
-    world = next(itertools.islice(_world_coordinates(), rank, None))
+    world = next(itertools.islice(mesh_coordinates(WORLD), rank, None))
     if role == "expert":
         return world
     return {DP: world["dp_shard"] * WORLD["ep"] + world["ep"], "tp": world["tp"]}
-
-
-def _world_coordinates() -> Iterator[dict[str, int]]:
-    for index in itertools.product(*(range(n) for n in WORLD.values())):
-        yield dict(zip(WORLD, index, strict=True))
 
 
 def _composed(layout: SourceLayout) -> SourceLayout:
@@ -248,22 +233,13 @@ def _rows(model: nn.Module, table: ParamLayoutTable, rank: int) -> list[_Row]:
     return rows
 
 
-def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
-
-
 def _shape_str(shape: Sequence[int]) -> str:
     return str(tuple(shape))
 
 
 def _start_world(rank: int) -> tuple[DeviceMesh, DeviceMesh]:
     """The fake 8-rank world with this process as ``rank``: the world mesh and ``dp``."""
-    world_size = 1
-    for n in WORLD.values():
-        world_size *= n
+    world_size = math.prod(WORLD.values())
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     world = init_device_mesh("cpu", tuple(WORLD.values()), mesh_dim_names=tuple(WORLD))
     dp = world["dp_shard", "ep"]._flatten(DP)
@@ -402,7 +378,7 @@ def _report(
         if verdicts is not None:
             cells.append(verdicts[i])
         lines.append(cells)
-    for line in _columns(lines):
+    for line in columns(lines):
         out.write(line + "\n")
     for group in table.tied:
         out.write(f"\ntied (one storage): {', '.join(sorted(group))}\n")
