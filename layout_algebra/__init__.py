@@ -25,7 +25,7 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
-from layout_algebra.geometry import compose_fsdp, local_shape_and_offset
+from layout_algebra.geometry import compose_fsdp, compose_table, local_shape_and_offset
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import (
     Partial,
@@ -64,6 +64,7 @@ __all__ = [
     "build_table",
     "complete_default",
     "compose_fsdp",
+    "compose_table",
     "diff",
     "format_placement",
     "local_shape_and_offset",

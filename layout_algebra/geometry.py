@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias, assert_never
 
-from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str
-from layout_algebra.errors import LayoutError
-from layout_algebra.layout import SourceLayout, partial_error
+import attrs
+
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName, as_axes, as_axis, axis_str
+from layout_algebra.errors import LayoutError, PlanError
+from layout_algebra.layout import CheckedEntries, ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -28,8 +30,10 @@ from layout_algebra.placements import (
 
 __all__ = [
     "MAX_FSDP_SOURCE_AXES",
+    "FsdpAxes",
     "Runs",
     "compose_fsdp",
+    "compose_table",
     "local_runs",
     "local_shape_and_offset",
 ]
@@ -412,3 +416,264 @@ def local_shape_and_offset(
         for dim_runs, size in zip(runs, global_shape, strict=True)
     )
     return local, offset
+
+
+# ---------------------------------------------------------------------------------------
+# a whole table through FSDP
+
+FsdpAxes: TypeAlias = AxisLike | tuple[AxisLike, AxisLike]
+"""FSDP's mesh axes for one role: the shard axis, or ``(replicate, shard)`` for HSDP."""
+
+_MAX_LISTED: Final = 50
+"""How many problems a ``PlanError`` message spells out (``.problems`` holds them all)."""
+
+
+def _world_size(sizes: Mapping[str, int]) -> int:
+    n = 1
+    for size in sizes.values():
+        n *= size
+    return n
+
+
+def as_role_sizes(mesh_sizes: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """``mesh_sizes`` checked: role -> sizes by axis, every role's mesh spanning one world.
+
+    Raises:
+        LayoutError: not a mapping of mappings of ints >= 1, or two roles' meshes with a
+            different number of ranks.
+    """
+    raw: object = mesh_sizes
+    if not isinstance(raw, Mapping):
+        msg = (
+            "mesh_sizes must map each mesh role to its sizes by axis, such as "
+            f"{{'dense': {{'dp_shard': 4, 'tp': 2}}}}, got {mesh_sizes!r}"
+        )
+        raise LayoutError(msg)
+    out: dict[str, dict[str, int]] = {}
+    for role, sizes in mesh_sizes.items():
+        key: object = role
+        if not isinstance(key, str) or not key:
+            msg = f"mesh_sizes keys are mesh roles such as 'dense', got {role!r}"
+            raise LayoutError(msg)
+        out[role] = _as_sizes(sizes, f"mesh_sizes[{role!r}]", floor=1)
+    worlds = {role: _world_size(sizes) for role, sizes in out.items()}
+    if len(set(worlds.values())) > 1:
+        shown = ", ".join(f"{role}: {n} ranks" for role, n in worlds.items())
+        msg = (
+            f"mesh_sizes: every role's mesh spans the whole world, but they differ ({shown}); "
+            "give each role's mesh all the world's ranks"
+        )
+        raise LayoutError(msg)
+    return out
+
+
+def as_fsdp_axes(
+    fsdp: Mapping[str, FsdpAxes],
+) -> dict[str, tuple[tuple[AxisName, ...], AxisName]]:
+    """``fsdp`` checked: role -> (HSDP replicate axes, FSDP's shard axis).
+
+    Raises:
+        LayoutError: not a mapping of a role to an axis or a (replicate, shard) pair.
+    """
+    raw: object = fsdp
+    if not isinstance(raw, Mapping):
+        msg = (
+            "fsdp must map each mesh role to FSDP's axis (or a (replicate, shard) pair for "
+            f"HSDP), such as {{'dense': 'dp_shard'}}, got {fsdp!r}"
+        )
+        raise LayoutError(msg)
+    out: dict[str, tuple[tuple[AxisName, ...], AxisName]] = {}
+    for role, value in fsdp.items():
+        item: object = value
+        if isinstance(item, str | AxisName):
+            out[role] = ((), as_axis(item))
+        elif isinstance(item, tuple | list) and len(item) == 2:
+            replicate, shard = as_axes(item)
+            if replicate == shard:
+                msg = (
+                    f"fsdp[{role!r}] = {value!r} replicates and shards over one axis; give "
+                    "(replicate, shard) as two different axes"
+                )
+                raise LayoutError(msg, axis=shard.name)
+            out[role] = ((replicate,), shard)
+        else:
+            msg = (
+                f"fsdp[{role!r}] must be FSDP's shard axis such as 'dp_shard', or a "
+                f"(replicate, shard) pair such as ('dp_replicate', 'dp_shard'), got {value!r}"
+            )
+            raise LayoutError(msg)
+    return out
+
+
+def as_shard_dims(
+    shard_dim: int | Mapping[str, int], fqns: Mapping[str, object]
+) -> tuple[int, dict[str, int]]:
+    """``shard_dim`` checked: the dim for FQNs not named, and the dims by FQN.
+
+    Raises:
+        LayoutError: a negative or non-int dim, or an FQN not in ``fqns``.
+    """
+    if not isinstance(shard_dim, Mapping):
+        _check_shard_dim(shard_dim)
+        return shard_dim, {}
+    by_fqn: dict[str, int] = {}
+    for fqn, dim in shard_dim.items():
+        if fqn not in fqns:
+            msg = (
+                f"shard_dim names {fqn!r}, which is not a parameter of the table; give dims "
+                "only for the table's FQNs (check the spelling)"
+            )
+            raise LayoutError(msg, fqn=str(fqn))
+        if type(dim) is not int or dim < 0:
+            msg = f"{fqn}: shard_dim must be an int >= 0, got {dim!r}"
+            raise LayoutError(msg, fqn=fqn)
+        by_fqn[fqn] = dim
+    return 0, by_fqn
+
+
+def _owned_names(owned: Iterable[AxisLike]) -> frozenset[str]:
+    if isinstance(owned, frozenset) and all(isinstance(a, str) for a in owned):
+        return owned
+    return frozenset(axis_str(a) for a in as_axes(owned))
+
+
+def _with_fqn(fqn: str, error: LayoutError) -> LayoutError:
+    return LayoutError(
+        f"{fqn}: {error.message}", fqn=fqn, axis=error.axis, placement=error.placement
+    )
+
+
+def plan_error(what: str, problems: Sequence[LayoutError]) -> PlanError:
+    """One ``PlanError`` for ``problems``, the first few spelled out."""
+    n = len(problems)
+    lines = [f"{what} has {n} problem{'s' if n != 1 else ''}:"]
+    lines.extend(f"  - {p.message}" for p in problems[:_MAX_LISTED])
+    if n > _MAX_LISTED:
+        lines.append(f"  ... and {n - _MAX_LISTED} more (see .problems)")
+    return PlanError("\n".join(lines), problems=problems)
+
+
+def _compose_entry(
+    layout: SourceLayout,
+    shard_dim: int,
+    fsdp: Mapping[str, tuple[tuple[AxisName, ...], AxisName]],
+    sizes: Mapping[str, Mapping[str, int]],
+    owned: frozenset[str],
+) -> SourceLayout:
+    role = layout.mesh
+    axes = fsdp.get(role)
+    if axes is None:
+        msg = (
+            f"{layout}: no FSDP axis for mesh role {role!r} (fsdp has {sorted(fsdp)}); give "
+            f"fsdp={{{role!r}: 'dp_shard', ...}}"
+        )
+        raise LayoutError(msg)
+    role_sizes = sizes.get(role)
+    if role_sizes is None:
+        msg = (
+            f"{layout}: no sizes for mesh role {role!r} (mesh_sizes has {sorted(sizes)}); give "
+            f"mesh_sizes={{{role!r}: {{axis: n, ...}}, ...}}"
+        )
+        raise LayoutError(msg)
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        if axis.name in owned:
+            shown = format_placement(p)
+            msg = (
+                f"{layout}: axis {axis.name!r} ({shown}) is owned by FSDP, so this is not a "
+                "source layout (is the table composed already?); compose a source table, or "
+                "pass owned= without that axis"
+            )
+            raise LayoutError(msg, axis=axis.name, placement=shown)
+    replicate, shard = axes
+    return compose_fsdp(
+        layout,
+        shard_axes=(shard,),
+        replicate_axes=replicate,
+        mesh_sizes=role_sizes,
+        shard_dim=shard_dim,
+    )
+
+
+def compose_table(
+    table: ParamLayoutTable,
+    *,
+    fsdp: Mapping[str, FsdpAxes],
+    mesh_sizes: Mapping[str, Mapping[str, int]],
+    shard_dim: int | Mapping[str, int] = 0,
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+) -> ParamLayoutTable:
+    """The table ``fully_shard`` makes of ``table``: every entry through ``compose_fsdp``.
+
+    Each layout is composed on its own mesh role: ``fsdp[role]`` is FSDP's shard axis
+    there (``(replicate, shard)`` for HSDP) and ``mesh_sizes[role]`` that mesh's sizes by
+    axis. Every role's mesh spans the whole world. A plain parameter
+    (``SourceLayout(role, (), ())``) gets FSDP's own placements only. Tied groups are kept
+    (their members share a storage, so they share a shard dim too).
+
+    >>> table = ParamLayoutTable({
+    ...     "w": SourceLayout("dense", ["tp"], [Shard(0)]),
+    ...     "experts.w1": SourceLayout("expert", ["ep"], [Shard(0)]),
+    ...     "norm": SourceLayout("dense", (), ()),
+    ... })
+    >>> print(compose_table(table, fsdp={"dense": "fsdp", "expert": "efsdp"},
+    ...     mesh_sizes={"dense": {"fsdp": 4, "tp": 2}, "expert": {"efsdp": 2, "ep": 4}},
+    ...     shard_dim={"experts.w1": 1}))
+    w           dense[fsdp=_S(0, 2), tp=S(0)]
+    experts.w1  expert[efsdp=S(1), ep=S(0)]
+    norm        dense[fsdp=S(0)]
+
+    Args:
+        table: source layouts (no FSDP-owned axis in them).
+        fsdp: FSDP's axis by mesh role, or a ``(replicate, shard)`` pair for HSDP.
+        mesh_sizes: by mesh role, the sizes of that mesh's axes.
+        shard_dim: the dim FSDP shards (``shard_placement_fn``), for every parameter or by
+            FQN (FQNs not named take 0).
+        owned: the axes FSDP and pipelining own; a layout using one is already composed.
+
+    Returns:
+        The composed table, same FQNs in the same order, same tied groups.
+
+    Raises:
+        PlanError: every parameter that cannot be composed (``.problems``, each naming
+            the FQN): a role without an FSDP axis or sizes, an owned axis in a layout,
+            what ``compose_fsdp`` refuses, tied members given different shard dims.
+        LayoutError: ``fsdp``, ``mesh_sizes`` or ``shard_dim`` of the wrong form.
+    """
+    raw: object = table
+    if not isinstance(raw, ParamLayoutTable):
+        msg = f"table must be a ParamLayoutTable, got {type(raw).__name__} {table!r:.200}"
+        raise LayoutError(msg)
+    roles = as_fsdp_axes(fsdp)
+    sizes = as_role_sizes(mesh_sizes)
+    default_dim, dims = as_shard_dims(shard_dim, table)
+    owned_names = _owned_names(owned)
+    problems: list[LayoutError] = []
+    for group in table.tied:
+        given = {fqn: dims.get(fqn, default_dim) for fqn in sorted(group)}
+        if len(set(given.values())) > 1:
+            first = min(group)
+            msg = (
+                f"tied group {sorted(group)} shares one storage but has shard dims {given}; "
+                "give every member the same shard_dim"
+            )
+            problems.append(LayoutError(msg, fqn=first))
+    # Tables repeat a few layouts many times: compose each (layout, dim) once.
+    done: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
+    out = CheckedEntries()
+    for fqn, layout in table.items():
+        dim = dims.get(fqn, default_dim)
+        key = (layout, dim)
+        got = done.get(key)
+        if got is None:
+            try:
+                got = _compose_entry(layout, dim, roles, sizes, owned_names)
+            except LayoutError as error:
+                got = error
+            done[key] = got
+        if isinstance(got, LayoutError):
+            problems.append(_with_fqn(fqn, got))
+        else:
+            out[fqn] = got
+    if problems:
+        raise plan_error("composing the table with FSDP", problems)
+    return attrs.evolve(table, entries=out)
