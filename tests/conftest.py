@@ -1,12 +1,16 @@
-"""Shared fixtures: Hypothesis profiles and one fake 8-rank process group per session."""
+"""Shared fixtures: Hypothesis profiles, one fake 8-rank process group and its meshes."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from tests.torch_oracle import MeshFactory
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
@@ -36,3 +40,15 @@ def fake_world() -> Iterator[int]:
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=FAKE_WORLD_SIZE)
     yield FAKE_WORLD_SIZE
+
+
+@pytest.fixture(scope="session")
+def world_mesh(fake_world: int) -> MeshFactory:
+    """``world_mesh({"dp_shard": 2, "tp": 4})``: the fake world's mesh with these axes.
+
+    Each distinct (shape, names) is built once per session and shared by every test that
+    asks for it; ``world_mesh.unnamed(8)`` gives a mesh without dim names.
+    """
+    from tests.torch_oracle import MeshFactory  # noqa: PLC0415 - torch loads only for tests with a mesh
+
+    return MeshFactory(fake_world)

@@ -1,0 +1,329 @@
+"""The toy models the tests lay out, small enough to build on any device in no time.
+
+Only parameters matter to a layout, so the models have no ``forward``. Build them on the
+meta device when no data is needed (``with torch.device("meta"): TinyMoE()``).
+
+- :class:`OneParam`: one parameter ``w`` of any shape.
+- :class:`TiedTP`: an embedding tied to its head, a column-wise and a row-wise linear with
+  biases.
+- :class:`ToyModel`: a tied embedding and head, attention-like linears, a norm and
+  (optionally) a 3-D expert weight per block.
+- :class:`TinyLlama`: Llama-like dense blocks (torchtitan's names); :class:`TinyMoE`: the
+  same attention with a router and 3-D experts, its LM head tied to the embedding.
+  Both take :class:`Sizes`, whose vocabulary (37) splits evenly over no mesh axis.
+- :func:`hf_llama` and :func:`hf_moe`: transformers' own Llama and Qwen3-MoE, tiny, on
+  the meta device, for tests of their ``tp_plan``/``ep_plan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import torch
+from torch import nn
+
+from layout_algebra import ModulePlan, Placement, Shard, ShardingPlan
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+__all__ = [
+    "Attention",
+    "Experts",
+    "LlamaBlock",
+    "MoEBlock",
+    "OneParam",
+    "Sizes",
+    "TiedTP",
+    "TinyLlama",
+    "TinyMoE",
+    "ToyBlock",
+    "ToyModel",
+    "hf_llama",
+    "hf_moe",
+    "llama_plan",
+    "moe_plan",
+]
+
+
+class OneParam(nn.Module):
+    """One parameter ``w`` of ``shape``, random (or empty on the meta device)."""
+
+    def __init__(self, shape: Sequence[int]) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(*shape))
+
+
+class TiedTP(nn.Module):
+    """An embedding tied to its head, a column-wise and a row-wise linear with biases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(12, 8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+        self.head = nn.Linear(8, 12, bias=False)
+        self.head.weight = self.emb.weight
+
+
+# ---------------------------------------------------------------------------------------
+# ToyModel: emb, layers.{i}.{attn.wq, attn.wo, experts.w1, norm}, head (tied to emb)
+
+
+class ToyAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq = nn.Linear(8, 16, bias=False)
+        self.wo = nn.Linear(16, 8, bias=False)
+
+
+class ToyExperts(nn.Module):
+    def __init__(self, experts: int) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(experts, 8, 6))
+
+
+class ToyBlock(nn.Module):
+    """``attn.wq`` (16, 8), ``attn.wo`` (8, 16), ``experts.w1`` (experts, 8, 6), ``norm`` (8,)."""
+
+    experts: ToyExperts
+
+    def __init__(self, experts: int) -> None:
+        super().__init__()
+        self.attn = ToyAttention()
+        if experts:
+            self.experts = ToyExperts(experts)
+        self.norm = nn.Parameter(torch.randn(8))
+
+
+class ToyModel(nn.Module):
+    """A tied embedding and head of ``vocab`` rows and ``layers`` blocks of width 8.
+
+    With ``experts=0`` the blocks have no expert weight.
+    """
+
+    def __init__(self, *, vocab: int = 32, layers: int = 2, experts: int = 4) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 8)
+        self.layers = nn.ModuleList([ToyBlock(experts) for _ in range(layers)])
+        self.head = nn.Linear(8, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def block(self, i: int) -> ToyBlock:
+        """Block ``i``, typed."""
+        found = self.layers[i]
+        assert isinstance(found, ToyBlock)
+        return found
+
+
+# ---------------------------------------------------------------------------------------
+# Llama-like dense and MoE transformers, torchtitan's parameter names
+
+
+@attrs.frozen
+class Sizes:
+    """The sizes of :class:`TinyLlama` and :class:`TinyMoE`."""
+
+    vocab: int = 37
+    """Prime, so it splits unevenly over every axis: 37 rows over tp=2 are 19, 18."""
+    dim: int = 16
+    kv_dim: int = 8
+    """Keys and values narrower than queries: grouped-query attention."""
+    hidden: int = 24
+    experts: int = 4
+    layers: int = 2
+
+
+class RMSNorm(nn.Module):
+    """One learned scale per feature."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+
+class Attention(nn.Module):
+    """``wq`` (dim, dim), ``wk``/``wv`` (kv_dim, dim), ``wo`` (dim, dim)."""
+
+    def __init__(self, sizes: Sizes) -> None:
+        super().__init__()
+        self.wq = nn.Linear(sizes.dim, sizes.dim, bias=False)
+        self.wk = nn.Linear(sizes.dim, sizes.kv_dim, bias=False)
+        self.wv = nn.Linear(sizes.dim, sizes.kv_dim, bias=False)
+        self.wo = nn.Linear(sizes.dim, sizes.dim, bias=False)
+
+
+class FeedForward(nn.Module):
+    """A gated MLP: ``w1``/``w3`` (hidden, dim) up, ``w2`` (dim, hidden) down."""
+
+    def __init__(self, sizes: Sizes) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(sizes.dim, sizes.hidden, bias=False)
+        self.w2 = nn.Linear(sizes.hidden, sizes.dim, bias=False)
+        self.w3 = nn.Linear(sizes.dim, sizes.hidden, bias=False)
+
+
+class Experts(nn.Module):
+    """Every expert's gated MLP at once, the expert index first: ``w1``/``w3`` (experts,
+    hidden, dim), ``w2`` (experts, dim, hidden)."""
+
+    def __init__(self, sizes: Sizes) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(sizes.experts, sizes.hidden, sizes.dim))
+        self.w2 = nn.Parameter(torch.randn(sizes.experts, sizes.dim, sizes.hidden))
+        self.w3 = nn.Parameter(torch.randn(sizes.experts, sizes.hidden, sizes.dim))
+
+
+class MoE(nn.Module):
+    """A router (experts, dim) and the experts."""
+
+    def __init__(self, sizes: Sizes) -> None:
+        super().__init__()
+        self.router = nn.Linear(sizes.dim, sizes.experts, bias=False)
+        self.experts = Experts(sizes)
+
+
+class LlamaBlock(nn.Module):
+    """Norm, attention, norm, gated MLP."""
+
+    def __init__(self, sizes: Sizes) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(sizes.dim)
+        self.attention = Attention(sizes)
+        self.ffn_norm = RMSNorm(sizes.dim)
+        self.feed_forward = FeedForward(sizes)
+
+
+class MoEBlock(nn.Module):
+    """Norm, attention, norm, mixture of experts."""
+
+    def __init__(self, sizes: Sizes) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(sizes.dim)
+        self.attention = Attention(sizes)
+        self.ffn_norm = RMSNorm(sizes.dim)
+        self.moe = MoE(sizes)
+
+
+class TinyLlama(nn.Module):
+    """``tok_embeddings``, ``layers.{i}`` (:class:`LlamaBlock`), ``norm``, ``output`` (untied)."""
+
+    def __init__(self, sizes: Sizes | None = None) -> None:
+        super().__init__()
+        sizes = sizes or Sizes()
+        self.tok_embeddings = nn.Embedding(sizes.vocab, sizes.dim)
+        self.layers = nn.ModuleList(LlamaBlock(sizes) for _ in range(sizes.layers))
+        self.norm = RMSNorm(sizes.dim)
+        self.output = nn.Linear(sizes.dim, sizes.vocab, bias=False)
+
+
+class TinyMoE(nn.Module):
+    """``tok_embeddings``, ``layers.{i}`` (:class:`MoEBlock`), ``norm``, and ``output``
+    whose weight is the embedding's."""
+
+    def __init__(self, sizes: Sizes | None = None) -> None:
+        super().__init__()
+        sizes = sizes or Sizes()
+        self.tok_embeddings = nn.Embedding(sizes.vocab, sizes.dim)
+        self.layers = nn.ModuleList(MoEBlock(sizes) for _ in range(sizes.layers))
+        self.norm = RMSNorm(sizes.dim)
+        self.output = nn.Linear(sizes.dim, sizes.vocab, bias=False)
+        self.output.weight = self.tok_embeddings.weight
+
+
+_COLWISE: dict[str, Placement] = {"tp": Shard(0)}
+_ROWWISE: dict[str, Placement] = {"tp": Shard(1)}
+_ATTENTION = {"wq.weight": _COLWISE, "wk.weight": _COLWISE, "wv.weight": _COLWISE}
+
+
+def llama_plan(
+    sizes: Sizes | None = None, *, mesh_axes: Sequence[str] = ("dp_shard", "tp")
+) -> ShardingPlan:
+    """Megatron-style tensor parallelism of :class:`TinyLlama` over ``tp``: column-wise
+    ``S(0)`` for the embedding, ``wq wk wv w1 w3`` and the output, row-wise ``S(1)`` for
+    ``wo w2``. Norms are not mentioned."""
+    sizes = sizes or Sizes()
+    modules = {"tok_embeddings": ModulePlan({"weight": _COLWISE})}
+    for i in range(sizes.layers):
+        modules[f"layers.{i}.attention"] = ModulePlan({**_ATTENTION, "wo.weight": _ROWWISE})
+        modules[f"layers.{i}.feed_forward"] = ModulePlan(
+            {"w1.weight": _COLWISE, "w2.weight": _ROWWISE, "w3.weight": _COLWISE}
+        )
+    modules["output"] = ModulePlan({"weight": _COLWISE})
+    return ShardingPlan(modules, mesh_axes=mesh_axes)
+
+
+def moe_plan(
+    sizes: Sizes | None = None, *, mesh_axes: Sequence[str] = ("dp_shard", "ep", "tp")
+) -> ShardingPlan:
+    """:class:`TinyMoE` over ``tp`` and ``ep``: attention as in :func:`llama_plan`, the
+    experts ``S(0)`` over ``ep`` (expert-parallel) and their hidden dim over ``tp``; the
+    tied embedding and output ``S(0)``. Norms and the router are not mentioned."""
+    sizes = sizes or Sizes()
+    modules = {"tok_embeddings": ModulePlan({"weight": _COLWISE})}
+    for i in range(sizes.layers):
+        modules[f"layers.{i}.attention"] = ModulePlan({**_ATTENTION, "wo.weight": _ROWWISE})
+        modules[f"layers.{i}.moe"] = ModulePlan(
+            {
+                "experts.w1": {"ep": Shard(0), "tp": Shard(1)},
+                "experts.w2": {"ep": Shard(0), "tp": Shard(2)},
+                "experts.w3": {"ep": Shard(0), "tp": Shard(1)},
+            },
+            expert_parallel=True,
+        )
+    modules["output"] = ModulePlan({"weight": _COLWISE})
+    return ShardingPlan(
+        modules, mesh_axes=mesh_axes, tied_pairs=[("tok_embeddings.weight", "output.weight")]
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# transformers' own models, tiny, on the meta device
+
+
+def hf_llama(sizes: Sizes | None = None) -> PreTrainedModel:
+    """transformers' ``LlamaForCausalLM`` at these sizes (``dim // kv_dim`` query heads and
+    one key/value head, each ``kv_dim`` wide), on the meta device, LM head untied."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - slow import
+
+    sizes = sizes or Sizes()
+    config = LlamaConfig(
+        vocab_size=sizes.vocab,
+        hidden_size=sizes.dim,
+        intermediate_size=sizes.hidden,
+        num_hidden_layers=sizes.layers,
+        num_attention_heads=sizes.dim // sizes.kv_dim,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        return LlamaForCausalLM(config)
+
+
+def hf_moe(sizes: Sizes | None = None) -> PreTrainedModel:
+    """transformers' ``Qwen3MoeForCausalLM`` at these sizes, every layer sparse (2 of
+    ``experts`` per token), on the meta device, the LM head tied to the embedding.
+
+    Its experts are 3-D: ``mlp.experts.gate_up_proj`` (experts, 2 * hidden, dim) and
+    ``mlp.experts.down_proj`` (experts, dim, hidden).
+    """
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: PLC0415 - slow import
+
+    sizes = sizes or Sizes()
+    config = Qwen3MoeConfig(
+        vocab_size=sizes.vocab,
+        hidden_size=sizes.dim,
+        intermediate_size=sizes.hidden,
+        moe_intermediate_size=sizes.hidden,
+        num_hidden_layers=sizes.layers,
+        num_attention_heads=sizes.dim // sizes.kv_dim,
+        num_key_value_heads=1,
+        num_experts=sizes.experts,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):
+        return Qwen3MoeForCausalLM(config)

@@ -1,0 +1,95 @@
+"""The test kit's oracles against torch moving real data (rank 0 of the fake process group).
+
+``distribute_tensor(..., src_data_rank=None)`` and ``fully_shard`` cut this rank's block
+out of the local tensor without communicating, so on the fake process group rank 0 holds
+real data: the blocks the oracles name must be the ones torch keeps. The gloo test checks
+every rank of a real world.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from layout_algebra import Replicate, Shard, SourceLayout, compose_fsdp
+from layout_algebra.torch_bridge import to_torch
+from tests.models import OneParam
+from tests.torch_oracle import (
+    MeshFactory,
+    coordinates,
+    dtensor_block,
+    dtensor_indices,
+    dtensor_shape_and_offset,
+    fsdp_block,
+    fsdp_managed,
+    fully_sharded,
+    layout_of,
+    rank_block,
+)
+
+S0, S1, R = Shard(0), Shard(1), Replicate()
+RANK0 = {"dp_shard": 0, "ep": 0, "tp": 0}
+
+CASES = {
+    "tp-rows-uneven": ({"dp_shard": 2, "tp": 4}, SourceLayout("dense", ["tp"], [S0]), (10, 3)),
+    "tp-cols": ({"dp_shard": 4, "tp": 2}, SourceLayout("dense", ["tp"], [S1]), (7, 6)),
+    "ep-tp": (
+        {"dp_shard": 2, "ep": 2, "tp": 2},
+        SourceLayout("expert", ["ep", "tp"], [S0, S1]),
+        (4, 5, 3),
+    ),
+    "plain": ({"dp_shard": 8}, SourceLayout("dense", [], []), (5, 2)),
+}
+
+
+@pytest.mark.parametrize(("sizes", "source", "shape"), CASES.values(), ids=CASES)
+def test_the_blocks_are_the_ones_torch_keeps(
+    world_mesh: MeshFactory,
+    sizes: dict[str, int],
+    source: SourceLayout,
+    shape: tuple[int, ...],
+) -> None:
+    torch.manual_seed(0)
+    mesh = world_mesh(sizes)
+    module = OneParam(shape)
+    full = module.w.detach().clone()
+    if source.axes:
+        sub = mesh[tuple(a.name for a in source.axes)]
+        dt = distribute_tensor(
+            full, sub, [to_torch(p) for p in source.placements], src_data_rank=None
+        )
+        assert torch.equal(dt.to_local(), dtensor_block(full, source, sizes, RANK0))
+        assert torch.equal(dt.to_local(), rank_block(full, dt))
+        module.w = nn.Parameter(dt)
+    fully_shard(module, mesh=mesh["dp_shard"])
+    w = module.w
+    assert isinstance(w, DTensor)
+    assert torch.equal(w.to_local(), fsdp_block(full, source, sizes, RANK0, shard="dp_shard"))
+    assert fsdp_managed(module) == [w]
+    # the meta-device oracle gives the placements of the real thing
+    composed = layout_of(w, source.mesh)
+    assert composed == layout_of(fully_sharded(mesh, source, shape, shard="dp_shard"), source.mesh)
+    assert composed == compose_fsdp(source, shard_axes=["dp_shard"], mesh_sizes=sizes)
+
+
+def test_indices_shape_and_offset_agree_where_the_block_is_contiguous() -> None:
+    layout = SourceLayout("dense", ["tp", "sp"], [S0, S1])
+    sizes = {"tp": 4, "sp": 3}
+    for at in coordinates(["tp", "sp"], sizes):
+        indices = dtensor_indices((10, 4), layout, sizes, at)
+        shape, offset = dtensor_shape_and_offset((10, 4), layout, sizes, at)
+        assert shape == tuple(len(i) for i in indices)
+        assert all(
+            list(i) == list(range(o, o + len(i))) for i, o in zip(indices, offset, strict=True)
+        )
+
+
+def test_meshes_are_built_once(world_mesh: MeshFactory) -> None:
+    assert world_mesh({"dp_shard": 2, "tp": 4}) is world_mesh({"dp_shard": 2, "tp": 4})
+    assert world_mesh({"tp": 2, "dp_shard": 4}).mesh_dim_names == ("tp", "dp_shard")
+    assert world_mesh.unnamed(8).mesh_dim_names is None
+    with pytest.raises(ValueError, match=r"shape \(2, 2\) holds 4 ranks, but the fake world"):
+        world_mesh({"dp": 2, "tp": 2})

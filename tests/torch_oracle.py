@@ -1,0 +1,224 @@
+"""What torch itself does, asked directly: the oracles the tests compare the package with.
+
+Every function here hands a question to torch (``fully_shard``, DTensor's placements and
+shard arithmetic, FSDP2's chunking) and reports torch's answer in the package's terms
+(``SourceLayout``, shapes, index lists, tensor blocks). None of them computes a layout
+itself: where the package and these disagree, the package is wrong.
+
+Meshes come from :class:`MeshFactory` (the ``world_mesh`` fixture of ``conftest.py``), one
+per distinct (shape, names) for the whole session, on the fake 8-rank process group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import Placement as TorchPlacement
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import Shard as TorchShard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from layout_algebra import SourceLayout
+from layout_algebra.torch_bridge import from_torch, to_torch
+
+__all__ = [
+    "MeshFactory",
+    "coordinates",
+    "dtensor_block",
+    "dtensor_indices",
+    "dtensor_shape_and_offset",
+    "fsdp_block",
+    "fsdp_managed",
+    "fully_sharded",
+    "layout_of",
+    "rank_block",
+]
+
+Shape = tuple[int, ...]
+Coordinate = Mapping[str, int]
+
+
+class MeshFactory:
+    """Named CPU meshes over the whole fake world, each built once per session.
+
+    ``init_device_mesh`` creates process groups for every dim, so tests that ask for the
+    same (shape, names) share one mesh instead of building another.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._built: dict[tuple[Shape, tuple[str, ...] | None], DeviceMesh] = {}
+
+    def __call__(self, sizes: Mapping[str, int]) -> DeviceMesh:
+        """The mesh with these axes, in this order, of these sizes (row-major ranks)."""
+        return self._mesh(tuple(sizes.values()), tuple(sizes))
+
+    def unnamed(self, *shape: int) -> DeviceMesh:
+        """A mesh of this shape whose dims have no names."""
+        return self._mesh(shape, None)
+
+    def _mesh(self, shape: Shape, names: tuple[str, ...] | None) -> DeviceMesh:
+        key = (shape, names)
+        mesh = self._built.get(key)
+        if mesh is None:
+            if math.prod(shape) != self.world_size:
+                msg = (
+                    f"a mesh of shape {shape} holds {math.prod(shape)} ranks, but the fake "
+                    f"world has {self.world_size}; give sizes whose product is {self.world_size}"
+                )
+                raise ValueError(msg)
+            mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+            self._built[key] = mesh
+        return mesh
+
+
+def coordinates(axes: Sequence[str], sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
+    """Every rank's coordinate over ``axes``, row-major, as torch numbers a mesh's ranks."""
+    for index in itertools.product(*(range(sizes[a]) for a in axes)):
+        yield dict(zip(axes, index, strict=True))
+
+
+def layout_of(param: DTensor, mesh: str = "dense") -> SourceLayout:
+    """The layout torch reports for ``param``: its mesh's dim names and its placements."""
+    names = param.device_mesh.mesh_dim_names
+    assert names is not None, "the DTensor's mesh has no dim names"
+    return SourceLayout(mesh, names, [from_torch(p) for p in param.placements])
+
+
+def fully_sharded(
+    world: DeviceMesh,
+    source: SourceLayout,
+    shape: Sequence[int],
+    *,
+    shard: str,
+    replicate: Sequence[str] = (),
+    shard_dim: int = 0,
+) -> DTensor:
+    """The parameter torch's ``fully_shard`` makes of one of ``shape`` laid out as ``source``.
+
+    The parameter (on the meta device: only metadata matters) is distributed over
+    ``source``'s axes of ``world`` first, then wrapped by ``fully_shard`` over
+    ``(*replicate, shard)``, sharding ``shard_dim``.
+
+    Raises:
+        NotImplementedError: whatever torch refuses (more source axes than FSDP2 composes).
+    """
+    module = nn.Module()
+    full = torch.empty(tuple(shape), device="meta")
+    if source.axes:
+        axes = tuple(a.name for a in source.axes)
+        sub = world[axes[0]] if len(axes) == 1 else world[axes]
+        full = distribute_tensor(full, sub, [to_torch(p) for p in source.placements])
+    module.w = nn.Parameter(full)
+    dp = world[(*replicate, shard)] if replicate else world[shard]
+    if shard_dim:
+        fully_shard(module, mesh=dp, shard_placement_fn=lambda _: TorchShard(shard_dim))
+    else:
+        fully_shard(module, mesh=dp)
+    w = module.w
+    assert isinstance(w, DTensor)
+    return w
+
+
+def _torch_placements(layout: SourceLayout) -> list[TorchPlacement]:
+    return [to_torch(p) for p in layout.placements]
+
+
+def dtensor_shape_and_offset(
+    shape: Sequence[int], layout: SourceLayout, sizes: Mapping[str, int], at: Coordinate
+) -> tuple[Shape, Shape]:
+    """DTensor's own local shape and global offset for the rank at coordinate ``at``.
+
+    ``sizes`` and ``at`` may name more axes than ``layout`` has; only its axes count.
+    """
+    axes = [a.name for a in layout.axes]
+    return _compute_local_shape_and_global_offset(
+        tuple(shape),
+        tuple(sizes[a] for a in axes),
+        [at[a] for a in axes],
+        _torch_placements(layout),
+    )
+
+
+def dtensor_indices(
+    shape: Sequence[int], layout: SourceLayout, sizes: Mapping[str, int], at: Coordinate
+) -> tuple[tuple[int, ...], ...]:
+    """Per tensor dim, the global indices torch's placements give the rank at ``at``.
+
+    Each dim's index vector is cut mesh dim by mesh dim with the placement's own
+    ``_split_tensor``, as ``distribute_tensor`` cuts the tensor; a placement cuts one
+    tensor dim, so the rank's block is the product of these lists.
+    """
+    ndim = len(shape)
+    out: list[tuple[int, ...]] = []
+    for dim, n in enumerate(shape):
+        view = [1] * dim + [-1] + [1] * (ndim - dim - 1)
+        index = torch.arange(n).view(view)
+        for axis, p in zip(layout.axes, layout.placements, strict=True):
+            split = to_torch(p)
+            if isinstance(split, TorchShard | _StridedShard) and split.dim == dim:
+                pieces, _ = split._split_tensor(index, sizes[axis.name], with_padding=False)
+                index = pieces[at[axis.name]]
+        out.append(tuple(int(i) for i in index.reshape(-1)))
+    return tuple(out)
+
+
+def dtensor_block(
+    full: torch.Tensor, layout: SourceLayout, sizes: Mapping[str, int], at: Coordinate
+) -> torch.Tensor:
+    """The block of ``full`` that ``distribute_tensor`` gives the rank at ``at``."""
+    block = full
+    for dim, index in enumerate(dtensor_indices(full.shape, layout, sizes, at)):
+        block = block.index_select(dim, torch.tensor(index, dtype=torch.long))
+    return block
+
+
+def rank_block(full: torch.Tensor, param: DTensor) -> torch.Tensor:
+    """The block of ``full`` that ``param``'s placements give this process's rank."""
+    mesh = param.device_mesh
+    names = mesh.mesh_dim_names
+    coordinate = mesh.get_coordinate()
+    assert names is not None and coordinate is not None
+    sizes = dict(zip(names, mesh.shape, strict=True))
+    at = dict(zip(names, coordinate, strict=True))
+    return dtensor_block(full, layout_of(param), sizes, at)
+
+
+def fsdp_block(
+    full: torch.Tensor,
+    source: SourceLayout,
+    sizes: Mapping[str, int],
+    at: Coordinate,
+    *,
+    shard: str,
+    shard_dim: int = 0,
+) -> torch.Tensor:
+    """The block of ``full`` FSDP2 really keeps on the rank at ``at``.
+
+    ``fully_shard`` takes the source DTensor's local block and cuts it with its own
+    ``_chunk_with_empty`` over the ``shard`` axis on ``shard_dim`` (a replicate axis cuts
+    nothing). In the uneven multi-axis case this differs from DTensor's reading of the
+    composed placements. A rank past the last chunk keeps an empty block, shaped as the
+    sharded parameter shows it (size 0 on ``shard_dim``).
+    """
+    local = dtensor_block(full, source, sizes, at)
+    chunk = _chunk_with_empty(local, sizes[shard], dim=shard_dim)[at[shard]]
+    if chunk.numel() == 0:
+        return local.narrow(shard_dim, 0, 0)
+    return chunk
+
+
+def fsdp_managed(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters torch's ``fully_shard`` state of ``module`` manages, in its order."""
+    state = fully_shard.state(module)  # type: ignore[attr-defined]  # set by torch's contract decorator
+    group = state._fsdp_param_group
+    assert group is not None
+    return [fp.sharded_param for fp in group.fsdp_params]
