@@ -1,0 +1,715 @@
+"""Distributed checkpoints: the chunks torch's DCP writes, and what loading them elsewhere reads.
+
+``torch.distributed.checkpoint`` saves a DTensor as one box per rank (its local shard's
+offsets and sizes, as DTensor computes them), keeping one copy of the boxes replicated
+ranks share. Loading under another layout, each rank's default load planner reads, from
+every saved box that overlaps its new local shard, the overlapping region. Both follow
+from the layouts and the shapes alone: ``dcp_chunks`` gives the saved boxes,
+``reshard_plan`` every destination rank's reads and their bytes, with no process group.
+
+Meshes are described as elsewhere in the package: by mesh role, the sizes of the mesh's
+axes, in the mesh's axis order; every role's mesh spans the whole world, laid out
+row-major in that order, so a global rank has one coordinate on each.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final, Protocol, TypeAlias, assert_never
+
+import attrs
+
+from layout_algebra.axes import AxisName
+from layout_algebra.errors import LayoutError
+from layout_algebra.frozen import FrozenMap
+from layout_algebra.geometry import (
+    FsdpAxes,
+    as_role_sizes,
+    compose_table,
+    local_shape_and_offset,
+    plan_error,
+)
+from layout_algebra.layout import ParamLayoutTable, SourceLayout, partial_error
+from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
+
+__all__ = [
+    "Chunk",
+    "HasShape",
+    "Read",
+    "ReshardPlan",
+    "dcp_chunks",
+    "reshard_plan",
+]
+
+# ---------------------------------------------------------------------------------------
+# values
+
+
+def _as_ints(values: Iterable[int]) -> tuple[int, ...]:
+    raw: object = values
+    if isinstance(raw, str) or not isinstance(raw, Iterable):
+        msg = f"expected a sequence of ints such as (0, 4), got {values!r:.200}"
+        raise LayoutError(msg)
+    out = tuple(values)
+    if any(type(v) is not int or v < 0 for v in out):
+        msg = f"expected ints >= 0, got {values!r:.200}"
+        raise LayoutError(msg)
+    return out
+
+
+def _box(offsets: Sequence[int], sizes: Sequence[int]) -> str:
+    return "[" + ", ".join(f"{o}:{o + n}" for o, n in zip(offsets, sizes, strict=True)) + "]"
+
+
+@attrs.frozen(cache_hash=True, order=True)
+class Chunk:
+    """One box of a tensor as a checkpoint records it: where it starts and how big it is.
+
+    ``str`` is the box as slices, ``Chunk((4, 0), (4, 8))`` is ``[4:8, 0:8]``. Chunks
+    order by offsets (then sizes).
+    """
+
+    offsets: tuple[int, ...] = attrs.field(converter=_as_ints)
+    sizes: tuple[int, ...] = attrs.field(converter=_as_ints)
+
+    @sizes.validator
+    def _check_rank(self, _: attrs.Attribute[tuple[int, ...]], value: object) -> None:
+        if len(self.offsets) != len(self.sizes):
+            msg = (
+                f"a chunk has one offset and one size per dim, got offsets {self.offsets} and "
+                f"sizes {self.sizes}"
+            )
+            raise LayoutError(msg)
+
+    def __str__(self) -> str:
+        return _box(self.offsets, self.sizes)
+
+    @property
+    def numel(self) -> int:
+        """The number of elements in the box."""
+        return math.prod(self.sizes)
+
+
+@attrs.frozen(cache_hash=True)
+class Read:
+    """One read a destination rank makes: a box of one saved chunk into its local shard.
+
+    ``storage_offsets`` are relative to the saved ``chunk``, ``dest_offsets`` to the
+    rank's local shard, and ``lengths`` is the box's size: torch's ``ReadItem`` for that
+    parameter, with the saved chunk in place of its storage index.
+    """
+
+    fqn: str
+    chunk: Chunk
+    dest_offsets: tuple[int, ...] = attrs.field(converter=_as_ints)
+    storage_offsets: tuple[int, ...] = attrs.field(converter=_as_ints)
+    lengths: tuple[int, ...] = attrs.field(converter=_as_ints)
+
+    def __str__(self) -> str:
+        start = [c + o for c, o in zip(self.chunk.offsets, self.storage_offsets, strict=True)]
+        return f"{self.fqn}{_box(start, self.lengths)} from chunk {self.chunk}"
+
+    @property
+    def numel(self) -> int:
+        """The number of elements read."""
+        return math.prod(self.lengths)
+
+
+class HasShape(Protocol):
+    """What ``reshard_plan`` needs of a parameter's shape: ``ParamShape`` or the like."""
+
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+
+# ---------------------------------------------------------------------------------------
+# dtypes
+
+_ITEMSIZE: Final[Mapping[str, int]] = {
+    **dict.fromkeys(("float64", "double", "f64", "int64", "long", "i64", "uint64", "u64"), 8),
+    **dict.fromkeys(("complex64", "cfloat", "c64"), 8),
+    **dict.fromkeys(("complex128", "cdouble", "c128"), 16),
+    **dict.fromkeys(("float32", "float", "f32", "int32", "int", "i32", "uint32", "u32"), 4),
+    **dict.fromkeys(("bfloat16", "bf16", "float16", "half", "f16", "int16", "short"), 2),
+    **dict.fromkeys(("i16", "uint16", "u16", "complex32", "chalf"), 2),
+    **dict.fromkeys(("int8", "i8", "uint8", "u8", "bool", "float8_e4m3fn", "float8_e5m2"), 1),
+    **dict.fromkeys(("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "f8_e4m3"), 1),
+    **dict.fromkeys(("f8_e5m2",), 1),
+}
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes per element of ``dtype``, spelled as torch (``"bfloat16"``, ``"torch.int64"``)
+    or safetensors (``"BF16"``, ``"I64"``) spells it.
+
+    >>> _itemsize("bfloat16"), _itemsize("torch.float32"), _itemsize("I64")
+    (2, 4, 8)
+
+    Raises:
+        LayoutError: a dtype neither spells.
+    """
+    raw: object = dtype
+    if not isinstance(raw, str):
+        msg = f"a dtype is a name such as 'bfloat16', got {dtype!r:.200}"
+        raise LayoutError(msg)
+    name = dtype.strip().lower().removeprefix("torch.")
+    size = _ITEMSIZE.get(name)
+    if size is None:
+        msg = (
+            f"unknown dtype {dtype!r:.100}; give a torch or safetensors dtype name such as "
+            "'bfloat16', 'float32' or 'BF16'"
+        )
+        raise LayoutError(msg)
+    return size
+
+
+# ---------------------------------------------------------------------------------------
+# arguments
+
+
+def _check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
+    raw: object = layout
+    who = f"{fqn}: " if fqn else ""
+    if not isinstance(raw, SourceLayout):
+        msg = f"{who}expected a SourceLayout such as dense[tp=S(0)], got {layout!r:.200}"
+        raise LayoutError(msg, fqn=fqn)
+    error = partial_error(layout, fqn)
+    if error is not None:
+        # DCP refuses a DTensor with a pending reduction, and so does a checkpoint here.
+        msg = f"{error.message} (a checkpoint saves whole values)"
+        raise LayoutError(msg, fqn=fqn, axis=error.axis, placement=error.placement)
+
+
+def _check_table(table: ParamLayoutTable, name: str) -> None:
+    raw: object = table
+    if not isinstance(raw, ParamLayoutTable):
+        msg = f"{name} must be a ParamLayoutTable, got {type(raw).__name__} {table!r:.200}"
+        raise LayoutError(msg)
+
+
+def _sharded_dim(p: Shard | Replicate | Partial | StridedShard) -> int | None:
+    match p:
+        case Shard(dim) | StridedShard(dim):
+            return dim
+        case Replicate() | Partial():
+            return None
+        case _:
+            assert_never(p)
+
+
+# ---------------------------------------------------------------------------------------
+# the chunks DCP writes
+
+
+def _dim_extents(
+    shape: tuple[int, ...],
+    layout: SourceLayout,
+    sizes: Mapping[str, int],
+) -> list[list[tuple[int, int]]]:
+    """Per tensor dim, the distinct ``(offset, size)`` DTensor gives the ranks along it.
+
+    Each mesh axis shards at most one dim, so a rank's box is the product of what the axes
+    sharding each dim give it: 2 dims sharded over 2 and 4 ranks are 2 x 4 boxes, found
+    from 2 + 4 coordinates.
+    """
+    by_dim: dict[int, list[AxisName]] = {}
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        dim = _sharded_dim(p)
+        if dim is not None:
+            by_dim.setdefault(dim, []).append(axis)
+    out: list[list[tuple[int, int]]] = []
+    for dim, n in enumerate(shape):
+        axes = by_dim.get(dim)
+        if not axes:
+            out.append([(0, n)])
+            continue
+        keep = {a.name for a in axes}
+        sub = SourceLayout(
+            layout.mesh,
+            axes,
+            [p for a, p in zip(layout.axes, layout.placements, strict=True) if a.name in keep],
+        )
+        seen: dict[tuple[int, int], None] = {}
+        for index in itertools.product(*(range(sizes[a.name]) for a in axes)):
+            coordinate = {a.name: i for a, i in zip(axes, index, strict=True)}
+            local, offset = local_shape_and_offset(shape, sub, sizes, coordinate)
+            seen[offset[dim], local[dim]] = None
+        out.append(list(seen))
+    return out
+
+
+def _check_shape(global_shape: Sequence[int], fqn: str | None = None) -> tuple[int, ...]:
+    raw: object = global_shape
+    who = f"{fqn}: " if fqn else ""
+    if isinstance(raw, str) or not isinstance(raw, Sequence):
+        msg = f"{who}a shape is a sequence of sizes such as (16, 8), got {global_shape!r:.200}"
+        raise LayoutError(msg, fqn=fqn)
+    shape = tuple(global_shape)
+    if any(type(n) is not int or n < 0 for n in shape):
+        msg = f"{who}a shape holds ints >= 0, got {global_shape!r:.200}"
+        raise LayoutError(msg, fqn=fqn)
+    return shape
+
+
+def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None) -> None:
+    raw: object = sizes
+    if not isinstance(raw, Mapping):
+        msg = f"mesh_sizes must map axis name to int, such as {{'tp': 2}}, got {sizes!r:.200}"
+        raise LayoutError(msg, fqn=fqn)
+    for axis in layout.axes:
+        size = sizes.get(axis.name)
+        if type(size) is not int or size < 1:
+            who = f"{fqn}: " if fqn else ""
+            shown = "no size" if size is None else f"size {size!r:.50}"
+            msg = (
+                f"{who}{layout}: mesh_sizes has {shown} for axis {axis.name!r} (it has "
+                f"{sorted(map(str, sizes))[:20]}); give {{{axis.name!r}: n, ...}} with n >= 1"
+            )
+            raise LayoutError(msg, fqn=fqn, axis=axis.name)
+
+
+def _chunks(
+    layout: SourceLayout, shape: tuple[int, ...], sizes: Mapping[str, int]
+) -> tuple[Chunk, ...]:
+    extents = _dim_extents(shape, layout, sizes)
+    boxes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for combo in itertools.product(*extents):
+        offsets = tuple(o for o, _ in combo)
+        # DCP keys a saved box by its offsets: ranks with equal boxes write one copy.
+        boxes.setdefault(offsets, tuple(n for _, n in combo))
+    return tuple(Chunk(o, boxes[o]) for o in sorted(boxes))
+
+
+def dcp_chunks(
+    layout: SourceLayout, global_shape: Sequence[int], mesh_sizes: Mapping[str, int]
+) -> tuple[Chunk, ...]:
+    """The distinct boxes torch's distributed checkpoint records for one parameter.
+
+    Every rank saves its local shard as the box DTensor computes for it
+    (``local_shape_and_offset``); ranks holding the same box (replicas) write one copy,
+    since DCP keys boxes by their offsets. Empty tail shards are boxes too, with the
+    dim's size as offset and 0 as size: 5 rows ``S(0)`` over 4 ranks are saved as
+    ``[0:2]``, ``[2:4]``, ``[4:5]`` and ``[5:5]``. A plain tensor (no axes) is one box,
+    the whole tensor.
+
+    Give the layout the parameter has when saved, after ``fully_shard``
+    (``compose_fsdp``, ``compose_table``). DCP records a ``StridedShard``'s box as DTensor
+    reads it, from the first row the rank holds, which is the rank's data only where its
+    rows are contiguous (always with even shards; ``lint`` reports where not).
+
+    >>> layout = SourceLayout("dense", ["dp_shard", "tp"], [Shard(0), Shard(1)])
+    >>> [str(c) for c in dcp_chunks(layout, (4, 6), {"dp_shard": 2, "tp": 2})]
+    ['[0:2, 0:3]', '[0:2, 3:6]', '[2:4, 0:3]', '[2:4, 3:6]']
+
+    Args:
+        layout: the parameter's layout (composed, when FSDP shards it).
+        global_shape: the parameter's shape.
+        mesh_sizes: the size of every axis of ``layout``, by name (others are ignored).
+
+    Returns:
+        The boxes, sorted by offsets.
+
+    Raises:
+        LayoutError: a ``Partial`` (DCP saves whole values), a dim the tensor lacks, an
+            axis with no size.
+    """
+    _check_layout(layout)
+    shape = _check_shape(global_shape)
+    _check_sizes(layout, mesh_sizes, None)
+    return _chunks(layout, shape, mesh_sizes)
+
+
+# ---------------------------------------------------------------------------------------
+# the reads of a load
+
+
+@attrs.frozen
+class _Piece:
+    """A read without its FQN: which saved chunk, which box of it, where it lands."""
+
+    chunk: Chunk
+    dest_offsets: tuple[int, ...]
+    storage_offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+
+def _overlap(saved: Chunk, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> _Piece | None:
+    """The box of ``saved`` that the local shard at ``offsets``/``sizes`` reads, if any.
+
+    Boxes overlap when on every dim each starts before the other ends (so a 0-d tensor's
+    boxes always overlap and empty boxes never do), as DCP's resharding decides.
+    """
+    storage: list[int] = []
+    dest: list[int] = []
+    lengths: list[int] = []
+    for s_off, s_len, d_off, d_len in zip(saved.offsets, saved.sizes, offsets, sizes, strict=True):
+        if s_off >= d_off + d_len or d_off >= s_off + s_len:
+            return None
+        start = max(s_off, d_off)
+        storage.append(start - s_off)
+        dest.append(start - d_off)
+        lengths.append(min(s_off + s_len, d_off + d_len) - start)
+    return _Piece(saved, tuple(dest), tuple(storage), tuple(lengths))
+
+
+@attrs.frozen(eq=False)
+class _Pattern:
+    """One parameter's reads on every destination rank; shared by parameters alike."""
+
+    pieces: tuple[tuple[_Piece, ...], ...]
+    """By destination rank."""
+    bytes: tuple[int, ...]
+    """By destination rank."""
+    total: int
+
+
+class _World:
+    """A role's mesh: each global rank's coordinate, row-major in the mesh's axis order."""
+
+    def __init__(self, sizes: Mapping[str, int]) -> None:
+        self.sizes = sizes
+        self.names = list(sizes)
+        self.size = math.prod(sizes.values())
+
+    def keys(self, layout: SourceLayout) -> list[tuple[int, ...]]:
+        """Each rank's indices on ``layout``'s axes, by global rank."""
+        strides: dict[str, int] = {}
+        stride = 1
+        for name in reversed(self.names):
+            strides[name] = stride
+            stride *= self.sizes[name]
+        picked = [(strides[a.name], self.sizes[a.name]) for a in layout.axes]
+        return [tuple((rank // s) % n for s, n in picked) for rank in range(self.size)]
+
+
+def _role_sizes(
+    sizes: Mapping[str, Mapping[str, int]], layout: SourceLayout, fqn: str, which: str
+) -> Mapping[str, int]:
+    role = sizes.get(layout.mesh)
+    if role is None:
+        msg = (
+            f"{fqn}: {layout} is on mesh role {layout.mesh!r}, which {which} has no sizes for "
+            f"(it has {sorted(sizes)}); give {which}={{{layout.mesh!r}: {{axis: n, ...}}, ...}}"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    _check_sizes(layout, role, fqn)
+    return role
+
+
+class _Planner:
+    """Builds each distinct (source layout, destination layout, shape, itemsize) once."""
+
+    def __init__(
+        self,
+        src_sizes: Mapping[str, Mapping[str, int]],
+        dst_sizes: Mapping[str, Mapping[str, int]],
+        world_size: int,
+    ) -> None:
+        self.src_sizes = src_sizes
+        self.dst_sizes = dst_sizes
+        self.world_size = world_size
+        self.worlds = {role: _World(sizes) for role, sizes in dst_sizes.items()}
+        self.chunks: dict[tuple[SourceLayout, tuple[int, ...]], tuple[Chunk, ...]] = {}
+        self.keys: dict[tuple[str, tuple[AxisName, ...]], list[tuple[int, ...]]] = {}
+        self.patterns: dict[tuple[SourceLayout, SourceLayout, tuple[int, ...], int], _Pattern] = {}
+
+    def pattern(
+        self, fqn: str, src: SourceLayout, dst: SourceLayout, shape: tuple[int, ...], itemsize: int
+    ) -> _Pattern:
+        key = (src, dst, shape, itemsize)
+        found = self.patterns.get(key)
+        if found is None:
+            found = self._build(fqn, src, dst, shape, itemsize)
+            self.patterns[key] = found
+        return found
+
+    def _build(
+        self, fqn: str, src: SourceLayout, dst: SourceLayout, shape: tuple[int, ...], itemsize: int
+    ) -> _Pattern:
+        src_role = _role_sizes(self.src_sizes, src, fqn, "src_sizes")
+        dst_role = _role_sizes(self.dst_sizes, dst, fqn, "dst_sizes")
+        saved = self.chunks.get((src, shape))
+        if saved is None:
+            saved = _chunks(src, shape, src_role)
+            self.chunks[src, shape] = saved
+        world = self.worlds[dst.mesh]
+        keys = self.keys.get((dst.mesh, dst.axes))
+        if keys is None:
+            keys = world.keys(dst)
+            self.keys[dst.mesh, dst.axes] = keys
+        by_key: dict[tuple[int, ...], tuple[tuple[_Piece, ...], int]] = {}
+        pieces: list[tuple[_Piece, ...]] = []
+        nbytes: list[int] = []
+        for key in keys:
+            got = by_key.get(key)
+            if got is None:
+                coordinate = {a.name: i for a, i in zip(dst.axes, key, strict=True)}
+                sizes, offsets = local_shape_and_offset(shape, dst, dst_role, coordinate)
+                found = tuple(
+                    piece
+                    for chunk in saved
+                    if (piece := _overlap(chunk, offsets, sizes)) is not None
+                )
+                got = found, itemsize * sum(math.prod(p.lengths) for p in found)
+                by_key[key] = got
+            pieces.append(got[0])
+            nbytes.append(got[1])
+        return _Pattern(tuple(pieces), tuple(nbytes), sum(nbytes))
+
+
+def _format_bytes(n: int) -> str:
+    """``n`` bytes for a person: ``512 B``, ``1.5 KiB``, ``2.0 GiB``."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError(n)  # pragma: no cover - the loop returns
+
+
+_REPORT_RANKS: Final = 16
+_REPORT_PARAMS: Final = 10
+
+
+@attrs.frozen(repr=False)
+class ReshardPlan:
+    """Every read a checkpoint's load makes, by destination rank, and what it costs.
+
+    ``bytes_read[rank]`` is what destination rank ``rank`` reads from the checkpoint;
+    ``by_param[fqn]`` what all ranks together read of one parameter. ``reads(rank)``
+    lists the rank's reads, parameters in the destination table's order, each one's by
+    the saved chunk's offsets (torch issues the same reads, in an order of its own).
+    ``str()`` is a report: bytes per rank, total, largest, the parameters that move most.
+    """
+
+    bytes_read: tuple[int, ...]
+    by_param: FrozenMap[str, int]
+    _src: ParamLayoutTable = attrs.field(alias="src")
+    _dst: ParamLayoutTable = attrs.field(alias="dst")
+    _patterns: tuple[tuple[str, _Pattern], ...] = attrs.field(alias="patterns", eq=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"ReshardPlan(ranks={len(self.bytes_read)}, params={len(self.by_param)}, "
+            f"total={self.total})"
+        )
+
+    @property
+    def world_size(self) -> int:
+        """The number of destination ranks."""
+        return len(self.bytes_read)
+
+    @property
+    def total(self) -> int:
+        """Bytes all destination ranks read together."""
+        return sum(self.bytes_read)
+
+    @property
+    def largest(self) -> tuple[int, int]:
+        """``(rank, bytes)`` of the destination rank that reads most (the lowest such rank)."""
+        rank = max(range(len(self.bytes_read)), key=self.bytes_read.__getitem__)
+        return rank, self.bytes_read[rank]
+
+    def reads(self, rank: int) -> tuple[Read, ...]:
+        """Destination rank ``rank``'s reads, in the destination table's order.
+
+        Raises:
+            LayoutError: ``rank`` is not a destination rank.
+        """
+        if type(rank) is not int or not 0 <= rank < len(self.bytes_read):
+            msg = (
+                f"rank must be an int in [0, {len(self.bytes_read)}) (the destination ranks), "
+                f"got {rank!r:.50}"
+            )
+            raise LayoutError(msg)
+        return tuple(
+            Read(fqn, p.chunk, p.dest_offsets, p.storage_offsets, p.lengths)
+            for fqn, pattern in self._patterns
+            for p in pattern.pieces[rank]
+        )
+
+    def chunks_read(self, fqn: str) -> int:
+        """How many reads all destination ranks make of parameter ``fqn``.
+
+        Raises:
+            LayoutError: ``fqn`` is not loaded.
+        """
+        for name, pattern in self._patterns:
+            if name == fqn:
+                return sum(map(len, pattern.pieces))
+        msg = f"{fqn!r:.200} is not a parameter of the destination table; check the spelling"
+        raise LayoutError(msg, fqn=str(fqn))
+
+    def __str__(self) -> str:
+        n = len(self.bytes_read)
+        lines = [
+            f"reshard: {len(self.by_param)} parameters, {n} destination rank"
+            f"{'s' if n != 1 else ''} read {_format_bytes(self.total)} in all"
+        ]
+        if n:
+            rank, most = self.largest
+            lines.append(f"largest: rank {rank} reads {_format_bytes(most)}")
+        lines.append("bytes per destination rank:")
+        shown = range(n) if n <= _REPORT_RANKS else [*range(_REPORT_RANKS // 2), *range(n - 2, n)]
+        last = -1
+        for rank in shown:
+            if rank != last + 1:
+                lines.append(f"  ... {rank - last - 1} ranks more")
+            lines.append(
+                f"  rank {rank:>{len(str(n - 1))}}  {_format_bytes(self.bytes_read[rank])}"
+            )
+            last = rank
+        if self._patterns:
+            reads = {name: sum(map(len, pattern.pieces)) for name, pattern in self._patterns}
+            top = sorted(self.by_param, key=lambda f: (-self.by_param[f], f))[:_REPORT_PARAMS]
+            lines.append("parameters that move most:")
+            width = max(map(len, top))
+            for fqn in top:
+                lines.append(
+                    f"  {fqn:<{width}}  {_format_bytes(self.by_param[fqn]):>10}  "
+                    f"{reads[fqn]:>4} reads  {self._src[fqn]} -> {self._dst[fqn]}"
+                )
+            if len(self.by_param) > _REPORT_PARAMS:
+                lines.append(f"  ... and {len(self.by_param) - _REPORT_PARAMS} more")
+        return "\n".join(lines)
+
+
+ShapesLike: TypeAlias = Mapping[str, HasShape]
+"""Parameter shapes by FQN: ``ParamShape`` values, or anything with ``shape`` and ``dtype``."""
+
+
+def _shape_of(fqn: str, shapes: ShapesLike, group: frozenset[str]) -> tuple[tuple[int, ...], int]:
+    found = shapes.get(fqn)
+    if found is None:
+        # tied parameters share one storage: any member's shape is theirs
+        found = next((shapes[m] for m in sorted(group) if m in shapes), None)
+    if found is None:
+        msg = (
+            f"{fqn}: no shape given for it (shapes has {len(shapes)} entries); give its shape "
+            "and dtype (shapes_from_module, shapes_from_safetensors)"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    shape: object = getattr(found, "shape", None)
+    dtype: object = getattr(found, "dtype", None)
+    if shape is None or dtype is None:
+        msg = f"{fqn}: its shape {found!r:.200} has no .shape and .dtype; give a ParamShape"
+        raise LayoutError(msg, fqn=fqn)
+    checked = _check_shape(shape, fqn)  # type: ignore[arg-type]  # checked at run time
+    try:
+        itemsize = _itemsize(str(dtype))
+    except LayoutError as error:
+        raise LayoutError(f"{fqn}: {error.message}", fqn=fqn) from None
+    return checked, itemsize
+
+
+def reshard_plan(
+    src: ParamLayoutTable,
+    dst: ParamLayoutTable,
+    shapes: ShapesLike,
+    *,
+    src_sizes: Mapping[str, Mapping[str, int]],
+    dst_sizes: Mapping[str, Mapping[str, int]],
+    fsdp: Mapping[str, FsdpAxes] | None = None,
+    shard_dim: int | Mapping[str, int] = 0,
+) -> ReshardPlan:
+    """What loading a checkpoint saved under ``src`` costs each rank under ``dst``.
+
+    For every parameter of ``dst`` and every destination rank, the saved chunks
+    (``dcp_chunks`` of its ``src`` layout) that overlap the rank's new local shard, and
+    the overlapping box of each: the read items torch's ``DefaultLoadPlanner`` makes.
+    Parameters only ``src`` has are not read (torch loads what the model asks for);
+    tied parameters are read once per FQN, as the state dict names them.
+
+    With ``fsdp=`` both tables are source tables and go through ``compose_table`` with
+    their own sizes (the same FSDP axes and ``shard_dim``); without it they are read as
+    the layouts the parameters have when saved and loaded (composed already, or without
+    FSDP).
+
+    >>> from layout_algebra import ParamLayoutTable, SourceLayout, Shard
+    >>> from collections import namedtuple
+    >>> P = namedtuple("P", "shape dtype")
+    >>> tp = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})
+    >>> plan = reshard_plan(tp, tp, {"w": P((8, 4), "float32")},
+    ...     src_sizes={"dense": {"tp": 4}}, dst_sizes={"dense": {"tp": 2}})
+    >>> plan.bytes_read, [str(r) for r in plan.reads(1)]
+    ((64, 64), ['w[4:6, 0:4] from chunk [4:6, 0:4]', 'w[6:8, 0:4] from chunk [6:8, 0:4]'])
+
+    Args:
+        src: the layouts the checkpoint was saved under.
+        dst: the layouts it is loaded under.
+        shapes: each parameter's shape and dtype by FQN (a tied group needs one member's).
+        src_sizes: by mesh role, the sizes of the saving run's mesh axes, in mesh order.
+        dst_sizes: the same for the loading run; its world is the destination ranks.
+        fsdp: FSDP's axis by mesh role (or a ``(replicate, shard)`` pair) when the
+            tables are source tables, as for ``compose_table``.
+        shard_dim: the dim FSDP shards, for every parameter or by FQN (with ``fsdp=``).
+
+    Returns:
+        The reads and bytes of every destination rank.
+
+    Raises:
+        PlanError: every parameter that cannot be planned (``.problems``, each naming its
+            FQN): one ``dst`` has and ``src`` lacks (DCP's missing key), no shape, a layout
+            that does not fit its shape or sizes.
+        LayoutError: arguments of the wrong form, roles with different world sizes.
+    """
+    _check_table(src, "src")
+    _check_table(dst, "dst")
+    raw: object = shapes
+    if not isinstance(raw, Mapping):
+        msg = f"shapes must map parameter FQN to its shape and dtype, got {shapes!r:.200}"
+        raise LayoutError(msg)
+    src_roles = as_role_sizes(src_sizes)
+    dst_roles = as_role_sizes(dst_sizes)
+    if not dst_roles:
+        msg = "dst_sizes names no mesh role; give {'dense': {axis: n, ...}, ...}"
+        raise LayoutError(msg)
+    if fsdp is not None:
+        src = compose_table(src, fsdp=fsdp, mesh_sizes=src_roles, shard_dim=shard_dim)
+        dst = compose_table(dst, fsdp=fsdp, mesh_sizes=dst_roles, shard_dim=shard_dim)
+    world_size = math.prod(next(iter(dst_roles.values())).values())
+    planner = _Planner(src_roles, dst_roles, world_size)
+    problems: list[LayoutError] = []
+    patterns: list[tuple[str, _Pattern]] = []
+    for fqn, layout in dst.items():
+        try:
+            old = src.get(fqn)
+            if old is None:
+                msg = (
+                    f"{fqn}: loaded under {layout} but not in the checkpoint's table; torch "
+                    "refuses a missing key: add it to src, or leave it out of dst"
+                )
+                raise LayoutError(msg, fqn=fqn)
+            _check_layout(old, fqn)
+            _check_layout(layout, fqn)
+            shape, itemsize = _shape_of(fqn, shapes, dst.group_of(fqn))
+            patterns.append((fqn, planner.pattern(fqn, old, layout, shape, itemsize)))
+        except LayoutError as error:
+            if error.fqn != fqn:
+                error = LayoutError(
+                    f"{fqn}: {error.message}", fqn=fqn, axis=error.axis, placement=error.placement
+                )
+            problems.append(error)
+    if problems:
+        raise plan_error("the reshard", problems)
+    counts = Counter(id(p) for _, p in patterns)
+    unique = {id(p): p for _, p in patterns}
+    bytes_read = [0] * world_size
+    for key, count in counts.items():
+        for rank, n in enumerate(unique[key].bytes):
+            bytes_read[rank] += count * n
+    return ReshardPlan(
+        tuple(bytes_read),
+        FrozenMap({fqn: p.total for fqn, p in patterns}),
+        src=src,
+        dst=dst,
+        patterns=tuple(patterns),
+    )

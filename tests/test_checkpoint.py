@@ -1,0 +1,502 @@
+"""Checkpoint chunks and reshard reads, checked against torch's distributed checkpoint code.
+
+The oracles, run without a process group: every rank's box as DTensor computes it
+(``_compute_local_shape_and_global_offset``), made into the write items DCP's planner
+makes and passed through DCP's own save planning (``dedup_save_plans``,
+``create_default_global_save_plan``), whose metadata holds the chunks a checkpoint
+records; and the read items DCP's resharding (``create_read_items_for_chunk_list``) makes
+for each destination rank's box against that metadata. ``tests/test_dcp.py`` does the
+same on real gloo ranks with real DTensors and a real checkpoint on disk.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+from layout_algebra import (
+    LayoutError,
+    ParamLayoutTable,
+    Partial,
+    PlanError,
+    Replicate,
+    Shard,
+    SourceLayout,
+    StridedShard,
+    local_shape_and_offset,
+)
+from layout_algebra.checkpoint import (
+    Chunk,
+    Read,
+    dcp_chunks,
+    reshard_plan,
+)
+from layout_algebra.geometry import compose_table
+from layout_algebra.torch_bridge import to_torch
+
+S0, S1, R = Shard(0), Shard(1), Replicate()
+
+
+class Shape(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: str
+
+
+# ---------------------------------------------------------------------------------------
+# the oracle: torch's DCP planning on boxes DTensor computes
+
+
+def rank_coordinates(sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
+    """Every global rank's coordinate, in rank order (row-major, as a DeviceMesh lays it)."""
+    names = list(sizes)
+    for index in itertools.product(*(range(sizes[a]) for a in names)):
+        yield dict(zip(names, index, strict=True))
+
+
+def torch_box(
+    shape: Sequence[int],
+    layout: SourceLayout,
+    coordinate: Mapping[str, int],
+    sizes: Mapping[str, int],
+) -> ChunkStorageMetadata:
+    """The box DCP's planner gives a rank's DTensor shard."""
+    local, offsets = _compute_local_shape_and_global_offset(
+        tuple(shape),
+        tuple(sizes[a.name] for a in layout.axes),
+        [coordinate[a.name] for a in layout.axes],
+        [to_torch(p) for p in layout.placements],
+    )
+    return ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(local))
+
+
+def torch_metadata(
+    params: Mapping[str, tuple[SourceLayout, tuple[int, ...]]], sizes: Mapping[str, int]
+) -> dict[str, TensorStorageMetadata]:
+    """What DCP's save planning records for ``params`` saved from every rank of ``sizes``."""
+    plans = []
+    for coordinate in rank_coordinates(sizes):
+        items = []
+        for fqn, (layout, shape) in params.items():
+            box = torch_box(shape, layout, coordinate, sizes)
+            items.append(
+                WriteItem(
+                    index=MetadataIndex(fqn, box.offsets),
+                    type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(
+                        chunk=box,
+                        properties=TensorProperties(dtype=torch.float32),
+                        size=torch.Size(shape),
+                    ),
+                )
+            )
+        plans.append(SavePlan(items))
+    _, metadata = create_default_global_save_plan(dedup_save_plans(plans))
+    out = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        assert isinstance(md, TensorStorageMetadata)
+        out[fqn] = md
+    return out
+
+
+def as_chunk(box: ChunkStorageMetadata) -> Chunk:
+    return Chunk(tuple(box.offsets), tuple(box.sizes))
+
+
+ReadKey = tuple[Chunk, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def torch_reads(fqn: str, md: TensorStorageMetadata, box: ChunkStorageMetadata) -> list[ReadKey]:
+    """The read items DCP's resharding makes to fill ``box`` from ``md``, sorted."""
+    out = []
+    for item in create_read_items_for_chunk_list(fqn, md, [box]):
+        assert item.storage_index.index is not None
+        saved = md.chunks[item.storage_index.index]
+        assert tuple(item.storage_index.offset or ()) == tuple(saved.offsets)
+        assert tuple(item.dest_index.offset or ()) == tuple(box.offsets)
+        out.append(
+            (
+                as_chunk(saved),
+                tuple(item.dest_offsets),
+                tuple(item.storage_offsets),
+                tuple(item.lengths),
+            )
+        )
+    return sorted(out)
+
+
+def mine(reads: Sequence[Read], fqn: str) -> list[ReadKey]:
+    return sorted(
+        (r.chunk, r.dest_offsets, r.storage_offsets, r.lengths) for r in reads if r.fqn == fqn
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# random geometries
+
+
+@st.composite
+def layouts(draw: st.DrawFn, shape: tuple[int, ...], sizes: Mapping[str, int]) -> SourceLayout:
+    """A layout over some of ``sizes``' axes, in mesh order, sharding dims of ``shape``."""
+    axes = [a for a in sizes if draw(st.booleans())]
+    if not shape:
+        return SourceLayout("dense", axes, [R] * len(axes))
+    dims = st.integers(0, len(shape) - 1)
+    placement = st.one_of(
+        st.just(R),
+        st.builds(Shard, dims),
+        st.builds(lambda d, k: StridedShard(d, split_factor=k), dims, st.integers(2, 3)),
+    )
+    return SourceLayout(
+        "dense", axes, draw(st.lists(placement, min_size=len(axes), max_size=len(axes)))
+    )
+
+
+def meshes(prefix: str) -> st.SearchStrategy[dict[str, int]]:
+    return st.lists(st.integers(1, 3), min_size=1, max_size=3).map(
+        lambda ns: {f"{prefix}{i}": n for i, n in enumerate(ns)}
+    )
+
+
+shapes = st.lists(st.integers(0, 9), min_size=0, max_size=3).map(tuple)
+
+
+@settings(max_examples=300)
+@given(data=st.data(), shape=shapes, sizes=meshes("m"))
+def test_dcp_chunks_are_the_chunks_dcp_records(
+    data: st.DataObject, shape: tuple[int, ...], sizes: dict[str, int]
+) -> None:
+    layout = data.draw(layouts(shape, sizes))
+    md = torch_metadata({"w": (layout, shape)}, sizes)["w"]
+    theirs = sorted(as_chunk(c) for c in md.chunks)
+    assert list(dcp_chunks(layout, shape, sizes)) == theirs
+    assert len(set(theirs)) == len(theirs)
+
+
+@settings(max_examples=200)
+@given(
+    data=st.data(),
+    shape=shapes,
+    src_sizes=meshes("m"),
+    dst_sizes=meshes("n"),
+    dtype=st.sampled_from(["float32", "bfloat16", "int64"]),
+)
+def test_reshard_reads_are_the_reads_dcp_makes(
+    data: st.DataObject,
+    shape: tuple[int, ...],
+    src_sizes: dict[str, int],
+    dst_sizes: dict[str, int],
+    dtype: str,
+) -> None:
+    src = data.draw(layouts(shape, src_sizes))
+    dst = data.draw(layouts(shape, dst_sizes))
+    md = torch_metadata({"w": (src, shape)}, src_sizes)["w"]
+    plan = reshard_plan(
+        ParamLayoutTable({"w": src}),
+        ParamLayoutTable({"w": dst}),
+        {"w": Shape(shape, dtype)},
+        src_sizes={"dense": src_sizes},
+        dst_sizes={"dense": dst_sizes},
+    )
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    assert plan.world_size == math.prod(dst_sizes.values())
+    for rank, coordinate in enumerate(rank_coordinates(dst_sizes)):
+        theirs = torch_reads("w", md, torch_box(shape, dst, coordinate, dst_sizes))
+        assert mine(plan.reads(rank), "w") == theirs
+        assert plan.bytes_read[rank] == itemsize * sum(math.prod(t[3]) for t in theirs)
+    assert plan.total == sum(plan.bytes_read) == plan.by_param["w"]
+
+
+# ---------------------------------------------------------------------------------------
+# a model: two mesh roles, FSDP, a tied pair, plain parameters
+
+
+DENSE = {"dp_shard": 2, "tp": 2}
+EXPERT = {"edp_shard": 2, "ep": 2}
+MODEL = {
+    "emb.weight": Shape((17, 8), "bfloat16"),
+    "head.weight": Shape((17, 8), "bfloat16"),
+    "up.weight": Shape((12, 8), "float32"),
+    "up.bias": Shape((12,), "float32"),
+    "norm.weight": Shape((8,), "float32"),
+    "experts.w1": Shape((4, 8, 6), "bfloat16"),
+}
+
+
+def source_table(*, vocab: Shard, up: Shard, experts: Shard) -> ParamLayoutTable:
+    tp = SourceLayout("dense", ["tp"], [vocab])
+    return ParamLayoutTable(
+        {
+            "emb.weight": tp,
+            "head.weight": tp,
+            "up.weight": SourceLayout("dense", ["tp"], [up]),
+            "up.bias": SourceLayout("dense", ["tp"], [S0 if up == S0 else R]),
+            "norm.weight": SourceLayout("dense", (), ()),
+            "experts.w1": SourceLayout("expert", ["ep"], [experts]),
+        },
+        tied=[frozenset({"emb.weight", "head.weight"})],
+    )
+
+
+def model_metadata(
+    table: ParamLayoutTable, sizes: Mapping[str, Mapping[str, int]]
+) -> dict[str, TensorStorageMetadata]:
+    """DCP's metadata for ``table``, every role's mesh laid over one world."""
+    world = list(rank_coordinates(sizes["dense"]))
+    expert = list(rank_coordinates(sizes["expert"]))
+    plans = []
+    for rank in range(len(world)):
+        items = []
+        for fqn, layout in table.items():
+            role = sizes[layout.mesh]
+            coordinate = (world if layout.mesh == "dense" else expert)[rank]
+            shape = MODEL[fqn].shape
+            box = torch_box(shape, layout, coordinate, role)
+            items.append(
+                WriteItem(
+                    index=MetadataIndex(fqn, box.offsets),
+                    type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(
+                        chunk=box, properties=TensorProperties(), size=torch.Size(shape)
+                    ),
+                )
+            )
+        plans.append(SavePlan(items))
+    _, metadata = create_default_global_save_plan(dedup_save_plans(plans))
+    return {
+        k: v
+        for k, v in metadata.state_dict_metadata.items()
+        if isinstance(v, TensorStorageMetadata)
+    }
+
+
+FSDP = {"dense": "dp_shard", "expert": "edp_shard"}
+SRC_SIZES = {"dense": DENSE, "expert": EXPERT}
+DST_SIZES = {"dense": {"tp": 4}, "expert": {"ep": 4}}
+
+
+def test_a_model_resharded_reads_what_dcp_reads() -> None:
+    src = compose_table(
+        source_table(vocab=S0, up=S0, experts=S0),
+        fsdp=FSDP,
+        mesh_sizes=SRC_SIZES,
+        shard_dim={"experts.w1": 1},
+    )
+    dst = source_table(vocab=S1, up=S1, experts=S0)
+    plan = reshard_plan(src, dst, MODEL, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
+    md = model_metadata(src, SRC_SIZES)
+    for fqn, layout in src.items():
+        assert dcp_chunks(layout, MODEL[fqn].shape, SRC_SIZES[layout.mesh]) == tuple(
+            sorted(as_chunk(c) for c in md[fqn].chunks)
+        )
+    dst_world = {role: list(rank_coordinates(s)) for role, s in DST_SIZES.items()}
+    for rank in range(4):
+        expected = 0
+        for fqn, layout in dst.items():
+            box = torch_box(
+                MODEL[fqn].shape, layout, dst_world[layout.mesh][rank], DST_SIZES[layout.mesh]
+            )
+            theirs = torch_reads(fqn, md[fqn], box)
+            assert mine(plan.reads(rank), fqn) == theirs
+            expected += getattr(torch, MODEL[fqn].dtype).itemsize * sum(
+                math.prod(t[3]) for t in theirs
+            )
+        assert plan.bytes_read[rank] == expected
+    # every destination rank reads the whole tensor of a plain parameter, its own shard of the rest
+    assert plan.by_param["norm.weight"] == 4 * 8 * 4
+    assert plan.by_param["emb.weight"] == plan.by_param["head.weight"] == 17 * 8 * 2
+    assert plan.chunks_read("emb.weight") == 4 * 4  # each tp rank's columns from 4 row chunks
+
+
+def test_fsdp_argument_composes_both_tables() -> None:
+    src = source_table(vocab=S0, up=S0, experts=S0)
+    dst = source_table(vocab=S1, up=S0, experts=S1)
+    dst_sizes = {"dense": {"tp": 2, "dp_shard": 2}, "expert": {"ep": 2, "edp_shard": 2}}
+    given_fsdp = reshard_plan(
+        src, dst, MODEL, src_sizes=SRC_SIZES, dst_sizes=dst_sizes, fsdp=FSDP, shard_dim=0
+    )
+    by_hand = reshard_plan(
+        compose_table(src, fsdp=FSDP, mesh_sizes=SRC_SIZES),
+        compose_table(dst, fsdp=FSDP, mesh_sizes=dst_sizes),
+        MODEL,
+        src_sizes=SRC_SIZES,
+        dst_sizes=dst_sizes,
+    )
+    assert given_fsdp == by_hand
+    assert all(given_fsdp.reads(r) == by_hand.reads(r) for r in range(4))
+
+
+def test_the_same_layout_reads_each_rank_its_own_chunk() -> None:
+    table = compose_table(
+        source_table(vocab=S0, up=S1, experts=S0), fsdp=FSDP, mesh_sizes=SRC_SIZES
+    )
+    plan = reshard_plan(table, table, MODEL, src_sizes=SRC_SIZES, dst_sizes=SRC_SIZES)
+    for rank in range(4):
+        for read in plan.reads(rank):
+            assert read.storage_offsets == read.dest_offsets == (0,) * len(read.lengths)
+            assert read.lengths == read.chunk.sizes
+    worlds = {role: list(rank_coordinates(s)) for role, s in SRC_SIZES.items()}
+    for rank in range(4):
+        own = 0
+        for fqn, layout in table.items():
+            at = worlds[layout.mesh][rank]
+            local, _ = local_shape_and_offset(MODEL[fqn].shape, layout, SRC_SIZES[layout.mesh], at)
+            own += getattr(torch, MODEL[fqn].dtype).itemsize * math.prod(local)
+        assert plan.bytes_read[rank] == own
+
+
+# ---------------------------------------------------------------------------------------
+# values, reports and errors
+
+
+def test_empty_tail_shards_are_saved_as_empty_boxes() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    chunks = dcp_chunks(layout, (5, 2), {"tp": 4})
+    assert [str(c) for c in chunks] == ["[0:2, 0:2]", "[2:4, 0:2]", "[4:5, 0:2]", "[5:5, 0:2]"]
+    assert [c.numel for c in chunks] == [4, 4, 2, 0]
+
+
+def test_a_plain_tensor_is_one_box_and_every_rank_reads_it_whole() -> None:
+    plain = SourceLayout("dense", (), ())
+    assert dcp_chunks(plain, (3, 4), {}) == (Chunk((0, 0), (3, 4)),)
+    table = ParamLayoutTable({"b": plain})
+    plan = reshard_plan(
+        table,
+        table,
+        {"b": Shape((3, 4), "float32")},
+        src_sizes={"dense": {"tp": 2}},
+        dst_sizes={"dense": {"tp": 3}},
+    )
+    assert plan.bytes_read == (48, 48, 48)
+    assert plan.reads(2) == (Read("b", Chunk((0, 0), (3, 4)), (0, 0), (0, 0), (3, 4)),)
+
+
+def test_a_scalar_is_read_whole() -> None:
+    table = ParamLayoutTable({"s": SourceLayout("dense", ["tp"], [R])})
+    plan = reshard_plan(
+        table,
+        table,
+        {"s": Shape((), "float32")},
+        src_sizes={"dense": {"tp": 2}},
+        dst_sizes={"dense": {"tp": 2}},
+    )
+    assert plan.reads(1) == (Read("s", Chunk((), ()), (), (), ()),)
+    assert plan.bytes_read == (4, 4)
+
+
+def test_values_print_as_boxes() -> None:
+    chunk = Chunk((4, 0), (4, 8))
+    assert str(chunk) == "[4:8, 0:8]"
+    assert repr(chunk) == "Chunk(offsets=(4, 0), sizes=(4, 8))"
+    read = Read("w", chunk, (0, 0), (1, 2), (2, 3))
+    assert str(read) == "w[5:7, 2:5] from chunk [4:8, 0:8]"
+    assert read.numel == 6
+    assert sorted([Chunk((2,), (1,)), Chunk((0,), (2,))])[0] == Chunk((0,), (2,))
+
+
+@pytest.mark.parametrize(
+    ("offsets", "sizes"), [((0,), (1, 2)), ((-1,), (1,)), ("ab", (1, 2)), ((0,), None)]
+)
+def test_a_chunk_is_checked(offsets: object, sizes: object) -> None:
+    with pytest.raises(LayoutError):
+        Chunk(offsets, sizes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "torch.bfloat16", "BF16", "I64", "bool", "F8_E4M3"])
+def test_bytes_follow_the_dtype_in_torch_and_safetensors_spelling(dtype: str) -> None:
+    table = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [S0])})
+    sizes = {"dense": {"tp": 2}}
+    plan = reshard_plan(table, table, {"w": Shape((4, 3), dtype)}, src_sizes=sizes, dst_sizes=sizes)
+    torch_name = {"BF16": "bfloat16", "I64": "int64", "F8_E4M3": "float8_e4m3fn"}.get(dtype, dtype)
+    itemsize = getattr(torch, torch_name.removeprefix("torch.")).itemsize
+    assert plan.bytes_read == (6 * itemsize, 6 * itemsize)
+
+
+def test_the_report_names_the_parameters_that_move_most() -> None:
+    src = compose_table(source_table(vocab=S0, up=S0, experts=S0), fsdp=FSDP, mesh_sizes=SRC_SIZES)
+    dst = source_table(vocab=S1, up=S1, experts=S0)
+    plan = reshard_plan(src, dst, MODEL, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
+    text = str(plan)
+    lines = text.splitlines()
+    assert lines[0] == (
+        f"reshard: 6 parameters, 4 destination ranks read {plan.total / 1024:.1f} KiB in all"
+    )
+    rank, most = plan.largest
+    assert most == max(plan.bytes_read)
+    assert f"largest: rank {rank} reads" in lines[1]
+    top = lines[lines.index("parameters that move most:") + 1]
+    assert top.split()[0] == min(plan.by_param, key=lambda f: (-plan.by_param[f], f))
+    assert "dense[dp_shard=_S(0, 2), tp=S(0)] -> dense[tp=S(1)]" in text
+    assert repr(plan) == f"ReshardPlan(ranks=4, params=6, total={plan.total})"
+
+
+def test_every_problem_of_a_reshard_is_reported() -> None:
+    src = ParamLayoutTable({"a": SourceLayout("dense", ["tp"], [S0])})
+    dst = ParamLayoutTable(
+        {
+            "a": SourceLayout("dense", ["tp"], [S1]),
+            "b": SourceLayout("dense", ["tp"], [S0]),
+            "c": SourceLayout("other", ["tp"], [S0]),
+        }
+    )
+    with pytest.raises(PlanError) as caught:
+        reshard_plan(
+            src.with_entries({"c": SourceLayout("dense", ["tp"], [S0])}),
+            dst,
+            {"a": Shape((4,), "float32"), "c": Shape((4,), "float32")},
+            src_sizes={"dense": {"tp": 2}},
+            dst_sizes={"dense": {"tp": 2}},
+        )
+    problems = {p.fqn: p.message for p in caught.value.problems}
+    assert "shards dim 1 but the tensor has 1 dim" in problems["a"]
+    assert "not in the checkpoint's table" in problems["b"]
+    assert "mesh role 'other', which dst_sizes has no sizes for" in problems["c"]
+
+
+def test_missing_shapes_sizes_and_partials_are_named() -> None:
+    table = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [S0])})
+    sizes = {"dense": {"tp": 2}}
+    with pytest.raises(PlanError, match="w: no shape given"):
+        reshard_plan(table, table, {}, src_sizes=sizes, dst_sizes=sizes)
+    with pytest.raises(PlanError, match="w: unknown dtype 'f13'"):
+        reshard_plan(table, table, {"w": Shape((2,), "f13")}, src_sizes=sizes, dst_sizes=sizes)
+    with pytest.raises(PlanError, match="no size for axis 'tp'"):
+        reshard_plan(
+            table, table, {"w": Shape((2,), "f32")}, src_sizes={"dense": {"dp": 2}}, dst_sizes=sizes
+        )
+    with pytest.raises(LayoutError, match=r"P\(sum\) on axis 'tp'.*a checkpoint saves whole"):
+        dcp_chunks(SourceLayout("dense", ["tp"], [Partial()]), (4,), {"tp": 2})
+    with pytest.raises(LayoutError, match="src must be a ParamLayoutTable"):
+        reshard_plan({}, table, {}, src_sizes=sizes, dst_sizes=sizes)  # type: ignore[arg-type]
+    with pytest.raises(LayoutError, match="a shape is a sequence"):
+        dcp_chunks(SourceLayout("dense", ["tp"], [S0]), "44", {"tp": 2})  # type: ignore[arg-type]
+    plan = reshard_plan(table, table, {"w": Shape((2,), "f32")}, src_sizes=sizes, dst_sizes=sizes)
+    with pytest.raises(LayoutError, match=r"rank must be an int in \[0, 2\)"):
+        plan.reads(2)
+    with pytest.raises(LayoutError, match="'v' is not a parameter"):
+        plan.chunks_read("v")
+
+
+def test_tied_members_share_a_shape() -> None:
+    tp = SourceLayout("dense", ["tp"], [S0])
+    table = ParamLayoutTable({"a": tp, "b": tp}, tied=[frozenset({"a", "b"})])
+    sizes = {"dense": {"tp": 2}}
+    plan = reshard_plan(table, table, {"b": Shape((4, 2), "f32")}, src_sizes=sizes, dst_sizes=sizes)
+    assert dict(plan.by_param) == {"a": 32, "b": 32}
