@@ -37,6 +37,7 @@ from layout_algebra.placements import (
     parse_placement,
 )
 from layout_algebra.plan import ModulePlan, NamedPlacements, ShardingPlan
+from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 
 __all__ = [
     "FSDP_OWNED_AXES",
@@ -48,6 +49,7 @@ __all__ = [
     "NamedPlacements",
     "OwnedAxisError",
     "ParamLayoutTable",
+    "ParamShape",
     "Partial",
     "Placement",
     "PlacementSyntaxError",
@@ -71,5 +73,6 @@ __all__ = [
     "merge_tied",
     "parse_placement",
     "resolve",
+    "shapes_from_safetensors",
     "strip",
 ]

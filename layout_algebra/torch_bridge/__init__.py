@@ -14,7 +14,9 @@ This package is the only part of layout_algebra that imports torch (install it w
   placements), ``default_binding`` and ``managed_bindings`` complete them for one
   ``fully_shard`` call;
 - ``models``: ``distribute`` turns the parameters into DTensors, and
-  ``table_from_module`` reads the table back off such a model.
+  ``table_from_module`` reads the table back off such a model;
+- ``shapes``: ``shapes_from_module`` reads every parameter's global shape and dtype
+  (meta-device models welcome), for the lint.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from layout_algebra.torch_bridge.binding import bind, default_binding, managed_b
 from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch, to_torch
 from layout_algebra.torch_bridge.models import distribute, table_from_module
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
+from layout_algebra.torch_bridge.shapes import shapes_from_module
 
 __all__ = [
     "Binding",
@@ -42,6 +45,7 @@ __all__ = [
     "distribute",
     "from_torch",
     "managed_bindings",
+    "shapes_from_module",
     "table_from_module",
     "to_torch",
 ]

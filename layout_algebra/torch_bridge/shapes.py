@@ -1,0 +1,42 @@
+"""A live (or meta-device) model's parameter shapes and dtypes, by FQN."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import nn
+
+from layout_algebra.errors import BindError, LayoutError
+from layout_algebra.frozen import FrozenMap
+from layout_algebra.shapes import ParamShape
+from layout_algebra.torch_bridge._checks import check_type
+
+__all__ = ["shapes_from_module"]
+
+
+def shapes_from_module(module: nn.Module) -> Mapping[str, ParamShape]:
+    """The global shape and dtype of every parameter of ``module``, by FQN.
+
+    Every alias of a tied parameter is listed (``named_parameters(remove_duplicate=False)``),
+    in the module's order. A DTensor parameter gives its global shape. Modules on the meta
+    device are welcome: only metadata is read, so a transformers model built from its
+    config under ``torch.device("meta")`` gives its shapes without allocating them.
+
+    Raises:
+        BindError: ``module`` is not an ``nn.Module``, or a parameter has a dtype the
+            package does not know (naming the FQN).
+    """
+    check_type(module, nn.Module, "shapes_from_module(module=...)", "a torch.nn.Module")
+    shapes: dict[str, ParamShape] = {}
+    seen: dict[int, ParamShape] = {}
+    for fqn, param in module.named_parameters(remove_duplicate=False):
+        shape = seen.get(id(param))
+        if shape is None:
+            try:
+                shape = ParamShape(tuple(param.shape), str(param.dtype))
+            except LayoutError as e:
+                msg = f"{fqn}: {e.message}"
+                raise BindError(msg, fqn=fqn) from e
+            seen[id(param)] = shape
+        shapes[fqn] = shape
+    return FrozenMap(shapes)
