@@ -9,23 +9,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.tensor import Shard as TorchShard
-from torch.distributed.tensor._utils import (
-    _compute_local_shape_and_global_offset,
-    compute_local_shape_and_global_offset,
-)
-from torch.distributed.tensor.placement_types import _StridedShard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from layout_algebra import (
     AxisName,
@@ -43,15 +34,18 @@ from layout_algebra import (
     local_shape_and_offset,
 )
 from layout_algebra.geometry import MAX_FSDP_SOURCE_AXES, local_runs
-from layout_algebra.torch_bridge import distribute, from_torch, to_torch
+from layout_algebra.torch_bridge import distribute
+from tests.models import TiedTP
+from tests.torch_oracle import (
+    MeshFactory,
+    coordinates,
+    dtensor_indices,
+    dtensor_shape_and_offset,
+    fully_sharded,
+    layout_of,
+)
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
-
-
-def coordinates(axes: Sequence[str], sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
-    """Every rank's coordinate over ``axes``, row-major."""
-    for index in itertools.product(*(range(sizes[a]) for a in axes)):
-        yield dict(zip(axes, index, strict=True))
 
 
 def names(layout: SourceLayout) -> list[str]:
@@ -206,24 +200,6 @@ def test_compose_wants_a_layout() -> None:
 # ---------------------------------------------------------------------------------------
 # compose_fsdp against torch's fully_shard
 
-_MESHES: dict[tuple[tuple[str, int], ...], DeviceMesh] = {}
-
-
-def world_mesh(sizes: Mapping[str, int]) -> DeviceMesh:
-    """One 8-rank CPU mesh per distinct (names, sizes), built once."""
-    key = tuple(sizes.items())
-    mesh = _MESHES.get(key)
-    if mesh is None:
-        mesh = init_device_mesh("cpu", tuple(sizes.values()), mesh_dim_names=tuple(sizes))
-        _MESHES[key] = mesh
-    return mesh
-
-
-class OneParam(nn.Module):
-    def __init__(self, shape: Sequence[int]) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(*shape))
-
 
 class Setup(NamedTuple):
     """One parameter under fully_shard: the world mesh, FSDP's axes, the source layout."""
@@ -249,29 +225,20 @@ def setup(
     return Setup(sizes, replicate, shard, layout, shard_dim, shape)
 
 
-def torch_fully_shard(case: Setup) -> DTensor:
+def torch_fully_shard(world_mesh: MeshFactory, case: Setup) -> DTensor:
     """The parameter torch's fully_shard makes of one laid out as ``case.source``."""
-    mesh = world_mesh(case.sizes)
-    module = OneParam(case.shape)
-    source = case.source
-    if source.axes:
-        dt = distribute_tensor(
-            module.w.detach(), mesh[tuple(names(source))], [to_torch(p) for p in source.placements]
-        )
-        module.w = nn.Parameter(dt)
-    dp_mesh = mesh[(*case.replicate, case.shard)]
-    shard_dim = case.shard_dim
-    if shard_dim:
-        fully_shard(module, mesh=dp_mesh, shard_placement_fn=lambda _: TorchShard(shard_dim))
-    else:
-        fully_shard(module, mesh=dp_mesh)
-    w = module.w
-    assert isinstance(w, DTensor)
-    return w
+    return fully_sharded(
+        world_mesh(case.sizes),
+        case.source,
+        case.shape,
+        shard=case.shard,
+        replicate=case.replicate,
+        shard_dim=case.shard_dim,
+    )
 
 
-def assert_composes_like_fsdp(case: Setup) -> None:
-    w = torch_fully_shard(case)
+def assert_composes_like_fsdp(world_mesh: MeshFactory, case: Setup) -> None:
+    w = torch_fully_shard(world_mesh, case)
     composed = compose_fsdp(
         case.source,
         shard_axes=[case.shard],
@@ -279,14 +246,11 @@ def assert_composes_like_fsdp(case: Setup) -> None:
         mesh_sizes=case.sizes,
         shard_dim=case.shard_dim,
     )
-    torch_names = w.device_mesh.mesh_dim_names
-    assert torch_names is not None
-    seen = SourceLayout(case.source.mesh, torch_names, [from_torch(p) for p in w.placements])
-    assert composed == seen
+    assert composed == layout_of(w, case.source.mesh)
     # ... and where this rank's shard lies, as the sharded parameter itself says.
     coordinate = w.device_mesh.get_coordinate()
     assert coordinate is not None
-    here = dict(zip(torch_names, coordinate, strict=True))
+    here = dict(zip(names(composed), coordinate, strict=True))
     expected = compute_local_shape_and_global_offset(case.shape, w.device_mesh, w.placements)
     assert local_shape_and_offset(case.shape, composed, case.sizes, here) == expected
     assert expected[0] == tuple(w.to_local().shape)
@@ -314,9 +278,11 @@ FSDP_CASES = {
 
 
 @pytest.mark.parametrize("case", list(FSDP_CASES.values()), ids=list(FSDP_CASES))
-def test_compose_fsdp_matches_fully_shard(fake_world: int, case: Setup) -> None:
+def test_compose_fsdp_matches_fully_shard(
+    fake_world: int, world_mesh: MeshFactory, case: Setup
+) -> None:
     assert math.prod(case.sizes.values()) == fake_world
-    assert_composes_like_fsdp(case)
+    assert_composes_like_fsdp(world_mesh, case)
 
 
 # Every way to lay 8 ranks out as (dp_replicate?, dp_shard, source axes...), powers of two.
@@ -349,15 +315,15 @@ def fsdp_setups(draw: st.DrawFn) -> Setup:
 
 @settings(max_examples=min(settings().max_examples, 30))
 @given(case=fsdp_setups())
-def test_compose_fsdp_matches_fully_shard_everywhere(fake_world: int, case: Setup) -> None:
-    assert_composes_like_fsdp(case)
+def test_compose_fsdp_matches_fully_shard_everywhere(world_mesh: MeshFactory, case: Setup) -> None:
+    assert_composes_like_fsdp(world_mesh, case)
 
 
-def test_fully_shard_refuses_what_compose_fsdp_refuses(fake_world: int) -> None:
+def test_fully_shard_refuses_what_compose_fsdp_refuses(world_mesh: MeshFactory) -> None:
     sizes = {"dp_shard": 1, "ep": 2, "tp": 2, "sp": 2}
     layout = SourceLayout("dense", ["ep", "tp", "sp"], [S0, S0, R])
     with pytest.raises(NotImplementedError, match="1D TP/EP or 2D EP"):
-        torch_fully_shard(Setup(sizes, (), "dp_shard", layout, 0, (8, 8)))
+        torch_fully_shard(world_mesh, Setup(sizes, (), "dp_shard", layout, 0, (8, 8)))
     with pytest.raises(LayoutError, match="1-D TP/EP or 2-D EP"):
         compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
 
@@ -444,9 +410,7 @@ def test_huge_tensors_cost_nothing() -> None:
     sizes, at = {"dp": 1024, "tp": 64}, {"dp": 1023, "tp": 62}
     small = 64 * 1024
     scale = 10**12 // small
-    (rows, cols), (row0, col0) = _compute_local_shape_and_global_offset(
-        (small, 4), (1024, 64), [1023, 62], [to_torch(p) for p in layout.placements]
-    )
+    (rows, cols), (row0, col0) = dtensor_shape_and_offset((small, 4), layout, sizes, at)
     got = local_shape_and_offset((small * scale, 4), layout, sizes, at)
     assert got == ((rows * scale, cols), (row0 * scale, col0))
 
@@ -478,35 +442,9 @@ def test_local_shape_and_offset_match_dtensor_on_every_rank(
     geometry: tuple[tuple[int, ...], SourceLayout, dict[str, int]],
 ) -> None:
     shape, layout, sizes = geometry
-    axes = names(layout)
-    mesh_shape = tuple(sizes[a] for a in axes)
-    theirs = [to_torch(p) for p in layout.placements]
-    for coordinate in coordinates(axes, sizes):
-        expected = _compute_local_shape_and_global_offset(
-            shape, mesh_shape, [coordinate[a] for a in axes], theirs
-        )
+    for coordinate in coordinates(names(layout), sizes):
+        expected = dtensor_shape_and_offset(shape, layout, sizes, coordinate)
         assert local_shape_and_offset(shape, layout, sizes, coordinate) == expected
-
-
-def torch_block(
-    *,
-    n: int,
-    dim: int,
-    ndim: int,
-    layout: SourceLayout,
-    sizes: Mapping[str, int],
-    at: Mapping[str, int],
-) -> list[int]:
-    """The global indices of tensor dim ``dim`` that torch's own splitting gives the rank ``at``."""
-    index = torch.arange(n)
-    view = [1] * dim + [-1] + [1] * (ndim - dim - 1)
-    for axis, p in zip(layout.axes, layout.placements, strict=True):
-        if isinstance(p, Shard | StridedShard) and p.dim == dim:
-            split = to_torch(p)
-            assert isinstance(split, TorchShard | _StridedShard)
-            pieces, _ = split._split_tensor(index.view(view), sizes[axis.name], with_padding=False)
-            index = pieces[at[axis.name]].reshape(-1)
-    return [int(i) for i in index]
 
 
 @given(geometry=geometries())
@@ -516,12 +454,10 @@ def test_local_runs_are_the_blocks_torch_cuts(
     shape, layout, sizes = geometry
     for coordinate in coordinates(names(layout), sizes):
         runs = local_runs(shape, layout, sizes, coordinate)
-        for dim, n in enumerate(shape):
-            mine = [i for run in runs[dim] for i in run]
-            theirs = torch_block(
-                n=n, dim=dim, ndim=len(shape), layout=layout, sizes=sizes, at=coordinate
-            )
-            assert mine == theirs
+        theirs = dtensor_indices(shape, layout, sizes, coordinate)
+        for dim in range(len(shape)):
+            mine = tuple(i for run in runs[dim] for i in run)
+            assert mine == theirs[dim]
             assert all(len(r) > 0 for r in runs[dim])
             assert all(a.stop < b.start for a, b in itertools.pairwise(runs[dim]))
 
@@ -550,18 +486,6 @@ def test_ranks_tile_each_dim(
 # a whole model, parameter by parameter: plan -> table -> distribute -> fully_shard
 
 
-class TiedTP(nn.Module):
-    """An embedding tied to its head, a column-wise and a row-wise linear with biases."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(12, 8)
-        self.up = nn.Linear(8, 16)
-        self.down = nn.Linear(16, 8)
-        self.head = nn.Linear(8, 12, bias=False)
-        self.head.weight = self.emb.weight
-
-
 def tied_tp_plan() -> ShardingPlan:
     return ShardingPlan(
         {
@@ -581,7 +505,7 @@ def tied_tp_plan() -> ShardingPlan:
     ids=["fsdp", "hsdp"],
 )
 def test_compose_fsdp_predicts_a_whole_model(
-    fake_world: int, sizes: dict[str, int], replicate: tuple[str, ...]
+    world_mesh: MeshFactory, sizes: dict[str, int], replicate: tuple[str, ...]
 ) -> None:
     mesh = world_mesh(sizes)
     table = build_table(tied_tp_plan(), list(sizes))
@@ -595,7 +519,4 @@ def test_compose_fsdp_predicts_a_whole_model(
         predicted = compose_fsdp(
             table[fqn], shard_axes=["dp_shard"], replicate_axes=replicate, mesh_sizes=sizes
         )
-        torch_names = param.device_mesh.mesh_dim_names
-        assert torch_names is not None
-        assert [a.name for a in predicted.axes] == list(torch_names), fqn
-        assert predicted.placements == tuple(from_torch(p) for p in param.placements), fqn
+        assert predicted == layout_of(param), fqn
