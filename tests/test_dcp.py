@@ -28,8 +28,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.state_dict_loader import load
@@ -279,14 +279,14 @@ def test_dcp_records_dcp_chunks_and_loads_with_reshard_plan_reads(
     for fqn, layout in saved.items():
         md = metadata.state_dict_metadata[fqn]
         assert isinstance(md, TensorStorageMetadata)
-        theirs = sorted(Chunk(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks)
-        assert list(dcp_chunks(layout, params[fqn].shape, SRC_SIZES[layout.mesh])) == theirs, fqn
+        recorded = sorted(Chunk(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks)
+        assert list(dcp_chunks(layout, params[fqn].shape, SRC_SIZES[layout.mesh])) == recorded, fqn
 
     # every rank's reads, and their bytes
     plan = reshard_plan(saved, loaded_layouts(), params, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
     for rank, result in enumerate(results):
-        theirs = sorted(map(tuple, (map(_as_tuple, item) for item in result["reads"])))
-        mine = sorted(
+        theirs = sorted(as_read(item) for item in result["reads"])
+        mine: list[ReadKey] = sorted(
             (
                 r.fqn,
                 r.chunk.offsets,
@@ -305,5 +305,16 @@ def test_dcp_records_dcp_chunks_and_loads_with_reshard_plan_reads(
         assert plan.bytes_read[rank] == nbytes
 
 
-def _as_tuple(value: object) -> object:
-    return tuple(value) if isinstance(value, list) else value
+ReadKey = tuple[
+    str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]
+]
+
+
+def as_read(item: list[object]) -> ReadKey:
+    """A recorded read, from its JSON form."""
+    fqn, *boxes = item
+    assert isinstance(fqn, str) and len(boxes) == 5
+    chunk_offsets, chunk_sizes, dest, storage, lengths = (
+        tuple(int(v) for v in box) for box in boxes if isinstance(box, list)
+    )
+    return fqn, chunk_offsets, chunk_sizes, dest, storage, lengths
