@@ -8,27 +8,25 @@ with FSDP, with the placements torch's ``fully_shard`` really gives the paramete
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from collections.abc import Mapping, Sequence
 
 import pytest
-import torch
-from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.tensor import Placement as TorchPlacement
-from torch.distributed.tensor._utils import (
-    _compute_local_shape_and_global_offset,
-    compute_local_shape_and_global_offset,
-)
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Shard as TorchShard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from layout_algebra import LayoutError, Replicate, Shard, SourceLayout
 from layout_algebra.draw import columns, draw, mesh_coordinates
 from layout_algebra.torch_bridge import to_torch
+from tests.torch_oracle import (
+    MeshFactory,
+    coordinates,
+    dtensor_indices,
+    dtensor_shape_and_offset,
+    fully_sharded,
+    layout_of,
+)
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
 WO = SourceLayout("dense", ["tp"], [S1])
@@ -77,29 +75,14 @@ def read_picture(out: str, ndim: int) -> tuple[dict[int, set[tuple[int, ...]]], 
 
 
 def torch_blocks(
-    shape: Sequence[int], sizes: Mapping[str, int], placements: Sequence[TorchPlacement]
+    shape: Sequence[int], sizes: Mapping[str, int], layout: SourceLayout
 ) -> list[tuple[set[tuple[int, ...]], tuple[int, ...], tuple[int, ...]]]:
     """Per rank (row-major over ``sizes``): the elements torch's placements give it, and
-    DTensor's local shape and offset for its coordinate.
-
-    The elements come from splitting an index tensor mesh dim by mesh dim with each
-    placement's own ``_split_tensor``, as ``distribute_tensor`` does.
-    """
-    index = torch.arange(math.prod(shape)).reshape(tuple(shape))
+    DTensor's local shape and offset for its coordinate."""
     out = []
-    for coordinate in itertools.product(*(range(n) for n in sizes.values())):
-        local = index
-        for p, n, c in zip(placements, sizes.values(), coordinate, strict=True):
-            if isinstance(p, TorchShard | _StridedShard):
-                local = p._split_tensor(local, n, with_padding=False)[0][c]
-        elements = {
-            tuple(int(x) for x in torch.unravel_index(torch.tensor(v), tuple(shape)))
-            for v in local.flatten().tolist()
-        }
-        shape_, offset = _compute_local_shape_and_global_offset(
-            tuple(shape), tuple(sizes.values()), list(coordinate), list(placements)
-        )
-        out.append((elements, tuple(shape_), tuple(offset)))
+    for at in coordinates(list(sizes), sizes):
+        elements = set(itertools.product(*dtensor_indices(shape, layout, sizes, at)))
+        out.append((elements, *dtensor_shape_and_offset(shape, layout, sizes, at)))
     return out
 
 
@@ -121,62 +104,38 @@ def assert_picture_matches_torch(
     out: str,
     shape: Sequence[int],
     sizes: Mapping[str, int],
-    placements: Sequence[TorchPlacement],
+    layout: SourceLayout,
 ) -> None:
     held, empty = read_picture(out, len(shape))
-    expected = torch_blocks(shape, sizes, placements)
+    expected = torch_blocks(shape, sizes, layout)
     for rank, (elements, local, offset) in enumerate(expected):
         assert held.get(rank, set()) == elements, rank
         assert (rank in empty) == (not elements), rank
         assert (local, offset) == legend(out, len(expected))[rank], rank
 
 
-def torch_placements_after_fsdp(
-    sizes: Mapping[str, int],
-    fsdp_axis: str,
-    source: Sequence[tuple[str, TorchPlacement]],
-    shape: Sequence[int],
-) -> tuple[tuple[str, ...], tuple[TorchPlacement, ...]]:
-    """The mesh dims and placements torch's ``fully_shard`` gives a parameter."""
-    mesh = init_device_mesh("cpu", tuple(sizes.values()), mesh_dim_names=tuple(sizes))
-    axes = tuple(a for a, _ in source)
-    sub = mesh[axes[0]] if len(axes) == 1 else mesh[axes]
-    module = nn.Linear(1, 1, bias=False, device="meta")
-    module.weight = nn.Parameter(
-        distribute_tensor(torch.empty(tuple(shape), device="meta"), sub, [p for _, p in source])
-    )
-    fully_shard(module, mesh=mesh[fsdp_axis])
-    param = module.weight
-    assert isinstance(param, DTensor)
-    return tuple(param.device_mesh.mesh_dim_names or ()), tuple(param.placements)
-
-
-def test_draw_2d_even(fake_world: int) -> None:
+def test_draw_2d_even(world_mesh: MeshFactory) -> None:
     sizes = {"dp_shard": 2, "tp": 4}
     out = draw(WO, (16, 8), sizes, fqn="layers.0.wo.weight")
     assert out.startswith("layers.0.wo.weight: shape (16, 8) on mesh (dp_shard=2, tp=4)\n")
     assert "layout dense[tp=S(1)]" in out
     # tp cuts the columns; ranks differing only in dp_shard hold the same block
     assert "| 0,4 | 1,5 | 2,6 | 3,7 |" in out
-    torch_placements = [to_torch(R), to_torch(S1)]  # dp_shard, tp
-    assert_picture_matches_torch(out, (16, 8), sizes, torch_placements)
+    assert_picture_matches_torch(out, (16, 8), sizes, WO)
 
     # rank 0's block agrees with DTensor on a real mesh of the fake process group
-    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_shard", "tp"))
     assert legend(out, 8)[0] == compute_local_shape_and_global_offset(
-        (16, 8), mesh, torch_placements
+        (16, 8), world_mesh(sizes), [to_torch(R), to_torch(S1)]
     )
 
 
-def test_draw_2d_blocks_with_fsdp(fake_world: int) -> None:
+def test_draw_2d_blocks_with_fsdp(world_mesh: MeshFactory) -> None:
     sizes = {"dp_shard": 2, "tp": 4}
     out = draw(WO, (16, 8), sizes, fqn="wo", fsdp="dp_shard")
-    names, placements = torch_placements_after_fsdp(
-        sizes, "dp_shard", [("tp", to_torch(S1))], (16, 8)
-    )
-    assert names == ("dp_shard", "tp")
+    composed = layout_of(fully_sharded(world_mesh(sizes), WO, (16, 8), shard="dp_shard"))
+    assert [a.name for a in composed.axes] == ["dp_shard", "tp"]
     assert "with FSDP over 'dp_shard': dense[dp_shard=S(0), tp=S(1)]" in out
-    assert_picture_matches_torch(out, (16, 8), sizes, placements)
+    assert_picture_matches_torch(out, (16, 8), sizes, composed)
     held, empty = read_picture(out, 2)
     assert not empty and all(len(e) == 8 * 2 for e in held.values())
 
@@ -187,7 +146,7 @@ def test_draw_uneven_rows() -> None:
     labels = re.findall(r"^ *(\d+:\d+) \|", out, re.MULTILINE)
     assert labels == ["0:3", "3:6", "6:9", "9:10"]
     assert "not drawn" not in out
-    assert_picture_matches_torch(out, (10, 8), {"tp": 4}, [to_torch(S0)])
+    assert_picture_matches_torch(out, (10, 8), {"tp": 4}, EMB)
 
 
 def test_draw_leaves_out_empty_shards_and_says_so() -> None:
@@ -196,54 +155,51 @@ def test_draw_leaves_out_empty_shards_and_says_so() -> None:
     assert "not drawn: ranks 2,3 hold an empty shard (local shape (0, 3))" in out
     held, empty = read_picture(out, 2)
     assert set(held) == {0, 1} and empty == {2, 3}
-    assert_picture_matches_torch(out, (2, 3), {"tp": 4}, [to_torch(S0)])
+    assert_picture_matches_torch(out, (2, 3), {"tp": 4}, EMB)
 
 
 def test_draw_of_a_tensor_without_elements_draws_nothing() -> None:
     out = draw(EMB, (3, 0), {"tp": 2})
     assert "(shape (3, 0) has no elements: nothing to draw)" in out
     assert "+" not in out
-    expected = torch_blocks((3, 0), {"tp": 2}, [to_torch(S0)])
+    expected = torch_blocks((3, 0), {"tp": 2}, EMB)
     assert legend(out, 2) == [(local, offset) for _, local, offset in expected]
 
 
-def test_draw_strided_shards_under_fsdp(fake_world: int) -> None:
+def test_draw_strided_shards_under_fsdp(world_mesh: MeshFactory) -> None:
     # tp=4 cuts 10 rows 3, 3, 3, 1; FSDP over dp_shard=2 cuts each tp shard again, so
     # dp_shard's shards interleave with tp's: _S(0, 4), and rank 7 gets nothing
     sizes = {"dp_shard": 2, "tp": 4}
     out = draw(EMB, (10, 8), sizes, fsdp="dp_shard")
-    names, placements = torch_placements_after_fsdp(
-        sizes, "dp_shard", [("tp", to_torch(S0))], (10, 8)
-    )
-    assert names == ("dp_shard", "tp")
-    assert placements == (_StridedShard(0, split_factor=4), TorchShard(0))
+    w = fully_sharded(world_mesh(sizes), EMB, (10, 8), shard="dp_shard")
+    assert w.device_mesh.mesh_dim_names == ("dp_shard", "tp")
+    assert w.placements == (_StridedShard(0, split_factor=4), TorchShard(0))
     assert "dense[dp_shard=_S(0, 4), tp=S(0)]" in out
     assert "not drawn: rank 7 holds an empty shard (local shape (0, 8))" in out
-    assert_picture_matches_torch(out, (10, 8), sizes, placements)
+    assert_picture_matches_torch(out, (10, 8), sizes, layout_of(w))
 
 
-def test_draw_strided_expert_weight_across_two_source_axes(fake_world: int) -> None:
+def test_draw_strided_expert_weight_across_two_source_axes(world_mesh: MeshFactory) -> None:
     # the expert mesh's ep and tp, FSDP over dp_shard: a 2-D slice of an expert weight
     sizes = {"dp_shard": 2, "ep": 2, "tp": 2}
     out = draw(EXPERT, (6, 5), sizes, fsdp="dp_shard")
-    source = [("ep", to_torch(S0)), ("tp", to_torch(S1))]
-    names, placements = torch_placements_after_fsdp(sizes, "dp_shard", source, (6, 5))
-    assert names == tuple(sizes)
-    assert_picture_matches_torch(out, (6, 5), sizes, placements)
+    composed = layout_of(fully_sharded(world_mesh(sizes), EXPERT, (6, 5), shard="dp_shard"))
+    assert [a.name for a in composed.axes] == list(sizes)
+    assert_picture_matches_torch(out, (6, 5), sizes, composed)
 
 
-def test_draw_1d(fake_world: int) -> None:
+def test_draw_1d(world_mesh: MeshFactory) -> None:
     sizes = {"dp_shard": 2, "tp": 4}
     out = draw(NORM, (10,), sizes, fsdp="dp_shard")
     assert "| 0-3 | 4-7  |" in out
-    _, placements = torch_placements_after_fsdp(sizes, "dp_shard", [("tp", to_torch(R))], (10,))
-    assert_picture_matches_torch(out, (10,), sizes, placements)
+    composed = layout_of(fully_sharded(world_mesh(sizes), NORM, (10,), shard="dp_shard"))
+    assert_picture_matches_torch(out, (10,), sizes, composed)
 
 
 def test_draw_with_a_mesh_axis_the_layout_lacks_replicates_over_it() -> None:
     out = draw(EMB, (4,), {"tp": 2, "sp": 3})
     assert "| 0-2 | 3-5 |" in out
-    assert_picture_matches_torch(out, (4,), {"tp": 2, "sp": 3}, [to_torch(S0), to_torch(R)])
+    assert_picture_matches_torch(out, (4,), {"tp": 2, "sp": 3}, EMB)
 
 
 @pytest.mark.parametrize(
@@ -262,9 +218,9 @@ def test_draw_refuses_what_it_cannot_draw(
     assert needle in e.value.message
 
 
-def test_mesh_coordinates_are_row_major_like_torchs_mesh(fake_world: int) -> None:
+def test_mesh_coordinates_are_row_major_like_torchs_mesh(world_mesh: MeshFactory) -> None:
     sizes = {"a": 2, "b": 1, "c": 4}
-    mesh = init_device_mesh("cpu", (2, 1, 4), mesh_dim_names=("a", "b", "c"))
+    mesh = world_mesh(sizes)
     coords = list(mesh_coordinates(sizes))
     assert len(coords) == mesh.size()
     for rank, coord in enumerate(coords):
