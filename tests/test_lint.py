@@ -8,12 +8,10 @@ of real transformers models after their plan and ``fully_shard``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pytest
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor import Shard as TorchShard
@@ -28,21 +26,10 @@ from layout_algebra import (
     StridedShard,
     compose_table,
 )
-from layout_algebra.torch_bridge import from_torch, to_torch
+from layout_algebra.torch_bridge import to_torch
+from tests.torch_oracle import MeshFactory, layout_of
 
 S0, S1, S2, R = Shard(0), Shard(1), Shard(2), Replicate()
-
-_MESHES: dict[tuple[tuple[str, int], ...], DeviceMesh] = {}
-
-
-def world_mesh(sizes: Mapping[str, int]) -> DeviceMesh:
-    """One 8-rank CPU mesh per distinct (names, sizes), built once."""
-    key = tuple(sizes.items())
-    mesh = _MESHES.get(key)
-    if mesh is None:
-        mesh = init_device_mesh("cpu", tuple(sizes.values()), mesh_dim_names=tuple(sizes))
-        _MESHES[key] = mesh
-    return mesh
 
 
 def lay_out(param: nn.Parameter, layout: SourceLayout, mesh: DeviceMesh) -> nn.Parameter:
@@ -53,14 +40,6 @@ def lay_out(param: nn.Parameter, layout: SourceLayout, mesh: DeviceMesh) -> nn.P
     sub = mesh[names[0]] if len(names) == 1 else mesh[names]
     placements = [to_torch(p) for p in layout.placements]
     return nn.Parameter(distribute_tensor(param.detach(), sub, placements))
-
-
-def seen_layout(role: str, param: torch.Tensor) -> SourceLayout:
-    """The layout a DTensor parameter really has, read off torch."""
-    assert isinstance(param, DTensor)
-    names = param.device_mesh.mesh_dim_names
-    assert names is not None
-    return SourceLayout(role, names, [from_torch(p) for p in param.placements])
 
 
 # ---------------------------------------------------------------------------------------
@@ -119,7 +98,7 @@ EXPERT = {"edp_shard": 2, "ep": 2, "tp": 2}
     ids=["fsdp", "hsdp", "experts-on-dim-1"],
 )
 def test_compose_table_predicts_fully_shard(
-    fake_world: int,
+    world_mesh: MeshFactory,
     dense_sizes: dict[str, int],
     dense_fsdp: str | tuple[str, str],
     expert_dim: int,
@@ -151,7 +130,8 @@ def test_compose_table_predicts_fully_shard(
     assert model.head.weight is model.emb.weight
     for fqn, param in model.named_parameters(remove_duplicate=False):
         role = MOE_TABLE[fqn].mesh
-        assert composed[fqn] == seen_layout(role, param), fqn
+        assert isinstance(param, DTensor)
+        assert composed[fqn] == layout_of(param, role), fqn
 
 
 def test_a_plain_parameter_gets_fsdps_own_placements() -> None:
