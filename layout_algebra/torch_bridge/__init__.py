@@ -33,6 +33,7 @@ except ModuleNotFoundError as e:  # pragma: no cover - exercised in a subprocess
 from layout_algebra.torch_bridge.binding import bind, default_binding, managed_bindings
 from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch, to_torch
 from layout_algebra.torch_bridge.models import distribute, table_from_module
+from layout_algebra.torch_bridge.parallelize import plan_from_parallelize
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 from layout_algebra.torch_bridge.shapes import shapes_from_module
 
@@ -45,6 +46,7 @@ __all__ = [
     "distribute",
     "from_torch",
     "managed_bindings",
+    "plan_from_parallelize",
     "shapes_from_module",
     "table_from_module",
     "to_torch",
