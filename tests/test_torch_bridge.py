@@ -16,11 +16,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor import placement_types as tpt
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from layout_algebra import (
     BindError,
@@ -47,46 +46,13 @@ from layout_algebra.torch_bridge import (
     table_from_module,
     to_torch,
 )
+from tests.models import ToyModel
 from tests.strategies import placements
+from tests.torch_oracle import MeshFactory, fsdp_managed, rank_block
 
 # ---------------------------------------------------------------------------------------
-# a small model: tied embedding and head, attention-like linears, experts on their mesh
-
-
-class Attention(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.wq = nn.Linear(8, 16, bias=False)
-        self.wo = nn.Linear(16, 8, bias=False)
-
-
-class Experts(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w1 = nn.Parameter(torch.randn(4, 8, 6))
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn = Attention()
-        self.experts = Experts()
-        self.norm = nn.Parameter(torch.randn(8))
-
-
-class Model(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(32, 8)
-        self.layers = nn.ModuleList([Block(), Block()])
-        self.head = nn.Linear(8, 32, bias=False)
-        self.head.weight = self.emb.weight
-
-
-def block(model: Model, i: int) -> Block:
-    found = model.layers[i]
-    assert isinstance(found, Block)
-    return found
+# a small model (ToyModel): tied embedding and head, attention-like linears, experts on
+# their mesh
 
 
 def as_param(tensor: torch.Tensor) -> nn.Parameter:
@@ -104,9 +70,9 @@ DENSE = ("dp_shard", "tp")
 WORLD = ("dp_shard", "ep", "tp")
 
 
-def make_model() -> Model:
+def make_model() -> ToyModel:
     torch.manual_seed(0)
-    return Model()
+    return ToyModel()
 
 
 def make_plan() -> ShardingPlan:
@@ -126,13 +92,13 @@ def make_plan() -> ShardingPlan:
 
 
 @pytest.fixture(scope="module")
-def world(fake_world: int) -> DeviceMesh:
-    return init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=WORLD)
+def world(world_mesh: MeshFactory) -> DeviceMesh:
+    return world_mesh({"dp_shard": 2, "ep": 2, "tp": 2})
 
 
 @pytest.fixture(scope="module")
-def dense(fake_world: int) -> DeviceMesh:
-    return init_device_mesh("cpu", (2, 4), mesh_dim_names=DENSE)
+def dense(world_mesh: MeshFactory) -> DeviceMesh:
+    return world_mesh({"dp_shard": 2, "tp": 4})
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +192,7 @@ def test_bind_small_model(
     assert {role: len(ids) for role, ids in by_role.items()} == {"dense": 1, "expert": 1}
 
     # torch agrees: the binding distributes a tensor to the placements torch reports
-    w1 = block(model, 0).experts.w1
+    w1 = model.block(0).experts.w1
     b = bindings[w1]
     assert b.mesh is not None
     dt = distribute_tensor(w1.detach(), b.mesh, b.placements, src_data_rank=None)
@@ -252,13 +218,13 @@ def test_bind_skips_parameters_the_table_does_not_mention(
     bindings = bind(only_head, model, meshes)
     assert list(bindings) == [model.emb.weight]
     assert bindings[as_param(model.emb.weight)].fqn == "head.weight"
-    assert block(model, 0).norm not in bindings
+    assert model.block(0).norm not in bindings
 
 
 def test_binding_str(table: ParamLayoutTable, meshes: dict[str, DeviceMesh]) -> None:
     model = make_model()
     bindings = bind(table, model, meshes)
-    assert str(bindings[block(model, 1).experts.w1]) == (
+    assert str(bindings[model.block(1).experts.w1]) == (
         "layers.1.experts.w1: [ep=S(0), tp=S(2)] on (2, 2) ranks"
     )
     assert repr(bindings) == "ParamBindings(<9 parameters>)"
@@ -271,7 +237,7 @@ def test_bind_unknown_fqn_suggests_close_names(
     with pytest.raises(BindError) as info:
         bind(typo, make_model(), meshes)
     msg = str(info.value)
-    assert msg.startswith("layers.0.attn.wqq.weight: unknown parameter FQN, Model has no such")
+    assert msg.startswith("layers.0.attn.wqq.weight: unknown parameter FQN, ToyModel has no such")
     assert "did you mean 'layers.0.attn.wq.weight'" in msg
     assert msg.endswith("fix the table's FQN or bind the module the table was built for")
     assert info.value.fqn == "layers.0.attn.wqq.weight"
@@ -298,8 +264,8 @@ def test_bind_axis_the_mesh_lacks(meshes: dict[str, DeviceMesh]) -> None:
     )
 
 
-def test_bind_mesh_without_names(fake_world: int) -> None:
-    unnamed = init_device_mesh("cpu", (8,))
+def test_bind_mesh_without_names(world_mesh: MeshFactory) -> None:
+    unnamed = world_mesh.unnamed(8)
     table = ParamLayoutTable({"layers.0.norm": layout("dense", tp=Replicate())})
     with pytest.raises(BindError) as info:
         bind(table, make_model(), {"dense": unnamed})
@@ -345,9 +311,9 @@ def test_bind_layout_without_source_axes(meshes: dict[str, DeviceMesh]) -> None:
     assert fsdp_only["layers.0.norm"].axes == ()
     model = make_model()
     bindings = bind(fsdp_only, model, meshes)
-    assert bindings[block(model, 0).norm] == Binding("layers.0.norm", None, ())
+    assert bindings[model.block(0).norm] == Binding("layers.0.norm", None, ())
     distribute(model, fsdp_only, meshes)
-    assert not isinstance(block(model, 0).norm, DTensor)
+    assert not isinstance(model.block(0).norm, DTensor)
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,20 +325,20 @@ def test_bindings_are_weak_and_drop_replaced_parameters(
 ) -> None:
     model = make_model()
     bindings = bind(table, model, meshes)
-    old = block(model, 0).attn.wq.weight
+    old = model.block(0).attn.wq.weight
     old_ref = weakref.ref(old)
     assert old in bindings
-    block(model, 0).attn.wq.weight = nn.Parameter(torch.zeros(16, 8))
+    model.block(0).attn.wq.weight = nn.Parameter(torch.zeros(16, 8))
     del old
     gc.collect()
     assert old_ref() is None  # the bindings did not keep it alive
     assert len(bindings) == 8
-    assert block(model, 0).attn.wq.weight not in bindings
+    assert model.block(0).attn.wq.weight not in bindings
     with pytest.raises(KeyError):
         bindings.by_fqn("layers.0.attn.wq.weight")
     assert "layers.0.attn.wq.weight" not in bindings.fqns()
     param, binding = bindings.by_fqn("layers.1.attn.wq.weight")
-    assert param is block(model, 1).attn.wq.weight
+    assert param is model.block(1).attn.wq.weight
     assert binding.fqn == "layers.1.attn.wq.weight"
 
 
@@ -392,7 +358,7 @@ def test_bindings_look_up_by_identity_not_equality(
 ) -> None:
     model = make_model()
     bindings = bind(table, model, meshes)
-    wq = as_param(block(model, 0).attn.wq.weight)
+    wq = as_param(model.block(0).attn.wq.weight)
     twin = nn.Parameter(wq.detach().clone())  # equal values, another object
     assert torch.equal(twin, wq)
     assert twin not in bindings
@@ -428,10 +394,10 @@ def test_default_binding(world: DeviceMesh, dense: DeviceMesh) -> None:
     assert default_binding(world, owned={"dp_shard", "ep"}).mesh == world["tp"]
 
 
-def test_default_binding_errors(fake_world: int) -> None:
+def test_default_binding_errors(world_mesh: MeshFactory) -> None:
     with pytest.raises(BindError, match=r"has no dim names.*mesh_dim_names=\(\.\.\.\)\)$"):
-        default_binding(init_device_mesh("cpu", (8,)))
-    owned_only = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_replicate", "dp_shard"))
+        default_binding(world_mesh.unnamed(8))
+    owned_only = world_mesh({"dp_replicate": 2, "dp_shard": 4})
     with pytest.raises(BindError) as info:
         default_binding(owned_only)
     assert "every dim of the mesh ['dp_replicate', 'dp_shard'] is FSDP-owned" in str(info.value)
@@ -446,14 +412,6 @@ def alias_groups(module: nn.Module, params: Iterator[nn.Parameter]) -> set[froze
     return {frozenset(names[id(p)]) for p in params}
 
 
-def torch_managed(module: nn.Module) -> list[nn.Parameter]:
-    """The parameters torch's ``fully_shard`` state of ``module`` manages."""
-    state = fully_shard.state(module)  # type: ignore[attr-defined]  # set by torch's contract decorator
-    group = state._fsdp_param_group
-    assert group is not None
-    return [fp.sharded_param for fp in group.fsdp_params]
-
-
 def test_managed_bindings_match_fully_shard(
     table: ParamLayoutTable, meshes: dict[str, DeviceMesh], world: DeviceMesh, dense: DeviceMesh
 ) -> None:
@@ -462,13 +420,13 @@ def test_managed_bindings_match_fully_shard(
         {fqn: lay for fqn, lay in table.items() if not fqn.endswith("norm")}, tied=table.tied
     )
     bindings = bind(partial, model, meshes)
-    fully_shard(block(model, 0), mesh=dense["dp_shard"])
+    fully_shard(model.block(0), mesh=dense["dp_shard"])
     gc.collect()
     # the nested unit replaced its parameters: their bindings are gone
-    assert block(model, 0).attn.wq.weight not in bindings
-    assert isinstance(block(model, 0), FSDPModule)
+    assert model.block(0).attn.wq.weight not in bindings
+    assert isinstance(model.block(0), FSDPModule)
 
-    ignored = {block(model, 1).experts.w1}
+    ignored = {model.block(1).experts.w1}
     default = default_binding(world)
     managed = managed_bindings(bindings, model, default=default, ignored_params=ignored)
     ours = alias_groups(model, iter(managed))
@@ -478,7 +436,7 @@ def test_managed_bindings_match_fully_shard(
         frozenset({"layers.1.attn.wo.weight"}),
         frozenset({"layers.1.norm"}),
     }
-    norm = managed[block(model, 1).norm]
+    norm = managed[model.block(1).norm]
     assert (norm.fqn, norm.mesh, norm.placements) == (
         "layers.1.norm",
         default.mesh,
@@ -487,7 +445,7 @@ def test_managed_bindings_match_fully_shard(
     assert managed[as_param(model.emb.weight)] is bindings[as_param(model.emb.weight)]
 
     fully_shard(model, mesh=dense["dp_shard"], ignored_params=ignored)
-    assert alias_groups(model, iter(torch_managed(model))) == ours
+    assert alias_groups(model, iter(fsdp_managed(model))) == ours
 
 
 def test_managed_bindings_fqn_relative_to_owner(
@@ -495,7 +453,7 @@ def test_managed_bindings_fqn_relative_to_owner(
 ) -> None:
     model = make_model()
     bindings = bind(ParamLayoutTable({"emb.weight": table["emb.weight"]}), model, meshes)
-    managed = managed_bindings(bindings, block(model, 1), default=default_binding(world))
+    managed = managed_bindings(bindings, model.block(1), default=default_binding(world))
     assert sorted(b.fqn for b in managed.values()) == [
         "attn.wo.weight",
         "attn.wq.weight",
@@ -517,12 +475,12 @@ def test_managed_bindings_missing_without_default(
     e = info.value
     assert e.fqn == "layers.0.norm"
     assert str(e).startswith(
-        "layers.0.norm: managed by fully_shard(Model) but has no binding and no default was "
+        "layers.0.norm: managed by fully_shard(ToyModel) but has no binding and no default was "
         "given (2 such: layers.0.norm, layers.1.norm)"
     )
     assert str(e).endswith("pass default=default_binding(world_mesh)")
     # ignoring them is enough
-    ignored = [block(model, 0).norm, block(model, 1).norm]
+    ignored = [model.block(0).norm, model.block(1).norm]
     assert len(managed_bindings(bindings, model, ignored_params=ignored)) == 7
 
 
@@ -530,20 +488,11 @@ def test_managed_bindings_missing_without_default(
 # distribute and table_from_module
 
 
-def expected_local(
-    full: torch.Tensor, mesh: DeviceMesh, placements: tuple[tpt.Placement, ...]
-) -> torch.Tensor:
-    """The block of ``full`` torch says this rank holds."""
-    shape, offset = compute_local_shape_and_global_offset(full.shape, mesh, placements)
-    index = tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
-    return full[index]
-
-
 def test_distribute_matches_torch(
     table: ParamLayoutTable, meshes: dict[str, DeviceMesh], dense: DeviceMesh, world: DeviceMesh
 ) -> None:
     model = make_model()
-    block(model, 1).norm.requires_grad_(False)
+    model.block(1).norm.requires_grad_(False)
     originals = {
         fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)
     }
@@ -557,15 +506,12 @@ def test_distribute_matches_torch(
         assert param.placements == tuple(to_torch(p) for p in lay.placements)
         assert param.device_mesh == (world[("ep", "tp")] if lay.mesh == "expert" else dense["tp"])
         assert param.shape == originals[fqn].shape
-        local = param.to_local()
-        assert torch.equal(
-            local, expected_local(originals[fqn], param.device_mesh, param.placements)
-        )
-    assert block(model, 1).norm.requires_grad is False
-    assert block(model, 0).norm.requires_grad is True
+        assert torch.equal(param.to_local(), rank_block(originals[fqn], param))
+    assert model.block(1).norm.requires_grad is False
+    assert model.block(0).norm.requires_grad is True
     # the rank-0 block of the experts: ep=0 holds experts 0-1, tp=0 the first 3 columns
     assert torch.equal(
-        as_dtensor(block(model, 0).experts.w1).to_local(),
+        as_dtensor(model.block(0).experts.w1).to_local(),
         originals["layers.0.experts.w1"][:2, :, :3],
     )
 
@@ -620,13 +566,13 @@ def test_table_from_module_after_fully_shard(
     model = make_model()
     distribute(model, table, meshes)
     for i in range(2):
-        fully_shard(block(model, i).experts, mesh=world["dp_shard"])
+        fully_shard(model.block(i).experts, mesh=world["dp_shard"])
     fully_shard(model, mesh=dense["dp_shard"])
-    wq = block(model, 0).attn.wq.weight
+    wq = model.block(0).attn.wq.weight
     assert isinstance(wq, DTensor)
     assert wq.device_mesh.mesh_dim_names == DENSE
     assert wq.placements == (tpt._StridedShard(0, split_factor=4), tpt.Shard(0))
-    w1 = block(model, 0).experts.w1
+    w1 = model.block(0).experts.w1
     assert isinstance(w1, DTensor)
     assert w1.device_mesh.mesh_dim_names == WORLD
     # FSDP's own dims are dropped: the source layouts come back unchanged
