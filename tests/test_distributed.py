@@ -23,7 +23,6 @@ from typing import Final
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
 from torch.distributed.device_mesh import init_device_mesh
@@ -31,51 +30,31 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.multiprocessing.spawn import spawn
 
-from layout_algebra import ModulePlan, Placement, Replicate, Shard, ShardingPlan, build_table
+from layout_algebra import ModulePlan, Placement, Shard, ShardingPlan, build_table
 from layout_algebra.torch_bridge import distribute, table_from_module, to_torch
+from tests.models import ToyModel
+from tests.torch_oracle import fsdp_block
 
 WORLD_SIZE: Final = 4
 SEED: Final = 0
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.wq = nn.Linear(8, 16, bias=False)
-        self.wo = nn.Linear(16, 8, bias=False)
-        self.norm = nn.Parameter(torch.randn(8))
-
-
-class Model(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(16, 8)
-        self.block = Block()
-        self.head = nn.Linear(8, 16, bias=False)
-        self.head.weight = self.emb.weight
+def make_model() -> ToyModel:
+    """A tied embedding and head of 16 rows, one block of attention-like linears and a norm."""
+    return ToyModel(vocab=16, layers=1, experts=0)
 
 
 def plan(*, emb: Placement, wq: Placement, wo: Placement) -> ShardingPlan:
     return ShardingPlan(
         {
             "emb": ModulePlan({"weight": {"tp": emb}}),
-            "block": ModulePlan({"wq.weight": {"tp": wq}, "wo.weight": {"tp": wo}, "norm": {}}),
+            "layers.0": ModulePlan(
+                {"attn.wq.weight": {"tp": wq}, "attn.wo.weight": {"tp": wo}, "norm": {}}
+            ),
         },
         mesh_axes=("dp_shard", "tp"),
         tied_pairs=[("emb.weight", "head.weight")],
     )
-
-
-def expected_local(full: torch.Tensor, tp: Placement, tp_rank: int, dp_rank: int) -> torch.Tensor:
-    """The block of ``full`` a rank holds: its tp chunk, then FSDP's dim-0 chunk of that."""
-    match tp:
-        case Shard(dim):
-            source = torch.chunk(full, 2, dim=dim)[tp_rank]
-        case Replicate():
-            source = full
-        case _:
-            raise AssertionError(tp)
-    return torch.chunk(source, 2, dim=0)[dp_rank]
 
 
 def check(failures: list[str], ok: bool, what: str) -> None:
@@ -86,7 +65,7 @@ def check(failures: list[str], ok: bool, what: str) -> None:
 def scenario(rank: int, checkpoint: str) -> list[str]:
     failures: list[str] = []
     torch.manual_seed(SEED)
-    model = Model()
+    model = make_model()
     originals = {
         fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)
     }
@@ -98,14 +77,15 @@ def scenario(rank: int, checkpoint: str) -> list[str]:
 
     coordinate = mesh.get_coordinate()
     assert coordinate is not None
-    dp_rank, tp_rank = coordinate
+    sizes = dict(zip(("dp_shard", "tp"), mesh.shape, strict=True))
+    at = dict(zip(("dp_shard", "tp"), coordinate, strict=True))
     check(failures, model.emb.weight is model.head.weight, "emb and head are no longer tied")
     for fqn, param in model.named_parameters(remove_duplicate=False):
         if not isinstance(param, DTensor):
             failures.append(f"{fqn}: not a DTensor after fully_shard")
             continue
-        (tp,) = table[fqn].placements
-        want = expected_local(originals[fqn], tp, tp_rank, dp_rank)
+        # its tp block as distribute_tensor cuts it, then FSDP2's dim-0 chunk of that
+        want = fsdp_block(originals[fqn], table[fqn], sizes, at, shard="dp_shard")
         local = param.to_local()
         check(
             failures,
@@ -122,7 +102,7 @@ def scenario(rank: int, checkpoint: str) -> list[str]:
     save(model.state_dict(), checkpoint_id=checkpoint)
 
     torch.manual_seed(SEED + 1)  # other values, so the load must bring the originals
-    fresh = Model()
+    fresh = make_model()
     tp4 = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
     other = build_table(plan(emb=Shard(1), wq=Shard(1), wo=Shard(0)), ("tp",))
     distribute(fresh, other, {"dense": tp4})
