@@ -31,11 +31,14 @@ from layout_algebra.placements import (
 __all__ = [
     "MAX_FSDP_SOURCE_AXES",
     "FsdpAxes",
+    "FsdpParts",
     "Runs",
     "compose_fsdp",
     "compose_table",
+    "fsdp_storage_runs",
     "local_runs",
     "local_shape_and_offset",
+    "split_fsdp",
 ]
 
 MAX_FSDP_SOURCE_AXES: Final = 2
@@ -677,3 +680,161 @@ def compose_table(
     if problems:
         raise plan_error("composing the table with FSDP", problems)
     return attrs.evolve(table, entries=out)
+
+
+# ---------------------------------------------------------------------------------------
+# what FSDP2 really keeps
+
+
+@attrs.frozen
+class FsdpParts:
+    """A composed layout read as ``fully_shard`` made it: FSDP's axes, then the source.
+
+    ``shard`` is FSDP's shard axis (``None`` when nothing shards: no FSDP axis, or only
+    ``R`` on it), ``replicate`` the HSDP replicate axis if any, ``shard_dim`` the tensor
+    dim FSDP shards and ``source`` the layout the parameter had before ``fully_shard``.
+    """
+
+    source: SourceLayout
+    replicate: tuple[AxisName, ...]
+    shard: AxisName | None
+    shard_dim: int
+
+
+def split_fsdp(
+    layout: SourceLayout,
+    mesh_sizes: Mapping[str, int],
+    *,
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+) -> FsdpParts:
+    """``layout`` (as ``compose_fsdp`` gives it) split into FSDP's axes and the source layout.
+
+    FSDP's axes are the leading axes of ``layout`` that are ``owned``: one (FSDP) or two
+    (HSDP, ``R`` first); the rest is the source layout. A layout with no leading owned
+    axis is read as not sharded by FSDP at all.
+
+    >>> composed = SourceLayout("dense", ["dp_shard", "tp"],
+    ...     [StridedShard(0, split_factor=2), Shard(0)])
+    >>> parts = split_fsdp(composed, {"dp_shard": 4, "tp": 2})
+    >>> str(parts.source), parts.shard, parts.shard_dim
+    ('dense[tp=S(0)]', AxisName(name='dp_shard'), 0)
+
+    Raises:
+        LayoutError: a layout ``fully_shard`` does not make: more than two FSDP axes, an
+            owned axis after a source axis, HSDP's first axis not ``R``, or placements on
+            FSDP's axis other than those ``compose_fsdp`` gives the source layout.
+    """
+    _check_layout(layout)
+    names = _owned_names(owned)
+    k = 0
+    while k < len(layout.axes) and layout.axes[k].name in names:
+        k += 1
+    for axis, p in zip(layout.axes[k:], layout.placements[k:], strict=True):
+        if axis.name in names:
+            shown = format_placement(p)
+            msg = (
+                f"{layout}: owned axis {axis.name!r} ({shown}) comes after a source axis; "
+                "fully_shard puts its own axes first, so this is not a layout it makes "
+                "(compose the source layout with compose_fsdp)"
+            )
+            raise LayoutError(msg, axis=axis.name, placement=shown)
+    source = SourceLayout(layout.mesh, layout.axes[k:], layout.placements[k:])
+    fsdp_axes = layout.axes[:k]
+    if k > 2:
+        msg = (
+            f"{layout}: {k} leading FSDP axes {[a.name for a in fsdp_axes]}; fully_shard "
+            "takes a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate, shard), so flatten them"
+        )
+        raise LayoutError(msg, axis=fsdp_axes[2].name)
+    if k == 0:
+        return FsdpParts(source, (), None, 0)
+    _check_parameter(layout)
+    p = layout.placements[k - 1]
+    match p:
+        case Shard(d) | StridedShard(d):
+            dim = d
+        case Replicate() | Partial():
+            return FsdpParts(source, fsdp_axes, None, 0)
+        case _:
+            assert_never(p)
+    expected = compose_fsdp(
+        source,
+        shard_axes=fsdp_axes[-1:],
+        replicate_axes=fsdp_axes[:-1],
+        mesh_sizes=mesh_sizes,
+        shard_dim=dim,
+    )
+    if expected != layout:
+        msg = (
+            f"{layout} is not what fully_shard makes of {source} (it makes {expected}); "
+            "compose the source layout with compose_fsdp"
+        )
+        raise LayoutError(msg, axis=fsdp_axes[-1].name, placement=format_placement(p))
+    return FsdpParts(source, fsdp_axes[:-1], fsdp_axes[-1], dim)
+
+
+def _fsdp_chunk(
+    source_runs: tuple[Runs, ...],
+    parts: FsdpParts,
+    sizes: Mapping[str, int],
+    where: Mapping[str, int],
+) -> tuple[Runs, ...]:
+    """FSDP2's chunk of one rank's source-local runs (``torch.chunk`` on ``shard_dim``)."""
+    if parts.shard is None:
+        return source_runs
+    dim = parts.shard_dim
+    size = _size_of(sizes, parts.shard, parts.source)
+    index = _index_on(where, parts.shard, size)
+    held = sum(map(len, source_runs[dim]))
+    out = list(source_runs)
+    out[dim] = _take(source_runs[dim], [_chunk(held, size, index)])
+    return tuple(out)
+
+
+def fsdp_storage_runs(
+    global_shape: Sequence[int],
+    layout: SourceLayout,
+    mesh_sizes: Mapping[str, int],
+    coordinate: Mapping[str, int],
+    *,
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+) -> tuple[Runs, ...]:
+    """The global indices the rank at ``coordinate`` really keeps under ``fully_shard``.
+
+    ``layout`` is composed (as ``compose_fsdp`` gives it). FSDP2 does not cut the global
+    tensor by the composed placements: it takes the rank's source-local tensor (the
+    source placements, ``torch.chunk`` semantics) and chunks *that* on ``shard_dim`` over
+    its shard axis, padding only the tail. Where the source shards the same dim evenly
+    this equals ``local_runs(..., layout, ...)``; where it shards it unevenly, it may not:
+    5 rows on ``ep=2, tp=2`` both ``S(0)`` and FSDP over ``dp_shard=2`` — the source gives
+    rows 0-1, 2, 3, 4 to the four (ep, tp) ranks, and FSDP splits each of those.
+
+    >>> composed = SourceLayout("expert", ["dp_shard", "ep", "tp"],
+    ...     [StridedShard(0, split_factor=4), Shard(0), Shard(0)])
+    >>> sizes = {"dp_shard": 2, "ep": 2, "tp": 2}
+    >>> fsdp_storage_runs((5, 3), composed, sizes, {"dp_shard": 0, "ep": 1, "tp": 1})
+    ((range(4, 5),), (range(0, 3),))
+    >>> local_runs((5, 3), composed, sizes, {"dp_shard": 0, "ep": 1, "tp": 1})
+    ((), (range(0, 3),))
+
+    Args:
+        global_shape: the shape of the whole tensor.
+        layout: the composed layout (FSDP's axes first, as ``split_fsdp`` reads them).
+        mesh_sizes: the size of every axis of ``layout``, by name.
+        coordinate: the rank's index on every axis of ``layout``.
+        owned: the axes FSDP owns (which leading axes are FSDP's).
+
+    Returns:
+        One tuple of ascending runs per tensor dim, as ``local_runs``.
+
+    Raises:
+        LayoutError: as ``split_fsdp`` and ``local_runs``, or FSDP's dim not in the tensor.
+    """
+    parts = split_fsdp(layout, mesh_sizes, owned=owned)
+    shape = _check_shape(global_shape)
+    if parts.shard is not None and parts.shard_dim >= len(shape):
+        p = layout.placement_on(parts.shard)
+        _check_dim(layout, parts.shard, p, parts.shard_dim, len(shape))
+    runs = local_runs(shape, parts.source, mesh_sizes, coordinate)
+    where = _as_sizes(coordinate, "coordinate", floor=0)
+    return _fsdp_chunk(runs, parts, _as_sizes(mesh_sizes, "mesh_sizes", floor=1), where)

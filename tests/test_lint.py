@@ -8,10 +8,18 @@ of real transformers models after their plan and ``fully_shard``.
 
 from __future__ import annotations
 
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
 import pytest
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor import Shard as TorchShard
@@ -24,10 +32,17 @@ from layout_algebra import (
     Shard,
     SourceLayout,
     StridedShard,
+    compose_fsdp,
     compose_table,
+    format_placement,
+    parse_placement,
 )
-from layout_algebra.torch_bridge import to_torch
-from tests.torch_oracle import MeshFactory, layout_of
+from layout_algebra.geometry import Runs, fsdp_storage_runs, local_runs
+from layout_algebra.lint import lint
+from layout_algebra.shapes import ParamShape
+from layout_algebra.torch_bridge import distribute, to_torch
+from tests.models import OneParam
+from tests.torch_oracle import MeshFactory, coordinates, dtensor_indices, layout_of
 
 S0, S1, S2, R = Shard(0), Shard(1), Shard(2), Replicate()
 
@@ -213,8 +228,8 @@ def test_tied_members_share_one_shard_dim() -> None:
             "every role's mesh spans the whole world",
         ),
         ({"shard_dim": {"nope": 1}}, "shard_dim names 'nope', which is not a parameter"),
-        ({"shard_dim": -1}, "shard_dim must be an int >= 0"),
-        ({"shard_dim": {"w": "1"}}, r"w: shard_dim must be an int >= 0, got '1'"),
+        ({"shard_dim": -1}, "shard_dim must be an int from 0 to 63"),
+        ({"shard_dim": {"w": "1"}}, r"w: shard_dim must be an int from 0 to 63, got '1'"),
     ],
 )
 def test_compose_table_arguments(kwargs: dict[str, object], match: str) -> None:
@@ -231,3 +246,255 @@ def test_compose_table_arguments(kwargs: dict[str, object], match: str) -> None:
 def test_compose_table_wants_a_table() -> None:
     with pytest.raises(LayoutError, match="table must be a ParamLayoutTable"):
         compose_table({"w": SourceLayout("dense", (), ())}, fsdp={}, mesh_sizes={})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------
+# FSDP2's real storage and the lint, against the values torch really keeps
+#
+# The fake process group moves no data, but neither ``distribute_tensor(...,
+# src_data_rank=None)`` (each rank cuts its own full tensor) nor ``fully_shard``'s
+# initialisation (each rank chunks its local tensor) needs to: the values a rank keeps are
+# real. One process plays every rank in turn (the fake group re-created as rank 0..7), in
+# a child process so the session's own fake world is left alone.
+
+
+class StorageCase(NamedTuple):
+    """One parameter of ``shape`` laid out as ``source``, then ``fully_shard`` over ``shard``."""
+
+    sizes: dict[str, int]
+    source: SourceLayout
+    shard: str
+    shard_dim: int
+    shape: tuple[int, ...]
+    replicate: tuple[str, ...] = ()
+
+    @property
+    def fsdp(self) -> str | tuple[str, str]:
+        return (self.replicate[0], self.shard) if self.replicate else self.shard
+
+    def composed(self) -> SourceLayout:
+        return compose_fsdp(
+            self.source,
+            shard_axes=[self.shard],
+            replicate_axes=self.replicate,
+            mesh_sizes=self.sizes,
+            shard_dim=self.shard_dim,
+        )
+
+
+EP_TP = {"dp_shard": 2, "ep": 2, "tp": 2}
+FSDP_TP = {"dp_shard": 4, "tp": 2}
+HSDP_TP = {"dp_replicate": 2, "dp_shard": 2, "tp": 2}
+EP_ONLY = {"dp_shard": 4, "ep": 2}
+EXPERT_ROWS = SourceLayout("expert", ["ep", "tp"], [S0, S0])
+EXPERT_COLS = SourceLayout("expert", ["ep", "tp"], [S0, S1])
+TP_ROWS = SourceLayout("dense", ["tp"], [S0])
+TP_COLS = SourceLayout("dense", ["tp"], [S1])
+
+STORAGE_CASES: dict[str, StorageCase] = {
+    **{
+        f"ep-tp-rows-{rows}x{cols}": StorageCase(EP_TP, EXPERT_ROWS, "dp_shard", 0, (rows, cols))
+        for rows, cols in [(5, 3), (6, 3), (9, 2), (3, 2), (7, 1), (8, 3), (16, 2), (12, 3)]
+    },
+    **{
+        f"tp-rows-{rows}x{cols}": StorageCase(FSDP_TP, TP_ROWS, "dp_shard", 0, (rows, cols))
+        for rows, cols in [(5, 3), (7, 5), (3, 2), (10, 2), (8, 4)]
+    },
+    "hsdp-tp-rows-7x3": StorageCase(HSDP_TP, TP_ROWS, "dp_shard", 0, (7, 3), ("dp_replicate",)),
+    "hsdp-tp-rows-5x2": StorageCase(HSDP_TP, TP_ROWS, "dp_shard", 0, (5, 2), ("dp_replicate",)),
+    "tp-cols-5x3": StorageCase(FSDP_TP, TP_COLS, "dp_shard", 0, (5, 3)),
+    "plain-5x3": StorageCase({"dp_shard": 8}, SourceLayout("dense", (), ()), "dp_shard", 0, (5, 3)),
+    "experts-3d-dim1-even": StorageCase(
+        EP_ONLY, SourceLayout("expert", ["ep"], [S0]), "dp_shard", 1, (3, 8, 2)
+    ),
+    "experts-3d-dim1-uneven": StorageCase(
+        EP_ONLY, SourceLayout("expert", ["ep"], [S0]), "dp_shard", 1, (4, 6, 2)
+    ),
+    "experts-3d-dim1-tp-even": StorageCase(EP_TP, EXPERT_COLS, "dp_shard", 1, (4, 12, 2)),
+    "experts-3d-dim1-tp-some-ranks": StorageCase(EP_TP, EXPERT_COLS, "dp_shard", 1, (4, 7, 2)),
+    "experts-3d-dim1-tp-rows": StorageCase(EP_TP, EXPERT_ROWS, "dp_shard", 1, (5, 4, 2)),
+}
+
+
+def _case_doc(case: StorageCase) -> dict[str, object]:
+    return {
+        "sizes": list(case.sizes.items()),
+        "mesh": case.source.mesh,
+        "axes": [a.name for a in case.source.axes],
+        "placements": [format_placement(p) for p in case.source.placements],
+        "shard": case.shard,
+        "replicate": list(case.replicate),
+        "shard_dim": case.shard_dim,
+        "shape": list(case.shape),
+    }
+
+
+def _kept_on_this_rank(doc: dict[str, Any], meshes: dict[str, DeviceMesh]) -> dict[str, object]:
+    """What torch keeps of one case's parameter on this process's rank (see below)."""
+    sizes = dict(doc["sizes"])
+    key = json.dumps(doc["sizes"])
+    mesh = meshes.get(key)
+    if mesh is None:
+        mesh = meshes[key] = init_device_mesh(
+            "cpu", tuple(sizes.values()), mesh_dim_names=tuple(sizes)
+        )
+    shape = tuple(doc["shape"])
+    source = SourceLayout(doc["mesh"], doc["axes"], [parse_placement(p) for p in doc["placements"]])
+    module = OneParam(shape)
+    with torch.no_grad():
+        module.w.copy_(torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape))
+    distribute(module, ParamLayoutTable({"w": source}), {source.mesh: mesh}, src_data_rank=None)
+    dp_names = (*doc["replicate"], doc["shard"])
+    dp = mesh[dp_names] if len(dp_names) > 1 else mesh[dp_names[0]]
+    dim = doc["shard_dim"]
+    try:
+        fully_shard(module, mesh=dp, shard_placement_fn=lambda _: TorchShard(dim))
+    except NotImplementedError as e:
+        return {"refused": str(e)}
+    w = module.w
+    assert isinstance(w, DTensor)
+    local = w.to_local()
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    flat = local.reshape(-1).to(torch.int64)
+    kept = [sorted({int(i) for i in (flat // s) % n}) for s, n in zip(strides, shape, strict=True)]
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None
+    at = dict(zip(sizes, coordinate, strict=True))
+    composed = layout_of(w, source.mesh)
+    return {
+        "kept": kept if local.numel() else None,
+        "local_shape": list(local.shape),
+        "element_size": local.element_size(),
+        "composed": [format_placement(p) for p in composed.placements],
+        "read": [list(ix) for ix in dtensor_indices(shape, composed, sizes, at)],
+    }
+
+
+def storage_worker() -> None:
+    """Play every rank of the fake world in turn; print what each keeps of each case."""
+    import torch.distributed as dist  # noqa: PLC0415 - only in the child process
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: PLC0415
+
+    docs = json.loads(sys.stdin.read())
+    out: list[list[dict[str, object]]] = []
+    for rank in range(8):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
+        meshes: dict[str, DeviceMesh] = {}
+        out.append([_kept_on_this_rank(doc, meshes) for doc in docs])
+        dist.destroy_process_group()
+    print(json.dumps(out))
+
+
+@pytest.fixture(scope="module")
+def kept_by_torch() -> dict[str, list[dict[str, Any]]]:
+    """For each storage case, by global rank, what torch really keeps (from the child)."""
+    names = list(STORAGE_CASES)
+    docs = [_case_doc(STORAGE_CASES[name]) for name in names]
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.test_lint"],
+        input=json.dumps(docs),
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    by_rank = json.loads(child.stdout)
+    return {name: [by_rank[r][i] for r in range(8)] for i, name in enumerate(names)}
+
+
+def _indices(runs: tuple[Runs, ...]) -> list[list[int]]:
+    return [[i for run in dim_runs for i in run] for dim_runs in runs]
+
+
+def _coordinate(sizes: Mapping[str, int], rank: int) -> dict[str, int]:
+    return next(c for r, c in enumerate(coordinates(list(sizes), sizes)) if r == rank)
+
+
+@pytest.mark.parametrize("name", list(STORAGE_CASES))
+def test_fsdp_storage_is_what_torch_keeps(
+    name: str, kept_by_torch: dict[str, list[dict[str, Any]]]
+) -> None:
+    case = STORAGE_CASES[name]
+    composed = case.composed()
+    for rank, seen in enumerate(kept_by_torch[name]):
+        if "refused" in seen:
+            continue
+        at = _coordinate(case.sizes, rank)
+        assert seen["composed"] == [format_placement(p) for p in composed.placements]
+        kept = fsdp_storage_runs(case.shape, composed, case.sizes, at)
+        assert [sum(map(len, r)) for r in kept] == seen["local_shape"], (name, rank)
+        if seen["kept"] is not None:
+            assert _indices(kept) == seen["kept"], (name, rank)
+        # and DTensor's reading is local_runs of the composed layout
+        assert _indices(local_runs(case.shape, composed, case.sizes, at)) == seen["read"]
+
+
+@pytest.mark.parametrize("name", list(STORAGE_CASES))
+def test_lint_flags_exactly_where_torch_misreads_or_refuses(
+    name: str, kept_by_torch: dict[str, list[dict[str, Any]]]
+) -> None:
+    case = STORAGE_CASES[name]
+    report = lint(
+        ParamLayoutTable({"w": case.source}),
+        {"w": ParamShape(case.shape, "float32")},
+        mesh_sizes={case.source.mesh: case.sizes},
+        fsdp={case.source.mesh: case.fsdp},
+        shard_dim=case.shard_dim,
+    )
+    seen = kept_by_torch[name]
+    refused = tuple(r for r, s in enumerate(seen) if "refused" in s)
+    misread = tuple(
+        r
+        for r, s in enumerate(seen)
+        if "refused" not in s
+        and (s["kept"] if s["kept"] is not None else [[]] * len(case.shape)) != s["read"]
+        and not (s["kept"] is None and any(not ix for ix in s["read"]))
+    )
+    by_kind = {p.kind: p for p in report.problems}
+    assert set(by_kind) <= {"fsdp-uneven", "storage"}
+    assert (by_kind["fsdp-uneven"].ranks if "fsdp-uneven" in by_kind else ()) == refused
+    assert (by_kind["storage"].ranks if "storage" in by_kind else ()) == misread
+    for problem in report.problems:
+        assert problem.fqn == "w"
+        assert problem.message.startswith("w: ")
+    if refused:
+        message = next(s["refused"] for s in seen if "refused" in s)
+        assert f"uneven sharding on dim {case.shard_dim}" in message
+        assert f"uneven sharding on dim {case.shard_dim}" in by_kind["fsdp-uneven"].message
+    for rank, s in enumerate(seen):
+        if "refused" not in s:
+            held = math.prod(s["local_shape"]) * s["element_size"]
+            assert report.memory.bytes_per_rank[rank] == held, (name, rank)
+
+
+def test_the_uneven_multi_axis_case_names_ranks_and_rows(
+    kept_by_torch: dict[str, list[dict[str, Any]]],
+) -> None:
+    case = STORAGE_CASES["ep-tp-rows-5x3"]
+    report = lint(
+        ParamLayoutTable({"experts.w1": case.source}),
+        {"experts.w1": ParamShape(case.shape, "bfloat16")},
+        mesh_sizes={"expert": case.sizes},
+        fsdp={"expert": "dp_shard"},
+    )
+    (problem,) = report.problems
+    assert problem.kind == "storage"
+    assert problem.ranks == (2, 3, 6)
+    seen = kept_by_torch["ep-tp-rows-5x3"]
+    for rank in problem.ranks:
+        kept = seen[rank]["kept"]
+        rows = "none" if kept is None else ", ".join(map(str, kept[0]))
+        read = ", ".join(map(str, seen[rank]["read"][0])) or "none"
+        assert f"rank {rank} keeps {rows}, DTensor reads {read}" in problem.message
+    assert "expert[dp_shard=_S(0, 4), ep=S(0), tp=S(0)]" in problem.message
+    assert "a multiple of 8" in problem.message
+    assert problem.axis == "dp_shard"
+    assert problem.placement == "_S(0, 4)"
+    with pytest.raises(PlanError) as caught:
+        report.raise_for_problems()
+    assert caught.value.problems == (problem,)
+
+
+if __name__ == "__main__":
+    storage_worker()

@@ -1,0 +1,727 @@
+"""Lint a table against the model's shapes: what torch will refuse, what it will get wrong
+silently, and how many parameter bytes each rank will hold.
+
+``lint`` composes the table with FSDP (or reads it as composed), then checks every
+parameter on every rank of the world before anything is launched:
+
+- a shard dim the parameter does not have, an FQN the table has and the shapes lack (or
+  the other way round), what FSDP2 cannot compose;
+- FSDP2's uneven sharding on a dim > 0, which torch refuses on the ranks where it happens
+  (``NotImplementedError: FSDP does not support uneven sharding on dim 1``);
+- the silent hazard: where source axes shard FSDP's dim unevenly, the rows FSDP2 really
+  keeps (``geometry.fsdp_storage_runs``) differ from DTensor's reading of the composed
+  ``_StridedShard`` layout (``local_runs``), so ``full_tensor()`` is right but a
+  distributed checkpoint's metadata is not;
+- notes for uneven shards and the padding FSDP2 allocates for them;
+- the bytes every global rank holds after FSDP, by mesh role.
+
+Every role's mesh spans the whole world, its ranks laid out row-major in the axis order of
+``mesh_sizes[role]``: global rank ``r`` has one coordinate on each role's mesh.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Final
+
+import attrs
+
+from layout_algebra._text import clip, quote
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
+from layout_algebra.errors import LayoutError
+from layout_algebra.frozen import FrozenMap
+from layout_algebra.geometry import (
+    FsdpAxes,
+    FsdpParts,
+    Runs,
+    _compose_entry,
+    _fsdp_chunk,
+    _owned_names,
+    _with_fqn,
+    as_fsdp_axes,
+    as_role_sizes,
+    as_shard_dims,
+    local_runs,
+    plan_error,
+    split_fsdp,
+)
+from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.placements import Partial, Replicate, Shard, StridedShard, format_placement
+from layout_algebra.shapes import ParamShape
+
+__all__ = ["LintNote", "LintProblem", "LintReport", "RankMemory", "human_bytes", "lint", "runs_str"]
+
+_MAX_LISTED: Final = 50
+"""How many problems and notes ``str(report)`` spells out (the report holds them all)."""
+
+_MAX_RANKS_SHOWN: Final = 4
+"""How many ranks' rows a storage problem spells out."""
+
+_MAX_RANK_ROWS: Final = 16
+"""Above this many distinct rows, the memory table groups ranks with equal bytes."""
+
+
+class LintProblem(LayoutError):
+    """One thing about one parameter that torch refuses or gets wrong, found by ``lint``.
+
+    Attributes:
+        kind: what is wrong, one of ``"no-shape"`` (in the table, not in the shapes),
+            ``"no-layout"`` (in the shapes, not in the table), ``"layout"`` (FSDP2 cannot
+            compose it, or the composed layout is not one ``fully_shard`` makes),
+            ``"shard-dim"`` (a dim the parameter lacks), ``"fsdp-uneven"`` (torch refuses
+            FSDP's uneven shard on a dim > 0) and ``"storage"`` (FSDP2 keeps other rows
+            than DTensor's reading says).
+        ranks: the global ranks concerned (empty when all or none are).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str,
+        fqn: str,
+        ranks: Sequence[int] = (),
+        axis: str | None = None,
+        placement: str | None = None,
+    ) -> None:
+        super().__init__(message, fqn=fqn, axis=axis, placement=placement)
+        self.kind = kind
+        self.ranks: tuple[int, ...] = tuple(ranks)
+
+
+@attrs.frozen
+class LintNote:
+    """Something worth knowing about one parameter that does not stop it working.
+
+    ``padding_bytes`` is what FSDP2 allocates beyond the parameter's data, over all ranks
+    (it pads every rank's shard to the largest one).
+    """
+
+    fqn: str
+    message: str
+    padding_bytes: int = 0
+
+
+def _max_at(values: tuple[int, ...], best: bool) -> tuple[int, int]:
+    if not values:
+        return (0, 0)
+    target = max(values) if best else min(values)
+    return (values.index(target), target)
+
+
+@attrs.frozen
+class RankMemory:
+    """Parameter bytes each global rank holds after FSDP, in total and by mesh role.
+
+    ``bytes_per_rank[r]`` is what ``sum(p.to_local().numel() * p.element_size())`` over
+    the model's parameters (each storage once) gives on rank ``r``;
+    ``padded_bytes_per_rank`` is what FSDP2 allocates, every shard padded to the size of
+    its first (largest) one.
+    """
+
+    bytes_per_rank: tuple[int, ...]
+    by_role: FrozenMap[str, tuple[int, ...]]
+    padded_bytes_per_rank: tuple[int, ...]
+
+    @property
+    def largest(self) -> tuple[int, int]:
+        """``(rank, bytes)`` of the rank holding the most (the lowest such rank)."""
+        return _max_at(self.bytes_per_rank, best=True)
+
+    @property
+    def smallest(self) -> tuple[int, int]:
+        """``(rank, bytes)`` of the rank holding the least (the lowest such rank)."""
+        return _max_at(self.bytes_per_rank, best=False)
+
+    @property
+    def total(self) -> int:
+        """Bytes over all ranks together."""
+        return sum(self.bytes_per_rank)
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes for a person: ``1.50 MiB``; exact below 1 KiB.
+
+    >>> human_bytes(1572864), human_bytes(12)
+    ('1.50 MiB', '12 B')
+    """
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            break
+    return f"{value:.2f} {unit}"
+
+
+def _rank_groups(values: Sequence[tuple[int, ...]]) -> list[tuple[range, tuple[int, ...]]]:
+    """Consecutive ranks with equal rows, as (ranks, row)."""
+    out: list[tuple[range, tuple[int, ...]]] = []
+    for rank, row in enumerate(values):
+        if out and out[-1][1] == row:
+            out[-1] = (range(out[-1][0].start, rank + 1), row)
+        else:
+            out.append((range(rank, rank + 1), row))
+    return out
+
+
+def _ranks_str(ranks: range) -> str:
+    if len(ranks) == 1:
+        return str(ranks.start)
+    return f"{ranks.start}-{ranks.stop - 1}"
+
+
+@attrs.frozen
+class LintReport:
+    """Everything ``lint`` found: problems (torch refuses or misreads), notes, memory."""
+
+    problems: tuple[LintProblem, ...]
+    notes: tuple[LintNote, ...]
+    memory: RankMemory
+
+    @property
+    def ok(self) -> bool:
+        """Whether there is no problem (notes do not count)."""
+        return not self.problems
+
+    def raise_for_problems(self) -> None:
+        """Raise every problem as one ``PlanError`` (``.problems``); nothing when ``ok``.
+
+        Raises:
+            PlanError: the report has problems.
+        """
+        if self.problems:
+            raise plan_error("the lint", list(self.problems))
+
+    def __str__(self) -> str:
+        lines: list[str] = []
+        n, m = len(self.problems), len(self.notes)
+        lines.append(
+            f"{n} problem{'s' if n != 1 else ''}, {m} note{'s' if m != 1 else ''}, "
+            f"{len(self.memory.bytes_per_rank)} ranks"
+        )
+        for title, items in (
+            ("problems", [p.message for p in self.problems]),
+            ("notes", [f"{note.fqn}: {note.message}" for note in self.notes]),
+        ):
+            if items:
+                lines.append(f"{title}:")
+                lines.extend(f"  - {item}" for item in items[:_MAX_LISTED])
+                if len(items) > _MAX_LISTED:
+                    lines.append(f"  ... and {len(items) - _MAX_LISTED} more")
+        lines.extend(self._memory_lines())
+        return "\n".join(lines)
+
+    def _memory_lines(self) -> list[str]:
+        memory = self.memory
+        roles = list(memory.by_role)
+        header = ["rank", *roles, "total"]
+        rows = [
+            (*(memory.by_role[role][rank] for role in roles), total)
+            for rank, total in enumerate(memory.bytes_per_rank)
+        ]
+        groups = _rank_groups(rows)
+        if len(groups) > _MAX_RANK_ROWS or len(rows) <= _MAX_RANK_ROWS:
+            shown = [(range(r, r + 1), row) for r, row in enumerate(rows)]
+            if len(shown) > _MAX_RANK_ROWS:
+                shown = shown[:_MAX_RANK_ROWS]
+        else:
+            shown = groups
+        table = [header] + [
+            [_ranks_str(ranks), *(human_bytes(b) for b in row)] for ranks, row in shown
+        ]
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        lines = ["parameter bytes per rank after FSDP:"]
+        lines.extend(
+            "  " + "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            for r in table
+        )
+        if len(shown) < len(groups):
+            lines.append(f"  ... {len(rows) - shown[-1][0].stop} more ranks")
+        rank_max, most = memory.largest
+        rank_min, least = memory.smallest
+        lines.append(
+            f"largest: rank {rank_max}, {human_bytes(most)} ({most:,} B); "
+            f"smallest: rank {rank_min}, {human_bytes(least)} ({least:,} B)"
+        )
+        padded = sum(memory.padded_bytes_per_rank) - memory.total
+        if padded:
+            lines.append(f"FSDP padding: {human_bytes(padded)} ({padded:,} B) over all ranks")
+        return lines
+
+    def to_dict(self) -> dict[str, object]:
+        """The report as plain JSON data (``json.dumps`` takes it as it is)."""
+        memory = self.memory
+        return {
+            "version": 1,
+            "ok": self.ok,
+            "problems": [
+                {
+                    "fqn": p.fqn,
+                    "kind": p.kind,
+                    "message": p.message,
+                    "axis": p.axis,
+                    "placement": p.placement,
+                    "ranks": list(p.ranks),
+                }
+                for p in self.problems
+            ],
+            "notes": [
+                {"fqn": n.fqn, "message": n.message, "padding_bytes": n.padding_bytes}
+                for n in self.notes
+            ],
+            "memory": {
+                "bytes_per_rank": list(memory.bytes_per_rank),
+                "padded_bytes_per_rank": list(memory.padded_bytes_per_rank),
+                "by_role": {role: list(v) for role, v in memory.by_role.items()},
+                "largest": list(memory.largest),
+                "smallest": list(memory.smallest),
+                "total": memory.total,
+            },
+        }
+
+
+# ---------------------------------------------------------------------------------------
+# one (layout, shape) on every rank
+
+
+def runs_str(runs: Runs) -> str:
+    """Runs of indices for a person: ``0-1, 4``; ``none`` when empty.
+
+    >>> runs_str((range(0, 2), range(4, 5))), runs_str(())
+    ('0-1, 4', 'none')
+    """
+    if not runs:
+        return "none"
+    return ", ".join(str(r.start) if len(r) == 1 else f"{r.start}-{r.stop - 1}" for r in runs)
+
+
+def _numel(runs: tuple[Runs, ...]) -> int:
+    n = 1
+    for dim_runs in runs:
+        n *= sum(map(len, dim_runs))
+    return n
+
+
+@attrs.frozen
+class _Found:
+    """What one (layout, shape) costs and breaks, rank by rank; FQN-free, so shared."""
+
+    bytes_per_rank: tuple[int, ...]
+    padded_per_rank: tuple[int, ...]
+    problems: tuple[tuple[str, str, tuple[int, ...], str | None, str | None], ...]
+    note: tuple[str, int] | None
+
+
+class _World:
+    """Global ranks and their coordinates on every role's mesh (row-major)."""
+
+    def __init__(self, sizes: Mapping[str, Mapping[str, int]]) -> None:
+        self.sizes = sizes
+        first = next(iter(sizes.values()), {})
+        n = 1
+        for size in first.values():
+            n *= size
+        self.size = n
+        self._index: dict[tuple[str, tuple[str, ...]], tuple[int, ...]] = {}
+
+    def coordinate(self, role: str, rank: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for axis, size in reversed(list(self.sizes[role].items())):
+            rank, out[axis] = divmod(rank, size)
+        return out
+
+    def index_of(self, role: str, axes: tuple[str, ...]) -> tuple[int, ...]:
+        """For each global rank, the row-major index of its coordinate over ``axes``."""
+        key = (role, axes)
+        found = self._index.get(key)
+        if found is None:
+            sizes = self.sizes[role]
+            out = []
+            for rank in range(self.size):
+                where = self.coordinate(role, rank)
+                i = 0
+                for axis in axes:
+                    i = i * sizes[axis] + where[axis]
+                out.append(i)
+            found = self._index[key] = tuple(out)
+        return found
+
+
+def _placement_dims(layout: SourceLayout) -> Iterator[tuple[str, str, int]]:
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        match p:
+            case Shard(d) | StridedShard(d):
+                yield axis.name, format_placement(p), d
+            case Replicate() | Partial():
+                pass
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    shown = ", ".join(map(str, ranks[:12]))
+    more = f" and {len(ranks) - 12} more" if len(ranks) > 12 else ""
+    return f"rank{'s' if len(ranks) != 1 else ''} {shown}{more}"
+
+
+def _examine(
+    layout: SourceLayout,
+    shape: ParamShape,
+    world: _World,
+    owned: frozenset[str],
+) -> _Found:
+    zeros = (0,) * world.size
+    role_sizes = world.sizes.get(layout.mesh)
+    if role_sizes is None:
+        msg = (
+            f"no sizes for mesh role {layout.mesh!r} of {layout} (mesh_sizes has "
+            f"{sorted(world.sizes)}); give mesh_sizes={{{layout.mesh!r}: {{axis: n, ...}}}}"
+        )
+        return _Found(zeros, zeros, (("layout", msg, (), None, None),), None)
+    problems: list[tuple[str, str, tuple[int, ...], str | None, str | None]] = []
+    for axis, shown, dim in _placement_dims(layout):
+        if dim >= shape.ndim:
+            msg = (
+                f"{shown} on axis {axis!r} of {layout} shards dim {dim}, but the parameter "
+                f"is {shape} ({shape.ndim} dim{'s' if shape.ndim != 1 else ''}); shard a "
+                f"dim below {shape.ndim}"
+            )
+            problems.append(("shard-dim", msg, (), axis, shown))
+    if problems:
+        return _Found(zeros, zeros, tuple(problems), None)
+    try:
+        parts = split_fsdp(layout, role_sizes, owned=owned)
+        for name in layout.axes:
+            if name.name not in role_sizes:
+                msg = (
+                    f"{layout}: axis {name.name!r} is not an axis of the {layout.mesh} mesh "
+                    f"{list(role_sizes)}; give its size in mesh_sizes[{layout.mesh!r}]"
+                )
+                raise LayoutError(msg, axis=name.name)
+    except LayoutError as e:
+        return _Found(zeros, zeros, (("layout", e.message, (), e.axis, e.placement),), None)
+    return _walk(layout, parts, shape, world, role_sizes)
+
+
+def _walk(
+    layout: SourceLayout,
+    parts: FsdpParts,
+    shape: ParamShape,
+    world: _World,
+    sizes: Mapping[str, int],
+) -> _Found:
+    axes = tuple(a.name for a in layout.axes)
+    dim = parts.shard_dim
+    fsdp_size = sizes[parts.shard.name] if parts.shard is not None else 1
+    kept_bytes: list[int] = []
+    padded_bytes: list[int] = []
+    uneven: list[int] = []  # coordinate indices where torch refuses FSDP on dim > 0
+    differ: list[tuple[int, Runs, Runs]] = []
+    differ_dim = dim
+    for i, index in enumerate(itertools.product(*(range(sizes[a]) for a in axes))):
+        where = dict(zip(axes, index, strict=True))
+        source = local_runs(shape.shape, parts.source, sizes, where)
+        kept = _fsdp_chunk(source, parts, sizes, where)
+        n = _numel(kept)
+        kept_bytes.append(n * shape.itemsize)
+        if parts.shard is None:
+            padded_bytes.append(n * shape.itemsize)
+            continue
+        held = sum(map(len, source[dim]))
+        rest = _numel(source) // held if held else _numel(source[:dim] + source[dim + 1 :])
+        padded_bytes.append(-(-held // fsdp_size) * rest * shape.itemsize)
+        if dim > 0 and held % fsdp_size:
+            uneven.append(i)
+        read = local_runs(shape.shape, layout, sizes, where)
+        if read != kept:
+            d = next(d for d in range(shape.ndim) if read[d] != kept[d])
+            differ_dim = d
+            differ.append((i, kept[d], read[d]))
+    by_rank = world.index_of(layout.mesh, axes)
+    per_rank = tuple(kept_bytes[i] for i in by_rank)
+    padded = tuple(padded_bytes[i] for i in by_rank)
+    problems: list[tuple[str, str, tuple[int, ...], str | None, str | None]] = []
+    fsdp_placement = (
+        format_placement(layout.placement_on(parts.shard)) if parts.shard is not None else None
+    )
+    fsdp_axis = parts.shard.name if parts.shard is not None else None
+    if uneven:
+        bad = set(uneven)
+        ranks = tuple(r for r, i in enumerate(by_rank) if i in bad)
+        msg = (
+            f"FSDP over {fsdp_axis!r} ({fsdp_size} ranks) shards dim {dim} of {shape} under "
+            f"{layout} unevenly on {_ranks_text(ranks)}, and torch refuses that there "
+            f"(NotImplementedError: FSDP does not support uneven sharding on dim {dim}); "
+            f"make each rank's source-local dim {dim} a multiple of {fsdp_size}, or let FSDP "
+            "shard dim 0"
+        )
+        problems.append(("fsdp-uneven", msg, ranks, fsdp_axis, fsdp_placement))
+    if differ:
+        problems.append(
+            _storage_problem(
+                layout, parts, shape, by_rank=by_rank, differ=differ, dim=differ_dim, sizes=sizes
+            )
+        )
+    note = _uneven_note(per_rank, padded, shape)
+    return _Found(per_rank, padded, tuple(problems), note)
+
+
+def _storage_problem(
+    layout: SourceLayout,
+    parts: FsdpParts,
+    shape: ParamShape,
+    *,
+    by_rank: tuple[int, ...],
+    differ: list[tuple[int, Runs, Runs]],
+    dim: int,
+    sizes: Mapping[str, int],
+) -> tuple[str, str, tuple[int, ...], str | None, str | None]:
+    where = {i: (kept, read) for i, kept, read in differ}
+    ranks = tuple(r for r, i in enumerate(by_rank) if i in where)
+    detail = []
+    for rank in ranks[:_MAX_RANKS_SHOWN]:
+        kept, read = where[by_rank[rank]]
+        detail.append(f"rank {rank} keeps {runs_str(kept)}, DTensor reads {runs_str(read)}")
+    if len(ranks) > _MAX_RANKS_SHOWN:
+        detail.append(f"{len(ranks) - _MAX_RANKS_SHOWN} more")
+    assert parts.shard is not None
+    placement = layout.placement_on(parts.shard)
+    split = placement.split_factor if isinstance(placement, StridedShard) else 1
+    multiple = split * sizes[parts.shard.name]
+    msg = (
+        f"FSDP2 keeps other indices of dim {dim} than DTensor's reading of {layout} says, "
+        f"on {_ranks_text(ranks)} ({'; '.join(detail)}): full_tensor() is right, but a "
+        "distributed checkpoint of it overlaps or cannot be loaded back; make dim "
+        f"{dim} (size {shape.shape[dim]}) a multiple of {multiple} (the source shards times "
+        "FSDP's), shard it on fewer source axes, or let FSDP shard another dim"
+    )
+    return ("storage", msg, ranks, parts.shard.name, format_placement(placement))
+
+
+def _uneven_note(
+    per_rank: tuple[int, ...], padded: tuple[int, ...], shape: ParamShape
+) -> tuple[str, int] | None:
+    padding = sum(padded) - sum(per_rank)
+    holders = [b for b in per_rank if b]
+    if not padding and len(set(per_rank)) <= 1:
+        return None
+    parts = []
+    if len(set(per_rank)) > 1:
+        empty = len(per_rank) - len(holders)
+        parts.append(
+            f"uneven shards of {shape}: ranks hold {human_bytes(min(per_rank))} to "
+            f"{human_bytes(max(per_rank))} of it"
+            + (f" ({empty} rank{'s' if empty != 1 else ''} nothing)" if empty else "")
+        )
+    if padding:
+        parts.append(
+            f"FSDP pads the shards to the largest: {human_bytes(padding)} ({padding:,} B) "
+            "allocated beyond the data over all ranks"
+        )
+    return ("; ".join(parts), padding)
+
+
+# ---------------------------------------------------------------------------------------
+# the whole table
+
+
+def _check_shapes(shapes: Mapping[str, ParamShape]) -> Mapping[str, ParamShape]:
+    raw: object = shapes
+    if not isinstance(raw, Mapping):
+        msg = (
+            "shapes must map parameter FQN to ParamShape (shapes_from_module, "
+            f"shapes_from_safetensors), got {quote(raw)}"
+        )
+        raise LayoutError(msg)
+    for fqn, value in shapes.items():
+        shape: object = value
+        if not isinstance(shape, ParamShape):
+            msg = f"shapes[{clip(str(fqn))!r}] must be a ParamShape, got {quote(shape)}"
+            raise LayoutError(msg, fqn=str(fqn))
+    return shapes
+
+
+def _composed(
+    table: ParamLayoutTable,
+    fsdp: Mapping[str, FsdpAxes] | None,
+    *,
+    sizes: Mapping[str, Mapping[str, int]],
+    shard_dim: int | Mapping[str, int],
+    owned: frozenset[str],
+    problems: list[LintProblem],
+) -> dict[str, SourceLayout]:
+    if fsdp is None:
+        if shard_dim != 0:
+            msg = (
+                "shard_dim applies with fsdp=...; a composed table (fsdp=None) carries "
+                "FSDP's dims in its layouts"
+            )
+            raise LayoutError(msg)
+        return dict(table.items())
+    roles = as_fsdp_axes(fsdp)
+    default_dim, dims = as_shard_dims(shard_dim, table)
+    done: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
+    out: dict[str, SourceLayout] = {}
+    for fqn, layout in table.items():
+        key = (layout, dims.get(fqn, default_dim))
+        got = done.get(key)
+        if got is None:
+            try:
+                got = _compose_entry(layout, key[1], roles, sizes, owned)
+            except LayoutError as e:
+                got = e
+            done[key] = got
+        if isinstance(got, LayoutError):
+            err = _with_fqn(fqn, got)
+            problems.append(
+                LintProblem(
+                    err.message, kind="layout", fqn=fqn, axis=err.axis, placement=err.placement
+                )
+            )
+        else:
+            out[fqn] = got
+    return out
+
+
+def _owners(table: ParamLayoutTable) -> dict[str, str]:
+    """Each tied FQN's storage owner: the group's first member in table order."""
+    owner: dict[str, str] = {}
+    for group in table.tied:
+        first = next(fqn for fqn in table if fqn in group)
+        for fqn in group:
+            owner[fqn] = first
+    return owner
+
+
+def lint(
+    table: ParamLayoutTable,
+    shapes: Mapping[str, ParamShape],
+    *,
+    mesh_sizes: Mapping[str, Mapping[str, int]],
+    fsdp: Mapping[str, FsdpAxes] | None = None,
+    shard_dim: int | Mapping[str, int] = 0,
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+) -> LintReport:
+    """Every problem of ``table`` on this model and world, the notes, each rank's bytes.
+
+    With ``fsdp`` (role -> FSDP's axis, or ``(replicate, shard)`` for HSDP, as for
+    ``compose_table``) the table holds source layouts and is composed first, FSDP
+    sharding ``shard_dim``; with ``fsdp=None`` it is read as already composed (FSDP's
+    owned axes first in each layout). Then every parameter is followed on every global
+    rank: the bytes it keeps there (FSDP2's real storage), whether torch refuses FSDP's
+    shard there, and whether DTensor's reading of its composed layout describes the rows
+    it really keeps. Tied parameters share a storage: it counts once, and an alias the
+    shapes lack (a checkpoint keeps one name per storage) takes its group's shape.
+
+    >>> from layout_algebra import Shard
+    >>> table = ParamLayoutTable({"w": SourceLayout("expert", ["ep", "tp"], [Shard(0)] * 2)})
+    >>> report = lint(table, {"w": ParamShape((5, 3), "float32")}, fsdp={"expert": "dp_shard"},
+    ...     mesh_sizes={"expert": {"dp_shard": 2, "ep": 2, "tp": 2}})
+    >>> [(p.kind, p.ranks) for p in report.problems]
+    [('storage', (2, 3, 6))]
+    >>> report.memory.bytes_per_rank
+    (12, 12, 12, 12, 12, 0, 0, 0)
+
+    Args:
+        table: the layouts by FQN (source layouts with ``fsdp``, composed without).
+        shapes: the global shape and dtype of every parameter.
+        mesh_sizes: by mesh role, that mesh's sizes by axis (every role spans the world).
+        fsdp: FSDP's axis by mesh role; ``None`` reads ``table`` as composed.
+        shard_dim: the dim FSDP shards, for all or by FQN (with ``fsdp`` only).
+        owned: the axes FSDP and pipelining own.
+
+    Returns:
+        The report; ``report.raise_for_problems()`` raises its problems as one
+        ``PlanError``.
+
+    Raises:
+        LayoutError: arguments of the wrong form (``table`` not a table, ``shapes`` not
+            ParamShapes by FQN, ``mesh_sizes``/``fsdp``/``shard_dim`` malformed).
+    """
+    raw: object = table
+    if not isinstance(raw, ParamLayoutTable):
+        msg = f"table must be a ParamLayoutTable, got {quote(raw)}"
+        raise LayoutError(msg)
+    shapes = _check_shapes(shapes)
+    sizes = as_role_sizes(mesh_sizes)
+    if not sizes:
+        msg = "mesh_sizes names no mesh role; give {'dense': {'dp_shard': 8}, ...}"
+        raise LayoutError(msg)
+    owned_names = _owned_names(owned)
+    world = _World(sizes)
+    problems: list[LintProblem] = []
+    composed = _composed(
+        table, fsdp, sizes=sizes, shard_dim=shard_dim, owned=owned_names, problems=problems
+    )
+    owner = _owners(table)
+    notes: list[LintNote] = []
+    found: dict[tuple[SourceLayout, ParamShape], _Found] = {}
+    counts: dict[tuple[SourceLayout, ParamShape], int] = {}
+    for fqn in table:
+        shape = shapes.get(fqn)
+        if shape is None and fqn in owner:  # a checkpoint keeps one name per storage
+            group = sorted(table.group_of(fqn))
+            shape = next((shapes[m] for m in group if m in shapes), None)
+        if shape is None:
+            msg = (
+                f"{fqn}: in the table but not in the shapes; check the FQN against the model "
+                "or the checkpoint (shapes_from_module lists every alias), or drop its entry"
+            )
+            problems.append(LintProblem(msg, kind="no-shape", fqn=fqn))
+            continue
+        layout = composed.get(fqn)
+        if layout is None:
+            continue  # its composition problem is reported already
+        key = (layout, shape)
+        result = found.get(key)
+        if result is None:
+            result = found[key] = _examine(layout, shape, world, owned_names)
+        for kind, tail, ranks, axis, placement in result.problems:
+            problems.append(
+                LintProblem(
+                    f"{fqn}: {tail}",
+                    kind=kind,
+                    fqn=fqn,
+                    ranks=ranks,
+                    axis=axis,
+                    placement=placement,
+                )
+            )
+        if owner.get(fqn, fqn) != fqn:
+            continue  # an alias: its storage is its owner's
+        counts[key] = counts.get(key, 0) + 1
+        if result.note is not None:
+            notes.append(LintNote(fqn, result.note[0], result.note[1]))
+    for fqn in shapes:
+        if fqn not in table:
+            msg = (
+                f"{fqn}: in the shapes but not in the table, so nothing says how to lay it "
+                "out; give it a layout (complete_default completes a table)"
+            )
+            problems.append(LintProblem(msg, kind="no-layout", fqn=fqn))
+    return LintReport(tuple(problems), tuple(notes), _memory(found, counts, world))
+
+
+def _memory(
+    found: Mapping[tuple[SourceLayout, ParamShape], _Found],
+    counts: Mapping[tuple[SourceLayout, ParamShape], int],
+    world: _World,
+) -> RankMemory:
+    total = [0] * world.size
+    padded = [0] * world.size
+    by_role: dict[str, list[int]] = {role: [0] * world.size for role in world.sizes}
+    for key, count in counts.items():
+        result = found[key]
+        role = by_role.setdefault(key[0].mesh, [0] * world.size)
+        for rank, (b, p) in enumerate(
+            zip(result.bytes_per_rank, result.padded_per_rank, strict=True)
+        ):
+            total[rank] += b * count
+            padded[rank] += p * count
+            role[rank] += b * count
+    return RankMemory(
+        tuple(total),
+        FrozenMap({role: tuple(v) for role, v in by_role.items()}),
+        tuple(padded),
+    )
