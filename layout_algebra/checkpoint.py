@@ -34,6 +34,7 @@ from layout_algebra.geometry import (
 )
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
+from layout_algebra.shapes import DTYPE_BYTES, as_dtype
 
 __all__ = [
     "Chunk",
@@ -126,47 +127,6 @@ class HasShape(Protocol):
 
     @property
     def dtype(self) -> str: ...
-
-
-# ---------------------------------------------------------------------------------------
-# dtypes
-
-_ITEMSIZE: Final[Mapping[str, int]] = {
-    **dict.fromkeys(("float64", "double", "f64", "int64", "long", "i64", "uint64", "u64"), 8),
-    **dict.fromkeys(("complex64", "cfloat", "c64"), 8),
-    **dict.fromkeys(("complex128", "cdouble", "c128"), 16),
-    **dict.fromkeys(("float32", "float", "f32", "int32", "int", "i32", "uint32", "u32"), 4),
-    **dict.fromkeys(("bfloat16", "bf16", "float16", "half", "f16", "int16", "short"), 2),
-    **dict.fromkeys(("i16", "uint16", "u16", "complex32", "chalf"), 2),
-    **dict.fromkeys(("int8", "i8", "uint8", "u8", "bool", "float8_e4m3fn", "float8_e5m2"), 1),
-    **dict.fromkeys(("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "f8_e4m3"), 1),
-    **dict.fromkeys(("f8_e5m2",), 1),
-}
-
-
-def _itemsize(dtype: str) -> int:
-    """Bytes per element of ``dtype``, spelled as torch (``"bfloat16"``, ``"torch.int64"``)
-    or safetensors (``"BF16"``, ``"I64"``) spells it.
-
-    >>> _itemsize("bfloat16"), _itemsize("torch.float32"), _itemsize("I64")
-    (2, 4, 8)
-
-    Raises:
-        LayoutError: a dtype neither spells.
-    """
-    raw: object = dtype
-    if not isinstance(raw, str):
-        msg = f"a dtype is a name such as 'bfloat16', got {dtype!r:.200}"
-        raise LayoutError(msg)
-    name = dtype.strip().lower().removeprefix("torch.")
-    size = _ITEMSIZE.get(name)
-    if size is None:
-        msg = (
-            f"unknown dtype {dtype!r:.100}; give a torch or safetensors dtype name such as "
-            "'bfloat16', 'float32' or 'BF16'"
-        )
-        raise LayoutError(msg)
-    return size
 
 
 # ---------------------------------------------------------------------------------------
@@ -604,10 +564,10 @@ def _shape_of(fqn: str, shapes: ShapesLike, group: frozenset[str]) -> tuple[tupl
         raise LayoutError(msg, fqn=fqn)
     checked = _check_shape(shape, fqn)  # type: ignore[arg-type]  # checked at run time
     try:
-        itemsize = _itemsize(str(dtype))
+        name = as_dtype(dtype)
     except LayoutError as error:
         raise LayoutError(f"{fqn}: {error.message}", fqn=fqn) from None
-    return checked, itemsize
+    return checked, DTYPE_BYTES[name]
 
 
 def reshard_plan(
