@@ -25,11 +25,13 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
-from layout_algebra.geometry import compose_fsdp, compose_table, local_shape_and_offset
-from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.frozen import FrozenMap
+from layout_algebra.geometry import compose_fsdp, compose_table, local_runs, local_shape_and_offset
+from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout
 from layout_algebra.placements import (
     Partial,
     Placement,
+    ReduceOp,
     Replicate,
     Shard,
     StridedShard,
@@ -44,6 +46,8 @@ __all__ = [
     "AxisLike",
     "AxisName",
     "BindError",
+    "Drop",
+    "FrozenMap",
     "LayoutError",
     "ModulePlan",
     "NamedPlacements",
@@ -54,6 +58,7 @@ __all__ = [
     "Placement",
     "PlacementSyntaxError",
     "PlanError",
+    "ReduceOp",
     "Replicate",
     "SerializationError",
     "Shard",
@@ -69,6 +74,7 @@ __all__ = [
     "compose_table",
     "diff",
     "format_placement",
+    "local_runs",
     "local_shape_and_offset",
     "merge_tied",
     "parse_placement",

@@ -9,11 +9,20 @@ arguments alone. ``build_table`` composes the others into the plan → table pip
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName, as_axes, axis_str
+from layout_algebra._args import as_items
+from layout_algebra._text import clip, quote, suggest
+from layout_algebra.axes import (
+    FSDP_OWNED_AXES,
+    AxisLike,
+    AxisName,
+    as_axes,
+    axis_names,
+    check_distinct_axes,
+)
 from layout_algebra.errors import (
     LayoutError,
     OwnedAxisError,
@@ -21,20 +30,22 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
+from layout_algebra.frozen import FrozenMap
 from layout_algebra.layout import (
-    CheckedEntries,
+    Drop,
     ParamLayoutTable,
     SourceLayout,
-    is_fqn,
+    check_fqn,
     partial_error,
 )
+from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (
     Placement,
     Replicate,
     Shard,
     format_placement,
 )
-from layout_algebra.plan import FrozenMap, NamedLike, ShardingPlan, as_pairs
+from layout_algebra.plan import NamedLike, ShardingPlan, as_named, as_pairs
 
 __all__ = [
     "TableDiff",
@@ -51,10 +62,22 @@ _MAX_LISTED: Final = 50
 """How many problems a ``PlanError`` message spells out (``.problems`` holds them all)."""
 
 
-def _names(axes: Iterable[AxisLike]) -> frozenset[str]:
-    if isinstance(axes, frozenset) and all(isinstance(a, str) for a in axes):
-        return axes  # the common case: FSDP_OWNED_AXES itself
-    return frozenset(axis_str(a) for a in axes)
+def _names(axes: Iterable[AxisLike], arg: str = "owned") -> frozenset[str]:
+    return axis_names(axes, arg)
+
+
+def _check_role(mesh: object, arg: str = "mesh") -> str:
+    if not isinstance(mesh, str) or not mesh:
+        msg = f"{arg} must be a mesh role, a non-empty string such as 'dense', got {quote(mesh)}"
+        raise LayoutError(msg)
+    return mesh
+
+
+def _check_table(table: object, arg: str) -> ParamLayoutTable:
+    if not isinstance(table, ParamLayoutTable):
+        msg = f"{arg} must be a ParamLayoutTable, got {quote(table)}"
+        raise LayoutError(msg)
+    return table
 
 
 def strip(
@@ -67,16 +90,6 @@ def strip(
     """
     owned_names = _names(owned)
     return tuple(a for a in as_axes(axes) if a.name not in owned_names)
-
-
-def _check_mesh_axes(axes: tuple[AxisName, ...], what: str) -> None:
-    if len(set(axes)) != len(axes):
-        dup = next(a for i, a in enumerate(axes) if a in axes[:i])
-        msg = (
-            f"{what} names axis {dup.name!r} twice: {[a.name for a in axes]}; "
-            "a mesh's axes are distinct"
-        )
-        raise LayoutError(msg, axis=dup.name)
 
 
 @attrs.frozen
@@ -99,8 +112,8 @@ class _Mesh:
         inactive: Iterable[AxisLike],
         hint: str,
     ) -> _Mesh:
-        all_axes = as_axes(axes)
-        _check_mesh_axes(all_axes, f"the {role} mesh")
+        all_axes = as_axes(axes, f"{role}_axes" if role in ("dense", "expert") else "axes")
+        check_distinct_axes(all_axes, f"the {clip(role)} mesh")
         source = tuple(a for a in all_axes if a.name not in owned)
         present = {a.name for a in all_axes}
         return cls(
@@ -108,17 +121,21 @@ class _Mesh:
             source=source,
             index={a.name: i for i, a in enumerate(source)},
             owned=owned,
-            inactive=_names(inactive) - present,
+            inactive=_names(inactive, "inactive") - present,
             hint=hint,
         )
 
     def resolve(
         self, named: Mapping[str, Placement], fqn: str
-    ) -> tuple[SourceLayout | None, list[LayoutError]]:
-        """The layout of ``named`` on this mesh, or every problem with it."""
+    ) -> tuple[SourceLayout | None, list[LayoutError], tuple[tuple[str, Placement], ...]]:
+        """The layout of ``named`` on this mesh, or every problem with it.
+
+        Also returns the non-Replicate placements dropped on inactive axes.
+        """
         placements: list[Placement] = [_REPLICATE] * len(self.source)
         owned: list[LayoutError] = []  # reported first: they are never a typo
         unknown: list[LayoutError] = []
+        dropped: list[tuple[str, Placement]] = []
         for axis, p in named.items():
             if axis in self.owned:
                 if not isinstance(p, Replicate):
@@ -127,41 +144,37 @@ class _Mesh:
                 placements[i] = p
             elif axis not in self.inactive:
                 unknown.append(self._unknown(fqn, axis, p))
+            elif not isinstance(p, Replicate):
+                dropped.append((axis, p))
         if owned or unknown:
-            return None, owned + unknown
-        return SourceLayout(self.role, self.source, placements), []
+            return None, owned + unknown, ()
+        return SourceLayout(self.role, self.source, placements), [], tuple(dropped)
 
     def _unknown(self, fqn: str, axis: str, p: Placement) -> UnknownAxisError:
         shown = format_placement(p)
-        known = [a.name for a in self.source]
+        known = clip(str([a.name for a in self.source]))
         msg = (
-            f"{fqn}: {shown} on axis {axis!r}, which the {self.role} mesh (source axes "
-            f"{known}) does not have and the run does not know; fix the axis name, {self.hint}"
+            f"{clip(fqn)}: {shown} on axis {clip(axis)!r}, which the {clip(self.role)} mesh "
+            f"(source axes {known}) does not have and the run does not know; fix the axis "
+            f"name, {self.hint}"
         )
         return UnknownAxisError(msg, fqn=fqn, axis=axis, placement=shown)
 
 
+_OWNERS: Final[Mapping[str, str]] = {
+    "pp": "pipeline ownership of that axis (each pipeline stage holds different parameters)",
+    "cp": "context-parallel ownership of that axis (FSDP shards weights over it)",
+}
+
+
 def _owned_error(fqn: str, axis: str, p: Placement) -> OwnedAxisError:
     shown = format_placement(p)
+    owner = _OWNERS.get(axis, "FSDP ownership of that axis")
     msg = (
-        f"{fqn}: {shown} on axis {axis!r} conflicts with FSDP ownership of that axis; "
+        f"{clip(fqn)}: {shown} on axis {clip(axis)!r} conflicts with {owner}; "
         "declare R or remove the axis"
     )
     return OwnedAxisError(msg, fqn=fqn, axis=axis, placement=shown)
-
-
-def _as_named(named: NamedLike, fqn: str) -> Mapping[str, Placement]:
-    if isinstance(named, FrozenMap):
-        return named
-    raw: object = named
-    if not isinstance(raw, Mapping):
-        msg = f"{fqn}: named placements must map axis to placement, got {named!r}"
-        raise LayoutError(msg, fqn=fqn)
-    out = {axis_str(a): p for a, p in named.items()}
-    if len(out) != len(named):
-        msg = f"{fqn}: an axis is named twice in {named!r}; give one placement per axis"
-        raise LayoutError(msg, fqn=fqn)
-    return out
 
 
 def resolve(
@@ -194,10 +207,15 @@ def resolve(
         OwnedAxisError: a non-Replicate placement on an owned axis.
         UnknownAxisError: a placement on an axis neither in ``axes``, owned nor inactive.
     """
+    check_fqn(fqn, "fqn")
     target = _Mesh.make(
-        mesh, axes, _names(owned), inactive, hint="or pass it in inactive= if this run knows it"
+        _check_role(mesh),
+        axes,
+        _names(owned),
+        inactive,
+        hint="or pass it in inactive= if this run knows it",
     )
-    layout, problems = target.resolve(_as_named(named, fqn), fqn)
+    layout, problems, _ = target.resolve(as_named(fqn, named), fqn)
     if problems:
         raise problems[0]
     assert layout is not None
@@ -298,13 +316,14 @@ def _merge_into(
     merged: CheckedEntries,
     existing: Iterable[frozenset[str]],
     pairs: Iterable[Iterable[str]],
+    arg: str,
 ) -> tuple[tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
     """Give the members of each tied group in ``merged`` the group's layout, in place.
 
     Groups are disjoint, so writing one group's members never changes what another
     group reads.
     """
-    groups = _groups([*existing, *as_pairs(pairs)])
+    groups = _groups([*existing, *as_pairs(pairs, arg)])
     kept: list[frozenset[str]] = []
     conflicts: list[TiedLayoutConflict] = []
     for group in groups:
@@ -331,11 +350,12 @@ def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> Param
         TiedLayoutConflict: ``S(d)`` against ``S(e)``, or members on different meshes or
             axes; names the group, the axis, both placements and whose they are.
     """
+    _check_table(table, "table")
     merged = CheckedEntries(table)
-    groups, conflicts = _merge_into(merged, table.tied, pairs)
+    groups, conflicts = _merge_into(merged, table.tied, pairs, "pairs")
     if conflicts:
         raise conflicts[0]
-    return ParamLayoutTable(merged, tied=groups)
+    return ParamLayoutTable(merged, tied=groups, dropped=table.dropped)
 
 
 def complete_default(
@@ -354,24 +374,25 @@ def complete_default(
         LayoutError: every axis of ``axes`` is owned, so there is no source axis to
             replicate over.
     """
+    _check_table(table, "table")
+    _check_role(mesh)
+    names = as_items(fqns, "fqns", "('layers.0.wq.weight', 'norm.weight')")
     all_axes = as_axes(axes)
-    _check_mesh_axes(all_axes, f"the {mesh} mesh")
+    check_distinct_axes(all_axes, f"the {clip(mesh)} mesh")
     source = strip(all_axes, owned=owned)
     if not source:
         msg = (
-            f"the {mesh} mesh {[a.name for a in all_axes]} has no source axis (all are owned "
-            "by FSDP/pipelining), so there is no default layout; give a mesh with a non-owned "
-            "axis such as 'tp'"
+            f"the {clip(mesh)} mesh {clip(str([a.name for a in all_axes]))} has no source axis "
+            "(all are owned by FSDP/pipelining), so there is no default layout; give a mesh "
+            "with a non-owned axis such as 'tp'"
         )
         raise LayoutError(msg)
     default = SourceLayout(mesh, source, (_REPLICATE,) * len(source))
     entries = CheckedEntries(table)
-    for fqn in fqns:
-        if not is_fqn(fqn):
-            msg = f"a parameter FQN must be a non-empty string, got {fqn!r}"
-            raise LayoutError(msg)
+    for fqn in names:
+        check_fqn(fqn, "fqns")
         entries.setdefault(fqn, default)
-    return ParamLayoutTable(entries, tied=table.tied)
+    return ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)
 
 
 # ---------------------------------------------------------------------------------------
@@ -384,6 +405,10 @@ def _problem_report(problems: list[LayoutError]) -> str:
     if len(problems) > _MAX_LISTED:
         lines.append(f"  ... and {len(problems) - _MAX_LISTED} more (see .problems)")
     return "\n".join(lines)
+
+
+_Resolved: TypeAlias = tuple[SourceLayout, str, tuple[tuple[str, Placement], ...]]
+"""A parameter's layout, its mesh role, and the placements resolving it dropped."""
 
 
 def build_table(
@@ -402,39 +427,42 @@ def build_table(
     dropped; any other axis is a typo); then tied parameters are merged (``tied_pairs``,
     by default ``plan.tied_pairs``; pass ``()`` to merge none).
 
+    Every non-Replicate placement dropped so is recorded in ``table.dropped``. When a
+    mesh has a source axis no parameter is sharded on while placements were dropped on
+    an axis that mesh lacks, the mesh most likely misspells that axis (``tpp`` for
+    ``tp``): that is a problem of the plan.
+
     Equal named placements resolve once and equal layouts are one shared object, so a
     million parameters cost a dict insertion each.
 
     Raises:
         PlanError: every problem of the plan at once (``.problems``): owned-axis
             conflicts, typos, ``Partial`` placements, experts with no expert mesh,
-            tied conflicts, an FQN declared twice with different layouts.
+            tied conflicts, an FQN declared twice with different layouts, a mesh axis
+            that looks like a misspelling of an axis whose placements were dropped.
+        LayoutError: an argument of the wrong type, naming it.
     """
-    owned_names = _names(owned)
-    vocabulary = {a.name for a in plan.mesh_axes} | owned_names
-    dense_list = as_axes(dense_axes)
-    expert_list = None if expert_axes is None else as_axes(expert_axes)
-    vocabulary.update(a.name for a in dense_list)
-    if expert_list is not None:
-        vocabulary.update(a.name for a in expert_list)
-    hint = "or add it to the plan's mesh_axes if this run has it"
-    dense = _Mesh.make("dense", dense_list, owned_names, vocabulary, hint)
-    expert = (
-        None
-        if expert_list is None
-        else _Mesh.make("expert", expert_list, owned_names, vocabulary, hint)
-    )
+    plan_obj: object = plan
+    if not isinstance(plan_obj, ShardingPlan):
+        msg = f"plan must be a ShardingPlan, got {quote(plan_obj)}"
+        raise LayoutError(msg)
+    dense, expert = _meshes(plan, dense_axes, expert_axes, owned)
+    pairs = plan.tied_pairs if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
 
     problems: list[LayoutError] = []
     entries = CheckedEntries()
-    # Memo: id of the named placements -> its layout, one memo per kind of module (the
-    # route depends only on the placements and whether the module is expert-parallel).
-    # The plan keeps every named placement alive for the whole call, so ids are stable;
-    # a value memo catches equal placements held in different objects. Placements with
-    # a problem are never memoised, so every parameter holding them is reported.
-    by_id_dense: dict[int, SourceLayout] = {}
-    by_id_expert: dict[int, SourceLayout] = {}
-    by_value: dict[tuple[Mapping[str, Placement], bool], SourceLayout] = {}
+    drops: list[Drop] = []
+    # Which source axes some parameter is sharded on, per mesh role.
+    placed: dict[str, set[str]] = {"dense": set(), "expert": set()}
+    # Memo: id of the named placements -> (them, their layout, what resolving dropped),
+    # one memo per kind of module (the route depends only on the placements and whether
+    # the module is expert-parallel). Each entry holds the object its id belongs to, so
+    # ids stay unique while the memo lives; a value memo catches equal placements held in
+    # different objects. Placements with a problem are never memoised, so every
+    # parameter holding them is reported.
+    by_id_dense: dict[int, tuple[object, _Resolved]] = {}
+    by_id_expert: dict[int, tuple[object, _Resolved]] = {}
+    by_value: dict[tuple[Mapping[str, Placement], bool], _Resolved] = {}
     interned: dict[SourceLayout, SourceLayout] = {}
     setdefault = entries.setdefault
 
@@ -444,39 +472,104 @@ def build_table(
         prefix = f"{module}." if module else ""  # param_fqn, spelled once per module
         for path, named in spec.params.items():
             fqn = prefix + path
-            layout = by_id.get(id(named))
-            if layout is None:
+            hit = by_id.get(id(named))
+            if hit is not None and hit[0] is named:
+                resolved = hit[1]
+            else:
                 to_expert = ep_module and isinstance(named.get("ep"), Shard)
-                layout = by_value.get((named, to_expert))
-                if layout is None:
-                    layout = _resolve_one(
+                found = by_value.get((named, to_expert))
+                if found is None:
+                    target = expert if to_expert else dense
+                    result = _resolve_one(
                         fqn,
                         module=module,
                         named=named,
+                        target=target,
                         to_expert=to_expert,
-                        dense=dense,
-                        expert=expert,
                         problems=problems,
                     )
-                    if layout is None:
+                    if result is None:
                         continue
-                    layout = interned.setdefault(layout, layout)
-                    by_value[named, to_expert] = layout
-                by_id[id(named)] = layout
+                    fresh = interned.setdefault(result[0], result[0])
+                    placed[fresh.mesh].update(
+                        a.name
+                        for a, p in zip(fresh.axes, fresh.placements, strict=True)
+                        if not isinstance(p, Replicate)
+                    )
+                    found = by_value[named, to_expert] = (fresh, fresh.mesh, result[1])
+                resolved = found
+                by_id[id(named)] = (named, resolved)
+            layout, role, dropped = resolved
+            if dropped:
+                drops.extend(Drop(fqn, role, axis, p) for axis, p in dropped)
             previous = setdefault(fqn, layout)
             if previous is not layout:
                 msg = (
-                    f"{fqn}: declared twice, as {previous} and as {layout} (a parameter path "
-                    "of one module spells a submodule's parameter); declare it once"
+                    f"{clip(fqn)}: declared twice, as {previous} and as {layout} (a parameter "
+                    "path of one module spells a submodule's parameter); declare it once"
                 )
                 problems.append(LayoutError(msg, fqn=fqn))
 
-    pairs = plan.tied_pairs if tied_pairs is None else tied_pairs
-    groups, conflicts = _merge_into(entries, (), pairs)
+    if drops:
+        for mesh in (dense, expert):
+            if mesh is not None:
+                problems.extend(_misspelt_axes(mesh, placed[mesh.role], drops))
+    groups, conflicts = _merge_into(entries, (), pairs, "tied_pairs")
     problems.extend(conflicts)
     if problems:
         raise PlanError(_problem_report(problems), problems=problems)
-    return ParamLayoutTable(entries, tied=groups)
+    return ParamLayoutTable(entries, tied=groups, dropped=drops)
+
+
+def _meshes(
+    plan: ShardingPlan,
+    dense_axes: Iterable[AxisLike],
+    expert_axes: Iterable[AxisLike] | None,
+    owned: Iterable[AxisLike],
+) -> tuple[_Mesh, _Mesh | None]:
+    """The run's dense and expert meshes; the run's vocabulary is every axis named."""
+    owned_names = _names(owned)
+    dense_list = as_axes(dense_axes, "dense_axes")
+    expert_list = None if expert_axes is None else as_axes(expert_axes, "expert_axes")
+    vocabulary = {a.name for a in plan.mesh_axes} | owned_names
+    vocabulary.update(a.name for a in dense_list)
+    if expert_list is not None:
+        vocabulary.update(a.name for a in expert_list)
+    hint = "or add it to the plan's mesh_axes if this run has it"
+    dense = _Mesh.make("dense", dense_list, owned_names, vocabulary, hint)
+    if expert_list is None:
+        return dense, None
+    return dense, _Mesh.make("expert", expert_list, owned_names, vocabulary, hint)
+
+
+def _misspelt_axes(mesh: _Mesh, placed: set[str], drops: list[Drop]) -> list[LayoutError]:
+    """A problem for each source axis of ``mesh`` nothing is sharded on, while placements
+    on an axis the mesh lacks were dropped: most likely one misspells the other."""
+    dropped: dict[str, list[Drop]] = {}
+    for d in drops:
+        if d.mesh == mesh.role:
+            dropped.setdefault(d.axis.name, []).append(d)
+    if not dropped:
+        return []
+    out: list[LayoutError] = []
+    for axis in mesh.source:
+        if axis.name in placed:
+            continue
+        likely = suggest(axis.name, dropped) or max(dropped, key=lambda a: len(dropped[a]))
+        first = dropped[likely][0]
+        shown = format_placement(first.placement)
+        n = len(dropped[likely])
+        msg = (
+            f"the {clip(mesh.role)} mesh has source axis {clip(axis.name)!r}, on which no "
+            f"parameter is sharded, but lacks axis {clip(likely)!r}, whose {n} non-Replicate "
+            f"placement{'s' if n != 1 else ''} (first {clip(first.fqn)}: {shown}) "
+            f"{'were' if n != 1 else 'was'} dropped; did you mean {clip(likely)!r} for "
+            f"{clip(axis.name)!r}? name that mesh axis {clip(likely)!r}, or, if the run really "
+            f"has no {clip(likely)!r}, take {clip(axis.name)!r} out of the mesh"
+        )
+        # A problem of the mesh, not of one parameter: no .fqn (the message names one).
+        out.append(LayoutError(msg, axis=axis.name, placement=shown))
+    return out
 
 
 def _resolve_one(
@@ -484,25 +577,23 @@ def _resolve_one(
     *,
     module: str,
     named: Mapping[str, Placement],
+    target: _Mesh | None,
     to_expert: bool,
-    dense: _Mesh,
-    expert: _Mesh | None,
     problems: list[LayoutError],
-) -> SourceLayout | None:
-    """The layout of one parameter on its mesh, or ``None`` with its problems recorded."""
-    target = dense
-    if to_expert:
-        if expert is None:
-            shown = format_placement(named["ep"])
-            msg = (
-                f"{fqn}: {shown} on axis 'ep' in expert-parallel module {module!r} routes it to "
-                "the expert mesh, but no expert_axes were given; pass expert_axes=(..., 'ep') "
-                "or mark the module expert_parallel=False"
-            )
-            problems.append(LayoutError(msg, fqn=fqn, axis="ep", placement=shown))
-            return None
-        target = expert
-    layout, found = target.resolve(named, fqn)
+) -> tuple[SourceLayout, tuple[tuple[str, Placement], ...]] | None:
+    """The layout of one parameter on its mesh and what it dropped, or ``None`` with its
+    problems recorded."""
+    if target is None:
+        assert to_expert
+        shown = format_placement(named["ep"])
+        msg = (
+            f"{clip(fqn)}: {shown} on axis 'ep' in expert-parallel module {clip(module)!r} "
+            "routes it to the expert mesh, but no expert_axes were given; pass "
+            "expert_axes=(..., 'ep') or mark the module expert_parallel=False"
+        )
+        problems.append(LayoutError(msg, fqn=fqn, axis="ep", placement=shown))
+        return None
+    layout, found, dropped = target.resolve(named, fqn)
     problems.extend(found)
     if layout is None:
         return None
@@ -510,7 +601,7 @@ def _resolve_one(
     if error is not None:
         problems.append(error)
         return None
-    return layout
+    return layout, dropped
 
 
 # ---------------------------------------------------------------------------------------
@@ -564,6 +655,8 @@ def diff(a: ParamLayoutTable, b: ParamLayoutTable) -> TableDiff:
     >>> print(diff(old, new))
     w: dense[tp=S(0)] -> dense[tp=S(1)]
     """
+    _check_table(a, "a")
+    _check_table(b, "b")
     changed = {
         fqn: (old, new)
         for fqn, old in a.items()

@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final, TypeAlias
 
 import attrs
 
+from layout_algebra._args import as_items
+from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
 
-__all__ = ["FSDP_OWNED_AXES", "AxisLike", "AxisName", "as_axes", "as_axis", "axis_str"]
+__all__ = ["FSDP_OWNED_AXES", "AxisLike", "AxisName"]
 
-_AXIS_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_AXIS_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_MAX_INTERNED: Final = 4096
+_MAX_INTERNED_LENGTH: Final = 64
+"""Names longer than this are never interned: the cache stays a few hundred kilobytes."""
 
 
 def _check_name(_: object, __: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or _AXIS_RE.fullmatch(value) is None:
         msg = (
-            f"axis name {value!r} is not an identifier; "
+            f"axis name {quote(value)} is not an identifier; "
             "use letters, digits and '_' (not starting with a digit), e.g. 'tp' or 'dp_shard'"
         )
-        raise LayoutError(msg, axis=str(value))
+        raise LayoutError(msg, axis=clip(value) if isinstance(value, str) else quote(value))
 
 
 @attrs.frozen(cache_hash=True)
@@ -44,27 +49,66 @@ _INTERNED: dict[str, AxisName] = {}
 
 
 def as_axis(axis: AxisLike) -> AxisName:
-    """The ``AxisName`` for ``axis``; equal names give one shared object.
+    """The ``AxisName`` for ``axis``; equal short names give one shared object.
 
     Raises:
-        LayoutError: ``axis`` is not an identifier.
+        LayoutError: ``axis`` is not an identifier (or not a string at all).
     """
     if isinstance(axis, AxisName):
         return axis
+    if type(axis) is not str:
+        return AxisName(axis)  # a str subclass is checked and kept; anything else refused
     found = _INTERNED.get(axis)
     if found is None:
         found = AxisName(axis)
-        if len(_INTERNED) < 4096:  # the vocabulary of a run is small; never grow unbounded
+        # The vocabulary of a run is small: keep short names only, and a bounded number.
+        if len(axis) <= _MAX_INTERNED_LENGTH and len(_INTERNED) < _MAX_INTERNED:
             _INTERNED[found.name] = found
     return found
 
 
-def as_axes(axes: Iterable[AxisLike]) -> tuple[AxisName, ...]:
-    """``axes`` as a tuple of ``AxisName``, order kept (the converter of layout fields)."""
-    if isinstance(axes, str):
-        msg = f"axes must be a sequence of names, not the string {axes!r}; write ({axes!r},)"
-        raise LayoutError(msg, axis=axes)
-    return tuple(as_axis(a) for a in axes)
+def as_axes(axes: Iterable[AxisLike], arg: str = "axes") -> tuple[AxisName, ...]:
+    """``axes`` as a tuple of ``AxisName``, order kept (the converter of layout fields).
+
+    Raises:
+        LayoutError: naming ``arg``: a bare string, something not iterable, or an item
+            that is not an identifier.
+    """
+    items = as_items(axes, arg, "('dp_shard', 'tp')")
+    try:
+        return tuple(as_axis(a) for a in items)
+    except LayoutError as e:
+        msg = f"{arg}: {e.message}"
+        raise LayoutError(msg, axis=e.axis) from None
+
+
+def axis_names(axes: Iterable[AxisLike], arg: str) -> frozenset[str]:
+    """The plain names of ``axes`` as a set (owned axes, inactive axes), checked.
+
+    Raises:
+        LayoutError: as ``as_axes``, naming ``arg``.
+    """
+    raw: object = axes
+    if raw is FSDP_OWNED_AXES:
+        return FSDP_OWNED_AXES
+    if isinstance(raw, frozenset) and all(type(a) is str and _AXIS_RE.fullmatch(a) for a in raw):
+        return raw  # the common case: FSDP_OWNED_AXES itself
+    return frozenset(a.name for a in as_axes(axes, arg))
+
+
+def check_distinct_axes(axes: Sequence[AxisName], where: str) -> None:
+    """The one check that no axis is named twice, for meshes, layouts and plans alike.
+
+    ``where`` says whose axes they are (``"the dense mesh"``, ``"mesh_axes"``).
+
+    Raises:
+        LayoutError: naming the first repeated axis and the whole list.
+    """
+    if len(set(axes)) != len(axes):
+        dup = next(a for i, a in enumerate(axes) if a in axes[:i])
+        shown = clip(str([a.name for a in axes]))
+        msg = f"{where} names axis {clip(dup.name)!r} twice: {shown}; give each axis once"
+        raise LayoutError(msg, axis=dup.name)
 
 
 def axis_str(axis: AxisLike) -> str:
@@ -84,9 +128,13 @@ FSDP_OWNED_AXES: Final[frozenset[str]] = frozenset(
         "edp",
         "edp_replicate",
         "edp_shard",
+        "fsdp",
+        "efsdp",
     }
 )
 """Axes whose sharding belongs to FSDP (data and context parallel) or to pipelining.
+
+``fsdp`` and ``efsdp`` are the FSDP axes of torchtitan's and transformers' meshes.
 
 FSDP shards weights over them itself and pipeline stages hold different parameters, so a
 weight is never *source*-sharded on them.

@@ -12,7 +12,10 @@ from typing import Generic, TypeVar, overload
 
 import attrs
 
-__all__ = ["DictView", "FrozenMap"]
+from layout_algebra._text import quote
+from layout_algebra.errors import LayoutError
+
+__all__ = ["FrozenMap"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -66,6 +69,10 @@ def items_key(items: Mapping[K, V]) -> frozenset[tuple[K, V]]:
 
 
 def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
+    raw: object = items
+    if not isinstance(raw, Mapping):
+        msg = f"a FrozenMap is made from a mapping such as {{'tp': 2}}, got {quote(raw)}"
+        raise LayoutError(msg)
     return dict(items)
 
 

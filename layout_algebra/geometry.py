@@ -16,10 +16,13 @@ from typing import Final, TypeAlias, assert_never
 
 import attrs
 
+from layout_algebra._text import clip, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName, as_axes, as_axis, axis_str
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.layout import CheckedEntries, ParamLayoutTable, SourceLayout, partial_error
+from layout_algebra.layout import ParamLayoutTable, SourceLayout, partial_error
+from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (
+    MAX_SPLIT_FACTOR,
     Partial,
     Placement,
     Replicate,
@@ -44,6 +47,18 @@ __all__ = [
 MAX_FSDP_SOURCE_AXES: Final = 2
 """FSDP2 composes 1-D TP/EP or 2-D EP+TP source layouts, nothing wider."""
 
+MAX_MESH_SIZE: Final = 2**20
+"""The largest size of one mesh axis the geometry takes (a million ranks)."""
+
+MAX_TENSOR_SIZE: Final = 2**63 - 1
+"""The largest size of one tensor dim: torch sizes are int64."""
+
+MAX_NDIM: Final = 64
+"""The most dims a tensor has."""
+
+MAX_PIECES: Final = 2**20
+"""The most pieces a ``StridedShard`` may cut one dim into for the geometry to follow it."""
+
 _REPLICATE: Final = Replicate()
 
 Runs: TypeAlias = tuple[range, ...]
@@ -57,21 +72,28 @@ Runs: TypeAlias = tuple[range, ...]
 def _check_layout(layout: SourceLayout) -> None:
     raw: object = layout
     if not isinstance(raw, SourceLayout):
-        msg = f"expected a SourceLayout such as dense[tp=S(0)], got {layout!r}"
+        msg = f"layout: expected a SourceLayout such as dense[tp=S(0)], got {quote(raw)}"
         raise LayoutError(msg)
 
 
 def _as_sizes(values: Mapping[str, int], what: str, floor: int) -> dict[str, int]:
-    """``values`` keyed by plain axis name, each an int >= ``floor``."""
+    """``values`` keyed by plain axis name, each an int from ``floor`` to ``MAX_MESH_SIZE``."""
     raw: object = values
     if not isinstance(raw, Mapping):
-        msg = f"{what} must map axis name to int, such as {{'tp': 2}}, got {values!r}"
+        msg = f"{what} must map axis name to int, such as {{'tp': 2}}, got {quote(raw)}"
         raise LayoutError(msg)
     out: dict[str, int] = {}
     for key, value in values.items():
-        name = axis_str(key)
-        if type(value) is not int or value < floor:
-            msg = f"{what}[{name!r}] must be an int >= {floor}, got {value!r}"
+        try:
+            name = axis_str(key)
+        except LayoutError as e:
+            msg = f"{what}: {e.message}"
+            raise LayoutError(msg, axis=e.axis) from None
+        if type(value) is not int or not floor <= value <= MAX_MESH_SIZE:
+            msg = (
+                f"{what}[{clip(name)!r}] must be an int from {floor} to {MAX_MESH_SIZE:,}, "
+                f"got {quote(value)}"
+            )
             raise LayoutError(msg, axis=name)
         out[name] = value
     return out
@@ -81,8 +103,9 @@ def _size_of(sizes: Mapping[str, int], axis: AxisName, layout: SourceLayout) -> 
     size = sizes.get(axis.name)
     if size is None:
         msg = (
-            f"mesh_sizes has no size for axis {axis.name!r} of {layout} (it has "
-            f"{sorted(sizes)}); give mesh_sizes={{{axis.name!r}: n, ...}} or fix the axis name"
+            f"mesh_sizes has no size for axis {clip(axis.name)!r} of {clip(str(layout))} (it "
+            f"has {clip(str(sorted(sizes)))}); give mesh_sizes={{{clip(axis.name)!r}: n, ...}} "
+            "or fix the axis name"
         )
         raise LayoutError(msg, axis=axis.name)
     return size
@@ -141,8 +164,10 @@ def _check_distinct(layout: SourceLayout, fsdp_axes: tuple[AxisName, ...]) -> No
         if axis in layout.axes:
             shown = format_placement(layout.placement_on(axis))
             msg = (
-                f"{layout}: axis {axis.name!r} is a source axis ({shown}) and an FSDP axis; "
-                "FSDP shards over the data-parallel axes the source layout does not use"
+                f"{clip(str(layout))}: axis {clip(axis.name)!r} is a source axis ({shown}) and "
+                "an FSDP axis; FSDP shards over the data-parallel axes the source layout does "
+                f"not use: if {clip(axis.name)!r} is FSDP's, build the table with it owned "
+                f"(owned=FSDP_OWNED_AXES | {{{clip(axis.name)!r}}})"
             )
             raise LayoutError(msg, axis=axis.name, placement=shown)
 
@@ -155,10 +180,10 @@ def _check_parameter(layout: SourceLayout) -> None:
 
 
 def _check_shard_dim(shard_dim: int) -> None:
-    if type(shard_dim) is not int or shard_dim < 0:
+    if type(shard_dim) is not int or not 0 <= shard_dim < MAX_NDIM:
         msg = (
-            f"shard_dim must be an int >= 0, got {shard_dim!r}; give the tensor dim FSDP "
-            "shards, counted from 0"
+            f"shard_dim must be an int from 0 to {MAX_NDIM - 1}, got {quote(shard_dim)}; give "
+            "the tensor dim FSDP shards, counted from 0"
         )
         raise LayoutError(msg)
 
@@ -217,8 +242,8 @@ def compose_fsdp(
             the source's, a ``Partial``, an axis with no size in ``mesh_sizes``.
     """
     _check_layout(layout)
-    shard = as_axes(shard_axes)
-    replicate = as_axes(replicate_axes)
+    shard = as_axes(shard_axes, "shard_axes")
+    replicate = as_axes(replicate_axes, "replicate_axes")
     _check_fsdp_mesh(shard, replicate)
     _check_distinct(layout, replicate + shard)
     _check_source_rank(layout)
@@ -234,6 +259,12 @@ def compose_fsdp(
     for axis, p in zip(layout.axes, layout.placements, strict=True):
         if _shards_dim(p, shard_dim):
             split_factor *= sizes[axis.name]
+    if split_factor > MAX_SPLIT_FACTOR:
+        msg = (
+            f"{clip(str(layout))}: its source axes cut dim {shard_dim} into {split_factor:,} "
+            f"shards, more than a StridedShard holds ({MAX_SPLIT_FACTOR:,}); check mesh_sizes"
+        )
+        raise LayoutError(msg)
     fsdp: Placement = (
         StridedShard(shard_dim, split_factor=split_factor) if split_factor > 1 else Shard(shard_dim)
     )
@@ -265,41 +296,52 @@ def _strided_chunks(n: int, chunks: int, index: int, split_factor: int) -> list[
     out: list[tuple[int, int]] = []
     for piece in range(split_factor):
         lo, hi = _chunk(n, split_factor, piece)
+        if lo >= n:
+            break  # every later piece is empty too: at most n pieces hold anything
         start, stop = _chunk(hi - lo, chunks, index)
-        out.append((lo + start, lo + stop))
+        if start < stop:
+            out.append((lo + start, lo + stop))
     return out
 
 
 def _take(runs: Runs, spans: Iterable[tuple[int, int]]) -> Runs:
     """The global indices at positions ``spans`` of the indices ``runs`` hold, as runs.
 
-    Positions count along the concatenation of ``runs``; ``spans`` ascend.
+    Positions count along the concatenation of ``runs``; ``spans`` ascend, so one pass
+    over both suffices.
     """
     out: list[range] = []
+    i, pos = 0, 0  # runs[i] starts at position pos
     for start, stop in spans:
-        pos = 0
-        for run in runs:
-            lo, hi = max(start - pos, 0), min(stop - pos, len(run))
+        while i < len(runs) and pos + len(runs[i]) <= start:
+            pos += len(runs[i])
+            i += 1
+        j, at = i, pos
+        while j < len(runs) and at < stop:
+            run = runs[j]
+            lo, hi = max(start - at, 0), min(stop - at, len(run))
             if lo < hi:
                 first, last = run.start + lo, run.start + hi
                 if out and out[-1].stop == first:
                     out[-1] = range(out[-1].start, last)
                 else:
                     out.append(range(first, last))
-            pos += len(run)
-            if pos >= stop:
-                break
+            at += len(run)
+            j += 1
     return tuple(out)
 
 
 def _check_shape(global_shape: Sequence[int]) -> tuple[int, ...]:
     raw: object = global_shape
-    if isinstance(raw, str) or not isinstance(raw, Sequence):
-        msg = f"global_shape must be a sequence of sizes such as (16, 8), got {global_shape!r}"
+    if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
+        msg = f"global_shape must be a sequence of sizes such as (16, 8), got {quote(raw)}"
+        raise LayoutError(msg)
+    if len(global_shape) > MAX_NDIM:
+        msg = f"global_shape has {len(global_shape)} dims; a tensor has at most {MAX_NDIM}"
         raise LayoutError(msg)
     shape = tuple(global_shape)
-    if any(type(n) is not int or n < 0 for n in shape):
-        msg = f"global_shape must hold ints >= 0, got {global_shape!r}"
+    if any(type(n) is not int or not 0 <= n <= MAX_TENSOR_SIZE for n in shape):
+        msg = f"global_shape must hold ints from 0 to 2**63 - 1 (int64), got {quote(shape)}"
         raise LayoutError(msg)
     return shape
 
@@ -308,8 +350,8 @@ def _check_dim(layout: SourceLayout, axis: AxisName, p: Placement, dim: int, ndi
     if dim >= ndim:
         shown = format_placement(p)
         msg = (
-            f"{layout}: {shown} on axis {axis.name!r} shards dim {dim} but the tensor has "
-            f"{ndim} dim{'s' if ndim != 1 else ''}; shard a dim below {ndim}"
+            f"{clip(str(layout))}: {shown} on axis {clip(axis.name)!r} shards dim {dim} but the "
+            f"tensor has {ndim} dim{'s' if ndim != 1 else ''}; shard a dim below {ndim}"
         )
         raise LayoutError(msg, axis=axis.name, placement=shown)
 
@@ -318,13 +360,14 @@ def _index_on(coordinate: Mapping[str, int], axis: AxisName, size: int) -> int:
     index = coordinate.get(axis.name)
     if index is None:
         msg = (
-            f"coordinate has no index for axis {axis.name!r} (it has {sorted(coordinate)}); "
-            f"give coordinate={{{axis.name!r}: i, ...}} with 0 <= i < {size}"
+            f"coordinate has no index for axis {clip(axis.name)!r} (it has "
+            f"{clip(str(sorted(coordinate)))}); give coordinate={{{clip(axis.name)!r}: i, ...}} "
+            f"with 0 <= i < {size}"
         )
         raise LayoutError(msg, axis=axis.name)
     if index >= size:
         msg = (
-            f"coordinate[{axis.name!r}] = {index} is outside the axis of size {size}; "
+            f"coordinate[{clip(axis.name)!r}] = {index} is outside the axis of size {size}; "
             f"give 0 <= i < {size}"
         )
         raise LayoutError(msg, axis=axis.name)
@@ -374,6 +417,14 @@ def local_runs(
             case StridedShard(dim, split_factor=k):
                 _check_dim(layout, axis, p, dim, len(shape))
                 held = sum(map(len, runs[dim]))
+                if min(k, held) > MAX_PIECES:
+                    shown = format_placement(p)
+                    msg = (
+                        f"{clip(str(layout))}: {shown} on axis {clip(axis.name)!r} cuts dim "
+                        f"{dim} ({held:,} items) into {min(k, held):,} pieces, more than the "
+                        f"geometry follows ({MAX_PIECES:,}); check the split factor"
+                    )
+                    raise LayoutError(msg, axis=axis.name, placement=shown)
                 runs[dim] = _take(runs[dim], _strided_chunks(held, size, index, k))
             case Replicate() | Partial():
                 pass

@@ -11,7 +11,9 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
+from layout_algebra._args import as_items
+from layout_algebra._text import clip, quote
+from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
 from layout_algebra.frozen import DictView, items_key
 from layout_algebra.placements import (
@@ -23,23 +25,21 @@ from layout_algebra.placements import (
     is_placement,
 )
 
-__all__ = [
-    "CheckedEntries",
-    "ParamLayoutTable",
-    "SourceLayout",
-    "check_no_partial",
-    "is_fqn",
-    "partial_error",
-]
+__all__ = ["Drop", "ParamLayoutTable", "SourceLayout"]
 
 
 def _as_placements(values: Iterable[Placement]) -> tuple[Placement, ...]:
-    placements = tuple(values)
+    raw: object = values
+    if is_placement(raw):
+        shown = format_placement(values)  # type: ignore[arg-type]  # narrowed at run time
+        msg = f"placements must be a sequence, got the single placement {shown}; write ({raw!r},)"
+        raise LayoutError(msg, placement=shown)
+    placements = as_items(values, "placements", "(Shard(0), Replicate())")
     for p in placements:
         if not is_placement(p):
             msg = (
-                f"{p!r} is not a placement; use Shard(d), Replicate(), Partial(op) or "
-                "StridedShard(d, split_factor=k) (parse_placement reads the DSL)"
+                f"placements: {quote(p)} is not a placement; use Shard(d), Replicate(), "
+                "Partial(op) or StridedShard(d, split_factor=k) (parse_placement reads the DSL)"
             )
             raise LayoutError(msg)
     return placements
@@ -47,7 +47,7 @@ def _as_placements(values: Iterable[Placement]) -> tuple[Placement, ...]:
 
 def _check_mesh_role(_: object, __: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str) or not value:
-        msg = f"a layout's mesh role must be a non-empty string such as 'dense', got {value!r}"
+        msg = f"a layout's mesh role must be a non-empty string such as 'dense', got {quote(value)}"
         raise LayoutError(msg)
 
 
@@ -66,16 +66,14 @@ class SourceLayout:
     @placements.validator
     def _check_shape(self, _: attrs.Attribute[tuple[Placement, ...]], value: object) -> None:
         if len(self.axes) != len(self.placements):
+            axes = clip(str([a.name for a in self.axes]))
+            placements = clip(str([format_placement(p) for p in self.placements]))
             msg = (
-                f"{self.mesh}: {len(self.axes)} axes {[a.name for a in self.axes]} but "
-                f"{len(self.placements)} placements "
-                f"{[format_placement(p) for p in self.placements]}; give one placement per axis"
+                f"{clip(self.mesh)}: {len(self.axes)} axes {axes} but "
+                f"{len(self.placements)} placements {placements}; give one placement per axis"
             )
             raise LayoutError(msg)
-        if len(set(self.axes)) != len(self.axes):
-            dup = next(a for i, a in enumerate(self.axes) if a in self.axes[:i])
-            msg = f"{self.mesh}: axis {dup.name!r} appears twice in {[a.name for a in self.axes]}"
-            raise LayoutError(msg, axis=dup.name)
+        check_distinct_axes(self.axes, f"the {clip(self.mesh)} layout")
 
     def __str__(self) -> str:
         inner = ", ".join(
@@ -94,7 +92,8 @@ class SourceLayout:
         for a, p in zip(self.axes, self.placements, strict=True):
             if a == name:
                 return p
-        msg = f"{self} has no axis {name.name!r}; its axes are {[a.name for a in self.axes]}"
+        axes = clip(str([a.name for a in self.axes]))
+        msg = f"{clip(str(self))} has no axis {clip(name.name)!r}; its axes are {axes}"
         raise LayoutError(msg, axis=name.name)
 
     def with_placements(self, placements: Iterable[Placement]) -> SourceLayout:
@@ -111,35 +110,36 @@ class SourceLayout:
         return not any(isinstance(p, Shard | StridedShard | Partial) for p in self.placements)
 
 
-class CheckedEntries(dict[str, SourceLayout]):
+class _CheckedEntries(dict[str, SourceLayout]):
     """Entries this package has already validated: the table takes them without a copy.
 
-    Internal: the combinators build one, fill it with checked layouts and hand it over;
-    nothing may change it afterwards.
+    Private to the package: the combinators build one, fill it with checked layouts and
+    hand it over to exactly one table, keeping no reference; nothing changes it afterwards.
     """
 
     __slots__ = ()
 
 
 def _check_entries(entries: Mapping[str, SourceLayout]) -> dict[str, SourceLayout]:
-    if isinstance(entries, CheckedEntries):
+    if type(entries) is _CheckedEntries:
         return entries
     raw: object = entries
     if not isinstance(raw, Mapping):
-        msg = f"a table's entries must be a mapping from FQN to SourceLayout, got {entries!r}"
+        msg = f"a table's entries must be a mapping from FQN to SourceLayout, got {quote(raw)}"
         raise LayoutError(msg)
-    checked = CheckedEntries()
-    seen: set[int] = set()
+    checked: dict[str, SourceLayout] = {}
+    seen: set[SourceLayout] = set()  # by value: a lazily built mapping may free each layout
     for fqn, layout in entries.items():
         if not is_fqn(fqn):
-            msg = f"a parameter FQN must be a non-empty string, got {fqn!r}"
+            msg = f"entries: a parameter FQN must be a non-empty string, got {quote(fqn)}"
             raise LayoutError(msg)
-        if id(layout) not in seen:
-            if not _is_layout(layout):
-                msg = f"{fqn}: {layout!r} is not a SourceLayout"
-                raise LayoutError(msg, fqn=fqn)
+        raw_layout: object = layout
+        if not isinstance(raw_layout, SourceLayout):
+            msg = f"{clip(fqn)}: {quote(raw_layout)} is not a SourceLayout"
+            raise LayoutError(msg, fqn=fqn)
+        if layout not in seen:
             check_no_partial(fqn, layout)
-            seen.add(id(layout))
+            seen.add(layout)
         checked[fqn] = layout
     return checked
 
@@ -149,8 +149,16 @@ def is_fqn(name: object) -> bool:
     return isinstance(name, str) and bool(name)
 
 
-def _is_layout(value: object) -> bool:
-    return isinstance(value, SourceLayout)
+def check_fqn(name: object, arg: str) -> str:
+    """``name``, checked to be a parameter FQN (a non-empty string).
+
+    Raises:
+        LayoutError: naming ``arg``.
+    """
+    if not isinstance(name, str) or not name:
+        msg = f"{arg}: a parameter FQN must be a non-empty string, got {quote(name)}"
+        raise LayoutError(msg)
+    return name
 
 
 def partial_error(layout: SourceLayout, fqn: str | None = None) -> LayoutError | None:
@@ -162,10 +170,10 @@ def partial_error(layout: SourceLayout, fqn: str | None = None) -> LayoutError |
     for axis, p in zip(layout.axes, layout.placements, strict=True):
         if isinstance(p, Partial):
             shown = format_placement(p)
-            who = f"{fqn}: " if fqn else ""
+            who = f"{clip(fqn)}: " if fqn else ""
             msg = (
-                f"{who}{shown} on axis {axis.name!r} in {layout}: a parameter cannot be a "
-                "pending reduction; declare R or S(dim) on that axis"
+                f"{who}{shown} on axis {clip(axis.name)!r} in {clip(str(layout))}: a parameter "
+                "cannot be a pending reduction; declare R or S(dim) on that axis"
             )
             return LayoutError(msg, fqn=fqn, axis=axis.name, placement=shown)
     return None
@@ -183,12 +191,62 @@ def check_no_partial(fqn: str, layout: SourceLayout) -> None:
 
 
 def _as_groups(groups: Iterable[Iterable[str]]) -> tuple[frozenset[str], ...]:
-    out = tuple(frozenset(g) for g in groups)
-    for g in out:
-        for fqn in g:
+    """The tied groups in one canonical order (by their sorted members).
+
+    So two tables that differ only in the order of their groups are equal.
+    """
+    out: list[frozenset[str]] = []
+    for group in as_items(groups, "tied", "[('emb.weight', 'head.weight')]"):
+        members = as_items(group, "tied: each group", "('emb.weight', 'head.weight')")
+        for fqn in members:
             if not is_fqn(fqn):
-                msg = f"tied groups hold parameter FQNs, got {fqn!r} in {sorted(map(repr, g))}"
+                msg = f"tied: a group holds parameter FQNs, got {quote(fqn)} in {quote(members)}"
                 raise LayoutError(msg)
+        out.append(frozenset(members))
+    if len(out) > 1:
+        out.sort(key=sorted)
+    return tuple(out)
+
+
+def _check_drop_fqn(_: object, __: attrs.Attribute[str], value: object) -> None:
+    check_fqn(value, "Drop.fqn")
+
+
+def _check_drop_placement(_: object, __: attrs.Attribute[Placement], value: object) -> None:
+    if not is_placement(value):
+        msg = f"Drop.placement: {quote(value)} is not a placement such as Shard(0)"
+        raise LayoutError(msg)
+
+
+@attrs.frozen(cache_hash=True)
+class Drop:
+    """A non-Replicate placement ``build_table`` dropped: its axis is not in the target mesh.
+
+    The run knows ``axis`` (the plan's ``mesh_axes`` name it) but the parameter's mesh
+    ``mesh`` lacks it, so the axis has size 1 there and the placement has no effect.
+    That is right when the run really has no such axis, and a silent loss of sharding
+    when the mesh misspells it (``tpp`` for ``tp``), so every drop is recorded.
+    """
+
+    fqn: str = attrs.field(validator=_check_drop_fqn)
+    mesh: str = attrs.field(validator=_check_mesh_role)
+    axis: AxisName = attrs.field(converter=as_axis)
+    placement: Placement = attrs.field(validator=_check_drop_placement)
+
+    def __str__(self) -> str:
+        return (
+            f"{clip(self.fqn)}: {format_placement(self.placement)} on axis "
+            f"{clip(self.axis.name)!r} dropped (the {clip(self.mesh)} mesh has no such axis)"
+        )
+
+
+def _as_drops(drops: Iterable[Drop]) -> tuple[Drop, ...]:
+    out = as_items(drops, "dropped", "(Drop('w', 'dense', 'tp', Shard(0)),)")
+    for d in out:
+        raw: object = d
+        if not isinstance(raw, Drop):
+            msg = f"dropped: {quote(raw)} is not a Drop"
+            raise LayoutError(msg)
     return out
 
 
@@ -197,14 +255,20 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
     """The source layout of every parameter, by FQN, and the groups that share storage.
 
     A read-only mapping in insertion order. ``tied`` holds groups of FQNs that share one
-    storage (an embedding and its LM head); every member has an entry and all members of
-    a group have the same layout. No layout holds a ``Partial``.
+    storage (an embedding and its LM head), in a canonical order; every member has an
+    entry and all members of a group have the same layout. No layout holds a ``Partial``.
+    ``dropped`` records what ``build_table`` dropped on axes a mesh lacks.
     """
 
     _items: dict[str, SourceLayout] = attrs.field(
         alias="entries", converter=_check_entries, eq=items_key
     )
     tied: tuple[frozenset[str], ...] = attrs.field(default=(), kw_only=True, converter=_as_groups)
+    dropped: tuple[Drop, ...] = attrs.field(
+        default=(), kw_only=True, converter=_as_drops, eq=False, repr=False
+    )
+    """The non-Replicate placements ``build_table`` dropped on axes their mesh lacks
+    (not part of the table's value: not compared, hashed or serialized)."""
 
     @tied.validator
     def _check_tied(self, _: attrs.Attribute[tuple[frozenset[str], ...]], value: object) -> None:
@@ -212,28 +276,30 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
         for i, group in enumerate(self.tied):
             members = sorted(group)
             if len(group) < 2:
-                msg = f"tied group {members} has fewer than two members; drop it"
+                msg = f"tied group {clip(str(members))} has fewer than two members; drop it"
                 raise LayoutError(msg)
             layouts = {self._items.get(fqn) for fqn in group}
             for fqn in members:
                 if fqn in owner:
+                    other = clip(str(sorted(self.tied[owner[fqn]])))
                     msg = (
-                        f"{fqn} is in two tied groups {sorted(self.tied[owner[fqn]])} and "
-                        f"{members}; tied groups are disjoint (merge them with merge_tied)"
+                        f"{clip(fqn)} is in two tied groups {other} and {clip(str(members))}; "
+                        "tied groups are disjoint (merge them with merge_tied)"
                     )
                     raise LayoutError(msg, fqn=fqn)
                 owner[fqn] = i
                 if fqn not in self._items:
                     msg = (
-                        f"{fqn}: tied in {members} but has no entry; every tied member needs "
-                        "one (merge_tied gives missing members the group's layout)"
+                        f"{clip(fqn)}: tied in {clip(str(members))} but has no entry; every "
+                        "tied member needs one (merge_tied gives missing members the group's "
+                        "layout)"
                     )
                     raise LayoutError(msg, fqn=fqn)
             if len(layouts) > 1:
-                shown = ", ".join(f"{fqn}: {self._items[fqn]}" for fqn in members)
+                shown = clip(", ".join(f"{fqn}: {self._items[fqn]}" for fqn in members[:8]))
                 msg = (
-                    f"tied group {members} has different layouts ({shown}); parameters that "
-                    "share storage need one layout (use merge_tied)"
+                    f"tied group {clip(str(members))} has different layouts ({shown}); "
+                    "parameters that share storage need one layout (use merge_tied)"
                 )
                 raise LayoutError(msg, fqn=members[0])
 
@@ -251,6 +317,7 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
 
     def group_of(self, fqn: str) -> frozenset[str]:
         """The FQNs sharing storage with ``fqn`` (itself included; just itself if untied)."""
+        check_fqn(fqn, "fqn")
         for group in self.tied:
             if fqn in group:
                 return group
@@ -258,4 +325,8 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
 
     def with_entries(self, entries: Mapping[str, SourceLayout]) -> ParamLayoutTable:
         """This table with ``entries`` added or replacing existing ones, tied kept."""
-        return ParamLayoutTable({**self._items, **entries}, tied=self.tied)
+        raw: object = entries
+        if not isinstance(raw, Mapping):
+            msg = f"entries must map FQN to SourceLayout, got {quote(raw)}"
+            raise LayoutError(msg)
+        return ParamLayoutTable({**self._items, **entries}, tied=self.tied, dropped=self.dropped)

@@ -12,9 +12,13 @@ from typing import Final, Literal, TypeAlias, TypeGuard, assert_never, get_args
 
 import attrs
 
+from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError, PlacementSyntaxError
 
 __all__ = [
+    "MAX_DIM",
+    "MAX_SPLIT_FACTOR",
+    "REDUCE_OPS",
     "Partial",
     "Placement",
     "ReduceOp",
@@ -22,35 +26,45 @@ __all__ = [
     "Shard",
     "StridedShard",
     "format_placement",
-    "is_placement",
     "parse_placement",
 ]
 
 ReduceOp: TypeAlias = Literal["sum", "avg", "min", "max", "product"]
 """The reductions a ``Partial`` placement may be pending."""
 
-REDUCE_OPS: Final[tuple[str, ...]] = get_args(ReduceOp)
+REDUCE_OPS: Final[tuple[ReduceOp, ...]] = get_args(ReduceOp)
+"""Every ``ReduceOp``, in the order the grammar lists them."""
+
+MAX_DIM: Final = 63
+"""The largest tensor dim a placement may name: a tensor has fewer than 64 dims."""
+
+MAX_SPLIT_FACTOR: Final = 2**31 - 1
+"""The largest split factor of a ``StridedShard`` (a product of mesh sizes)."""
 
 
 def _check_dim(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or value < 0:
-        msg = f"{attribute.name} must be an int >= 0, got {value!r}; tensor dims count from 0"
-        raise LayoutError(msg, placement=f"{attribute.name}={value!r}")
+    if type(value) is not int or not 0 <= value <= MAX_DIM:
+        msg = (
+            f"{attribute.name} must be an int from 0 to {MAX_DIM}, got {quote(value)}; "
+            "tensor dims count from 0 and a tensor has fewer than 64"
+        )
+        raise LayoutError(msg, placement=f"{attribute.name}={quote(value, 40)}")
 
 
 def _check_split_factor(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or value < 2:
+    if type(value) is not int or not 2 <= value <= MAX_SPLIT_FACTOR:
         msg = (
-            f"{attribute.name} must be an int >= 2, got {value!r}; "
-            "a split factor of 1 is a plain Shard"
+            f"{attribute.name} must be an int from 2 to 2**31 - 1, got {quote(value)}; "
+            "a split factor of 1 is a plain Shard, and a larger one is no product of mesh sizes"
         )
-        raise LayoutError(msg, placement=f"{attribute.name}={value!r}")
+        raise LayoutError(msg, placement=f"{attribute.name}={quote(value, 40)}")
 
 
 def _check_reduce_op(_: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if value not in REDUCE_OPS:
-        msg = f"{attribute.name} must be one of {', '.join(REDUCE_OPS)}; got {value!r}"
-        raise LayoutError(msg, placement=f"{attribute.name}={value!r}")
+    raw: object = value
+    if type(raw) is not str or raw not in REDUCE_OPS:
+        msg = f"{attribute.name} must be one of {', '.join(REDUCE_OPS)}; got {quote(raw)}"
+        raise LayoutError(msg, placement=f"{attribute.name}={quote(raw, 40)}")
 
 
 @attrs.frozen(cache_hash=True)
@@ -60,7 +74,7 @@ class Shard:
     dim: int = attrs.field(validator=_check_dim)
 
     def __str__(self) -> str:
-        return f"S({self.dim})"
+        return format_placement(self)
 
 
 @attrs.frozen(cache_hash=True)
@@ -68,7 +82,12 @@ class Replicate:
     """Every rank along the axis holds the whole tensor."""
 
     def __str__(self) -> str:
-        return "R"
+        return format_placement(self)
+
+    def __reduce__(self) -> tuple[type[Replicate], tuple[()]]:
+        # With no fields its pickled state is empty, which pickle protocols 0 and 1 skip,
+        # so the cached hash would never be reset on load: rebuild it from the class.
+        return (Replicate, ())
 
 
 @attrs.frozen(cache_hash=True)
@@ -78,7 +97,7 @@ class Partial:
     reduce_op: ReduceOp = attrs.field(default="sum", validator=_check_reduce_op)
 
     def __str__(self) -> str:
-        return f"P({self.reduce_op})"
+        return format_placement(self)
 
 
 @attrs.frozen(cache_hash=True)
@@ -94,7 +113,7 @@ class StridedShard:
     split_factor: int = attrs.field(kw_only=True, validator=_check_split_factor)
 
     def __str__(self) -> str:
-        return f"_S({self.dim}, {self.split_factor})"
+        return format_placement(self)
 
 
 Placement: TypeAlias = Shard | Replicate | Partial | StridedShard
@@ -109,7 +128,17 @@ def is_placement(value: object) -> bool:
 
 
 def format_placement(p: Placement) -> str:
-    """The short DSL form of ``p``: ``S(0)``, ``R``, ``P(sum)`` or ``_S(0, 2)``."""
+    """The short DSL form of ``p``: ``S(0)``, ``R``, ``P(sum)`` or ``_S(0, 2)``.
+
+    Raises:
+        LayoutError: ``p`` is not a placement.
+    """
+    if not is_placement(p):
+        msg = (
+            f"{quote(p)} is not a placement; use Shard(d), Replicate(), Partial(op) or "
+            "StridedShard(d, split_factor=k)"
+        )
+        raise LayoutError(msg)
     match p:
         case Shard(dim):
             return f"S({dim})"
@@ -125,19 +154,22 @@ def format_placement(p: Placement) -> str:
 
 GRAMMAR: Final = (
     "S(dim) | shard(dim) | R | replicate | P(op) | partial | partial(op) | _S(dim, factor) "
-    f"with dim >= 0, factor >= 2, op in {{{', '.join(REDUCE_OPS)}}}; case and spaces ignored"
+    f"with dim in 0..{MAX_DIM} and factor >= 2 in ASCII digits, "
+    f"op in {{{', '.join(REDUCE_OPS)}}}; case and spaces ignored"
 )
 
 _PATTERN: Final = re.compile(
-    r"(?:(?:s|shard)\((?P<shard>\d+)\))"
+    r"(?:(?:s|shard)\((?P<shard>[0-9]+)\))"
     r"|(?P<replicate>r|replicate|replicate\(\))"
     r"|(?:(?:p|partial)\((?P<op>[a-z]+)\))"
     r"|(?P<partial>partial|partial\(\))"
-    r"|(?:_s\((?P<sdim>\d+),(?P<factor>\d+)\))"
+    r"|(?:_s\((?P<sdim>[0-9]+),(?P<factor>[0-9]+)\))",
+    re.ASCII,
 )
 _WHITESPACE: Final = re.compile(r"\s+")
 _MAX_TEXT: Final = 64
 _REPLICATE: Final = Replicate()
+_MAX_CACHED: Final = 1024
 _CACHE: dict[str, Placement] = {}
 
 
@@ -147,19 +179,22 @@ def parse_placement(text: str) -> Placement:
     ``"S(0)"`` and ``"shard(0)"`` give ``Shard(0)``; ``"R"``/``"replicate"`` give
     ``Replicate()``; ``"P(max)"``/``"partial(max)"`` give ``Partial("max")`` and a bare
     ``"partial"`` is a sum; ``"_S(0, 2)"`` gives ``StridedShard(0, split_factor=2)``.
+    Digits are ASCII (``S(٣)`` is refused).
 
     Raises:
         PlacementSyntaxError: ``text`` is not in the grammar; the message quotes both.
     """
     raw: object = text  # user input: checked, whatever the annotation says
     if not isinstance(raw, str):
-        msg = f"a placement must be text such as 'S(0)' or 'R', got {text!r}; grammar: {GRAMMAR}"
-        raise PlacementSyntaxError(msg, text=repr(text))
+        msg = (
+            f"a placement must be text such as 'S(0)' or 'R', got {quote(raw)}; grammar: {GRAMMAR}"
+        )
+        raise PlacementSyntaxError(msg, text=quote(raw))
     cached = _CACHE.get(text)
     if cached is not None:
         return cached
     placement = _parse(text)
-    if len(_CACHE) < 1024:
+    if len(_CACHE) < _MAX_CACHED:
         _CACHE[text] = placement
     return placement
 
@@ -170,26 +205,30 @@ def _is_reduce_op(op: str) -> TypeGuard[ReduceOp]:
 
 def _parse(text: str) -> Placement:
     norm = _WHITESPACE.sub("", text).lower() if len(text) <= _MAX_TEXT else ""
-    m = _PATTERN.fullmatch(norm)
-    try:
-        if m is not None:
-            if (dim := m.group("shard")) is not None:
-                return Shard(int(dim))
-            if m.group("replicate") is not None:
-                return _REPLICATE
-            if (op := m.group("op")) is not None:
-                if not _is_reduce_op(op):
-                    msg = (
-                        f"{text!r} is not a placement: unknown reduce op {op!r}; grammar: {GRAMMAR}"
-                    )
-                    raise PlacementSyntaxError(msg, text=text)
-                return Partial(op)
-            if m.group("partial") is not None:
-                return Partial()
-            if (sdim := m.group("sdim")) is not None:
-                return StridedShard(int(sdim), split_factor=int(m.group("factor")))
-    except LayoutError as e:
-        msg = f"{text!r} is not a placement: {e.message}; grammar: {GRAMMAR}"
-        raise PlacementSyntaxError(msg, text=text) from None
-    msg = f"{text!r} is not a placement; grammar: {GRAMMAR}"
+    m = _PATTERN.fullmatch(norm) if norm.isascii() else None
+    why = ""
+    if m is not None:
+        if (op := m.group("op")) is not None and not _is_reduce_op(op):
+            why = f": unknown reduce op {op!r}"
+        else:
+            try:
+                return _placement_of(m)
+            except LayoutError as e:
+                why = f": {e.message}"
+    msg = f"{quote(text)} is not a placement{why}; grammar: {GRAMMAR}"
     raise PlacementSyntaxError(msg, text=text)
+
+
+def _placement_of(m: re.Match[str]) -> Placement:
+    """The placement a full match of ``_PATTERN`` spells (its reduce op already checked)."""
+    if (dim := m.group("shard")) is not None:
+        return Shard(int(dim))
+    if m.group("replicate") is not None:
+        return _REPLICATE
+    if (op := m.group("op")) is not None:
+        assert _is_reduce_op(op)
+        return Partial(op)
+    if m.group("partial") is not None:
+        return Partial()
+    sdim, factor = m.group("sdim", "factor")
+    return StridedShard(int(sdim), split_factor=int(factor))

@@ -12,20 +12,14 @@ from typing import Final, Protocol
 
 import attrs
 
-from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str
+from layout_algebra._args import as_items
+from layout_algebra._text import clip, quote
+from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
 from layout_algebra.errors import LayoutError
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.placements import Placement, is_placement
 
-__all__ = [
-    "FrozenMap",
-    "ModulePlan",
-    "NamedLike",
-    "NamedPlacements",
-    "ShardingPlan",
-    "as_pairs",
-    "param_fqn",
-]
+__all__ = ["ModulePlan", "NamedLike", "NamedPlacements", "ShardingPlan"]
 
 NamedPlacements = FrozenMap[str, Placement]
 """One parameter's placements by axis name: ``{"tp": Shard(0), "ep": Shard(0)}``."""
@@ -54,13 +48,21 @@ _SHARED: dict[tuple[tuple[str, Placement], ...], NamedPlacements] = {}
 """Named placements already frozen, by their items: a plan's layout kinds are few, and
 equal ones in different modules become one object (bounded, like the axis names)."""
 _MAX_SHARED: Final = 4096
+_MAX_SHARED_KEY: Final = 256
+"""Named placements whose axis names total more characters than this are never shared."""
 
 
-def _named(param: str, named: NamedLike) -> NamedPlacements:
-    if isinstance(named, FrozenMap):
-        return named
+def as_named(param: str, named: NamedLike) -> NamedPlacements:
+    """``named`` checked and frozen: the one normalisation of named placements.
+
+    Axis keys become plain names (``AxisName("tp")`` and ``"tp"`` are one axis, named
+    once), every value must be a placement; equal ones share one frozen value.
+
+    Raises:
+        LayoutError: naming ``param`` (the parameter), the axis and what is wrong.
+    """
     raw: object = named
-    if type(raw) is dict:
+    if type(raw) is dict or type(raw) is FrozenMap:
         # Fast path: items equal to ones already checked and frozen are that value.
         try:
             shared = _SHARED.get(tuple(raw.items()))
@@ -70,8 +72,8 @@ def _named(param: str, named: NamedLike) -> NamedPlacements:
             return shared
     if not isinstance(raw, Mapping):
         msg = (
-            f"{param}: named placements must be a mapping from axis to placement such as "
-            f"{{'tp': Shard(0)}}, got {named!r}"
+            f"{clip(param)}: named placements must be a mapping from axis to placement such as "
+            f"{{'tp': Shard(0)}}, got {quote(raw)}"
         )
         raise LayoutError(msg, fqn=param)
     out: dict[str, Placement] = {}
@@ -79,15 +81,15 @@ def _named(param: str, named: NamedLike) -> NamedPlacements:
         try:
             name = axis_str(axis)
         except LayoutError as e:
-            msg = f"{param}: {e.message}"
-            raise LayoutError(msg, fqn=param, axis=str(axis)) from None
+            msg = f"{clip(param)}: {e.message}"
+            raise LayoutError(msg, fqn=param, axis=e.axis) from None
         if name in out:
-            msg = f"{param}: axis {name!r} is named twice; give one placement per axis"
+            msg = f"{clip(param)}: axis {clip(name)!r} is named twice; give one placement per axis"
             raise LayoutError(msg, fqn=param, axis=name)
         if not is_placement(placement):
             msg = (
-                f"{param}: {placement!r} on axis {name!r} is not a placement; use Shard(d), "
-                "Replicate(), Partial(op) or parse_placement('S(0)')"
+                f"{clip(param)}: {quote(placement)} on axis {clip(name)!r} is not a placement; "
+                "use Shard(d), Replicate(), Partial(op) or parse_placement('S(0)')"
             )
             raise LayoutError(msg, fqn=param, axis=name)
         out[name] = placement
@@ -95,7 +97,7 @@ def _named(param: str, named: NamedLike) -> NamedPlacements:
     shared = _SHARED.get(key)
     if shared is None:
         shared = FrozenMap(out)
-        if len(_SHARED) < _MAX_SHARED:
+        if len(_SHARED) < _MAX_SHARED and sum(map(len, out)) <= _MAX_SHARED_KEY:
             _SHARED[key] = shared
     return shared
 
@@ -105,27 +107,42 @@ def _as_params(
 ) -> FrozenMap[str, NamedPlacements]:
     raw: object = params
     if not isinstance(raw, Mapping):
-        msg = f"a module plan's params must map parameter paths to named placements, got {params!r}"
+        msg = (
+            f"a module plan's params must map parameter paths to named placements, got {quote(raw)}"
+        )
         raise LayoutError(msg)
     # Planners reuse one dict for every parameter laid out alike: convert each once (and
-    # equal ones across modules share one frozen value, see _named).
-    converted: dict[int, NamedPlacements] = {}
+    # equal ones across modules share one frozen value, see as_named). The memo holds each
+    # object it is keyed by, so its id cannot be reused by another object while the memo
+    # lives: a lazily built mapping may free each dict after handing it out.
+    converted: dict[int, tuple[object, NamedPlacements]] = {}
     out: dict[str, NamedPlacements] = {}
     for path, named in params.items():
-        if type(path) is not str or not path or path[0] == "." or path[-1] == ".":
-            msg = f"parameter path {path!r} must be a non-empty dotted name such as 'wq.weight'"
-            raise LayoutError(msg, fqn=str(path))
-        key = id(named)
-        frozen = converted.get(key)
-        if frozen is None:
-            frozen = converted[key] = _named(path, named)
-        out[path] = frozen
+        if not _is_path(path):
+            msg = (
+                f"parameter path {quote(path)} must be a non-empty dotted name such as 'wq.weight'"
+            )
+            raise LayoutError(msg, fqn=_shown_key(path))
+        hit = converted.get(id(named))
+        if hit is None or hit[0] is not named:
+            hit = converted[id(named)] = (named, as_named(path, named))
+        out[path] = hit[1]
     return FrozenMap(out)
+
+
+def _shown_key(key: object) -> str:
+    """A mapping key for an error's ``.fqn``: itself when a string, else its quote."""
+    return clip(key) if isinstance(key, str) else quote(key)
+
+
+def _is_path(name: object) -> bool:
+    """A parameter path: non-empty dotted segments (``wq.weight``, ``experts.w1``)."""
+    return type(name) is str and bool(name) and "" not in name.split(".")
 
 
 def _check_flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
     if not isinstance(value, bool):
-        msg = f"{attribute.name} must be True or False, got {value!r}"
+        msg = f"{attribute.name} must be True or False, got {quote(value)}"
         raise LayoutError(msg)
 
 
@@ -142,52 +159,64 @@ class ModulePlan:
     expert_parallel: bool = attrs.field(default=False, kw_only=True, validator=_check_flag)
 
 
-def _is_dotted(name: object) -> bool:
-    return isinstance(name, str) and not name.startswith(".") and not name.endswith(".")
+def _is_module_fqn(name: object) -> bool:
+    """A module FQN: ``""`` (the root) or non-empty dotted segments."""
+    return type(name) is str and (not name or "" not in name.split("."))
 
 
 def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]:
     raw: object = modules
     if not isinstance(raw, Mapping):
-        msg = f"a plan's modules must map module FQNs to ModulePlan, got {modules!r}"
+        msg = f"a plan's modules must map module FQNs to ModulePlan, got {quote(raw)}"
         raise LayoutError(msg)
     for fqn, spec in modules.items():
-        if not _is_dotted(fqn):
-            msg = f"module FQN {fqn!r} must be a dotted name ('' for the root module)"
-            raise LayoutError(msg, fqn=str(fqn))
+        if not _is_module_fqn(fqn):
+            msg = f"module FQN {quote(fqn)} must be a dotted name ('' for the root module)"
+            raise LayoutError(msg, fqn=_shown_key(fqn))
         spec_obj: object = spec
         if not isinstance(spec_obj, ModulePlan):
             msg = (
-                f"module {fqn!r}: {spec!r} is not a ModulePlan; wrap its params in ModulePlan(...)"
+                f"module {quote(fqn)}: {quote(spec_obj)} is not a ModulePlan; wrap its params "
+                "in ModulePlan(...)"
             )
             raise LayoutError(msg, fqn=fqn)
     return FrozenMap(modules)
 
 
-def _is_fqn(name: object) -> bool:
-    return isinstance(name, str) and bool(name)
+def as_pairs(
+    pairs: Iterable[Iterable[str]], arg: str = "tied_pairs"
+) -> tuple[tuple[str, str], ...]:
+    """``pairs`` as a tuple of FQN pairs, each checked to be two non-empty strings.
 
-
-def as_pairs(pairs: Iterable[Iterable[str]]) -> tuple[tuple[str, str], ...]:
-    """``pairs`` as a tuple of FQN pairs, each checked to be two non-empty strings."""
+    Raises:
+        LayoutError: naming ``arg``: a bare string, something not iterable, or a pair
+            that is not two non-empty strings.
+    """
     out: list[tuple[str, str]] = []
-    for pair in pairs:
+    for pair in as_items(pairs, arg, "[('emb.weight', 'head.weight')]"):
         raw: object = pair
-        items: tuple[object, ...] = (raw,) if isinstance(raw, str) else tuple(pair)
-        if len(items) != 2 or not all(_is_fqn(x) for x in items):
-            msg = f"a tied pair is two parameter FQNs, got {pair!r}"
+        items: tuple[object, ...] = (
+            (raw,) if isinstance(raw, str) or not isinstance(raw, Iterable) else tuple(pair)
+        )
+        if len(items) != 2 or not all(isinstance(x, str) and x for x in items):
+            msg = f"{arg}: a tied pair is two parameter FQNs, got {quote(raw)}"
             raise LayoutError(msg)
         out.append((str(items[0]), str(items[1])))
     return tuple(out)
 
 
+def _as_pairs(pairs: Iterable[Iterable[str]]) -> tuple[tuple[str, str], ...]:
+    return as_pairs(pairs)
+
+
+def _as_vocabulary(axes: Iterable[AxisLike]) -> tuple[AxisName, ...]:
+    return as_axes(axes, "mesh_axes")
+
+
 def _check_vocabulary(
     _: object, __: attrs.Attribute[tuple[AxisName, ...]], value: tuple[AxisName, ...]
 ) -> None:
-    if len(set(value)) != len(value):
-        dup = next(a for i, a in enumerate(value) if a in value[:i])
-        msg = f"mesh_axes names {dup.name!r} twice: {[a.name for a in value]}"
-        raise LayoutError(msg, axis=dup.name)
+    check_distinct_axes(value, "mesh_axes")
 
 
 @attrs.frozen(cache_hash=True)
@@ -200,10 +229,10 @@ class ShardingPlan:
 
     modules: FrozenMap[str, ModulePlan] = attrs.field(converter=_as_modules)
     mesh_axes: tuple[AxisName, ...] = attrs.field(
-        kw_only=True, converter=as_axes, validator=_check_vocabulary
+        kw_only=True, converter=_as_vocabulary, validator=_check_vocabulary
     )
     tied_pairs: tuple[tuple[str, str], ...] = attrs.field(
-        default=(), kw_only=True, converter=as_pairs
+        default=(), kw_only=True, converter=_as_pairs
     )
 
     def named_placements(self) -> Iterator[tuple[str, ModulePlan, NamedPlacements]]:

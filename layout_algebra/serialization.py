@@ -26,7 +26,8 @@ import cattrs
 
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
-from layout_algebra.layout import CheckedEntries, ParamLayoutTable, SourceLayout, check_no_partial
+from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_no_partial
+from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (
     Partial,
     Placement,

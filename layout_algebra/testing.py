@@ -322,7 +322,10 @@ def sharding_plans(
     max_params: int = 3,
     tied: bool = True,
 ) -> SearchStrategy[ShardingPlan]:
-    """Plans that ``build_table`` accepts on meshes drawn from their ``mesh_axes``.
+    """Plans that ``build_table`` accepts on meshes with all of their ``mesh_axes``.
+
+    On a mesh lacking some of them, placements there are dropped (``table.dropped``), and
+    a mesh axis nothing is sharded on next to such a drop is reported as a misspelling.
 
     Placements are ``R`` or ``S(d)`` on the plan's axes (only ``R`` on owned ones), no
     two parameters share an FQN, and tied pairs join without conflict: they link

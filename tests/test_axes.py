@@ -80,6 +80,8 @@ def test_the_owned_axes() -> None:
                 "edp",
                 "edp_replicate",
                 "edp_shard",
+                "fsdp",
+                "efsdp",
             }
         )
         == FSDP_OWNED_AXES
@@ -121,7 +123,7 @@ def test_layouts_tables_and_plans_take_strings_and_axis_names() -> None:
 
 
 def test_a_bare_string_is_not_a_sequence_of_axes() -> None:
-    with pytest.raises(LayoutError, match=r"not the string 'tp'; write \('tp',\)"):
+    with pytest.raises(LayoutError, match=r"not the string 'tp' .*; write \('tp',\)"):
         SourceLayout("dense", "tp", [Shard(0)])
 
 

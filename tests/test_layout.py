@@ -70,7 +70,7 @@ def test_a_layout_needs_as_many_placements_as_axes(
 
 
 def test_a_layout_names_each_axis_once() -> None:
-    with pytest.raises(LayoutError, match=r"axis 'tp' appears twice in \['tp', 'ep', 'tp'\]") as e:
+    with pytest.raises(LayoutError, match=r"the dense layout names axis 'tp' twice: \['tp', 'ep', 'tp'\]; give each axis once") as e:
         SourceLayout("dense", ["tp", "ep", "tp"], [Shard(0), Replicate(), Replicate()])
     assert e.value.axis == "tp"
 
@@ -239,8 +239,8 @@ def test_tied_groups_are_recorded() -> None:
             r"tied group \['emb.weight', 'layers.0.w1'\] has different layouts "
             r"\(emb.weight: dense\[tp=S\(0\), ep=R\], layers.0.w1: expert\[ep=S\(0\)\]\)",
         ),
-        ([["emb.weight", ""]], "tied groups hold parameter FQNs, got ''"),
-        ([["emb.weight", 3]], "tied groups hold parameter FQNs, got 3"),
+        ([["emb.weight", ""]], "tied: a group holds parameter FQNs, got ''"),
+        ([["emb.weight", 3]], "tied: a group holds parameter FQNs, got 3"),
     ],
 )
 def test_tied_groups_are_checked(tied: list[list[object]], message: str) -> None:

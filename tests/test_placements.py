@@ -55,14 +55,14 @@ def test_strided_shard_split_factor_is_keyword_only() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: Shard(-1), "dim must be an int >= 0, got -1"),
-        (lambda: Shard(True), "dim must be an int >= 0, got True"),
-        (lambda: Shard(1.0), "dim must be an int >= 0, got 1.0"),  # type: ignore[arg-type]  # run-time check
-        (lambda: StridedShard(-2, split_factor=2), "dim must be an int >= 0, got -2"),
-        (lambda: StridedShard(True, split_factor=2), "dim must be an int >= 0, got True"),
-        (lambda: StridedShard(0, split_factor=1), "split_factor must be an int >= 2, got 1"),
-        (lambda: StridedShard(0, split_factor=0), "split_factor must be an int >= 2, got 0"),
-        (lambda: StridedShard(0, split_factor=True), "split_factor must be an int >= 2, got True"),
+        (lambda: Shard(-1), "dim must be an int from 0 to 63, got -1"),
+        (lambda: Shard(True), "dim must be an int from 0 to 63, got True"),
+        (lambda: Shard(1.0), "dim must be an int from 0 to 63, got 1.0"),  # type: ignore[arg-type]  # run-time check
+        (lambda: StridedShard(-2, split_factor=2), "dim must be an int from 0 to 63, got -2"),
+        (lambda: StridedShard(True, split_factor=2), "dim must be an int from 0 to 63, got True"),
+        (lambda: StridedShard(0, split_factor=1), "split_factor must be an int from 2 to 2**31 - 1, got 1"),
+        (lambda: StridedShard(0, split_factor=0), "split_factor must be an int from 2 to 2**31 - 1, got 0"),
+        (lambda: StridedShard(0, split_factor=True), "split_factor must be an int from 2 to 2**31 - 1, got True"),
         (
             lambda: Partial("mean"),  # type: ignore[arg-type]  # run-time check
             "reduce_op must be one of sum, avg, min, max, product; got 'mean'",
@@ -174,7 +174,7 @@ def test_parse_rejects_text_outside_the_grammar(text: str) -> None:
     with pytest.raises(PlacementSyntaxError) as info:
         parse_placement(text)
     message = str(info.value)
-    assert repr(text) in message
+    assert repr(text[:200]) in message
     assert "grammar: S(dim) | shard(dim) | R | replicate | P(op) | partial" in message
     assert "case and spaces ignored" in message
     assert info.value.text == text
@@ -186,7 +186,7 @@ def test_parse_names_the_bad_reduce_op() -> None:
 
 
 def test_parse_explains_a_field_check_it_fails() -> None:
-    with pytest.raises(PlacementSyntaxError, match="split_factor must be an int >= 2, got 1"):
+    with pytest.raises(PlacementSyntaxError, match=r"split_factor must be an int from 2 to 2\*\*31 - 1, got 1"):
         parse_placement("_S(0, 1)")
 
 
@@ -202,7 +202,7 @@ def test_placement_syntax_error_is_a_value_error() -> None:
         parse_placement("bogus")
 
 
-@given(placements(max_dim=1000, max_split_factor=1000))
+@given(placements(max_dim=63, max_split_factor=2**31 - 1))
 def test_format_then_parse_is_the_identity(p: Placement) -> None:
     assert parse_placement(format_placement(p)) == p
     assert parse_placement(str(p)) == p

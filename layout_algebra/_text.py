@@ -1,0 +1,74 @@
+"""How messages show what they were given: bounded quotes, and one "did you mean".
+
+Every message of the package that shows an input value goes through ``quote`` (its
+``repr``, at most a few hundred characters) or ``clip`` (a name shown as it is), so a
+50 MB string in a document gives a message of a few hundred characters, and a value
+whose ``repr`` fails or is unbounded (a 5,000-digit int) still gives a message.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Final
+
+__all__ = ["MAX_QUOTED", "clip", "did_you_mean", "quote", "suggest"]
+
+MAX_QUOTED: Final = 200
+"""At most this many characters of any one input value appear in a message."""
+
+_MAX_INT_BITS: Final = 256
+_MAX_CANDIDATES: Final = 1000
+
+
+def clip(text: str, limit: int = MAX_QUOTED) -> str:
+    """``text`` as it is when short, else its first ``limit`` characters and its length.
+
+    >>> clip("x" * 300, 10)
+    'xxxxxxxxxx... (300 characters)'
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def quote(value: object, limit: int = MAX_QUOTED) -> str:
+    """The ``repr`` of ``value`` for a message: at most about ``limit`` characters.
+
+    Strings and bytes are cut before they are quoted (no copy of a huge input is made);
+    an int too long to print shows its size; a value whose ``repr`` raises shows its type.
+
+    >>> quote("tp")
+    "'tp'"
+    >>> quote(10**5000)
+    '<an int of 16610 bits>'
+    """
+    if isinstance(value, str | bytes):
+        if len(value) <= limit:
+            return repr(value)
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value)} {unit})"
+    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+        return f"<an int of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<a {type(value).__name__} that cannot be shown>"
+    return clip(text, limit)
+
+
+def suggest(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to ``word`` (a typo's likely intent), or ``None``.
+
+    >>> suggest("tpp", ["dp_shard", "tp", "ep"])
+    'tp'
+    """
+    pool = [c for _, c in zip(range(_MAX_CANDIDATES), candidates, strict=False) if c != word]
+    found = difflib.get_close_matches(word[:MAX_QUOTED], pool, n=1, cutoff=0.5)
+    return found[0] if found else None
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """``" (did you mean 'tp'?)"`` for the closest candidate, or ``""`` when none is close."""
+    found = suggest(word, candidates)
+    return f" (did you mean {quote(found)}?)" if found is not None else ""
