@@ -40,6 +40,7 @@ __all__ = [
     "fully_sharded",
     "layout_of",
     "rank_block",
+    "rank_coordinates",
 ]
 
 Shape = tuple[int, ...]
@@ -84,6 +85,11 @@ def coordinates(axes: Sequence[str], sizes: Mapping[str, int]) -> Iterator[dict[
     """Every rank's coordinate over ``axes``, row-major, as torch numbers a mesh's ranks."""
     for index in itertools.product(*(range(sizes[a]) for a in axes)):
         yield dict(zip(axes, index, strict=True))
+
+
+def rank_coordinates(sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
+    """Every global rank's coordinate over all of ``sizes``' axes, in rank order."""
+    return coordinates(list(sizes), sizes)
 
 
 def layout_of(param: DTensor, mesh: str = "dense") -> SourceLayout:
