@@ -16,7 +16,10 @@ This package is the only part of layout_algebra that imports torch (install it w
 - ``models``: ``distribute`` turns the parameters into DTensors, and
   ``table_from_module`` reads the table back off such a model;
 - ``shapes``: ``shapes_from_module`` reads every parameter's global shape and dtype
-  (meta-device models welcome), for the lint.
+  (meta-device models welcome), for the lint;
+- ``parallelize`` and ``transformers``: ``plan_from_parallelize`` and ``plan_from_hf``
+  read the plans torch's ``parallelize_module`` and transformers' own ``tp_plan`` /
+  ``ep_plan`` apply as a ``ShardingPlan`` (transformers itself is never imported).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from layout_algebra.torch_bridge.models import distribute, table_from_module
 from layout_algebra.torch_bridge.parallelize import plan_from_parallelize
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 from layout_algebra.torch_bridge.shapes import shapes_from_module
+from layout_algebra.torch_bridge.transformers import plan_from_hf
 
 __all__ = [
     "Binding",
@@ -46,6 +50,7 @@ __all__ = [
     "distribute",
     "from_torch",
     "managed_bindings",
+    "plan_from_hf",
     "plan_from_parallelize",
     "shapes_from_module",
     "table_from_module",
