@@ -12,7 +12,7 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,16 +32,18 @@ from layout_algebra import (
     Shard,
     SourceLayout,
     StridedShard,
+    build_table,
     compose_fsdp,
     compose_table,
     format_placement,
     parse_placement,
 )
-from layout_algebra.geometry import Runs, fsdp_storage_runs, local_runs
+from layout_algebra.geometry import FsdpAxes, Runs, fsdp_storage_runs, local_runs
 from layout_algebra.lint import lint
 from layout_algebra.shapes import ParamShape
-from layout_algebra.torch_bridge import distribute, to_torch
-from tests.models import OneParam
+from layout_algebra.torch_bridge import distribute, shapes_from_module, to_torch
+from layout_algebra.torch_bridge.transformers import plan_from_hf
+from tests.models import OneParam, hf_llama, hf_moe
 from tests.torch_oracle import MeshFactory, coordinates, dtensor_indices, layout_of
 
 S0, S1, S2, R = Shard(0), Shard(1), Shard(2), Replicate()
@@ -496,5 +498,108 @@ def test_the_uneven_multi_axis_case_names_ranks_and_rows(
     assert caught.value.problems == (problem,)
 
 
+# ---------------------------------------------------------------------------------------
+# per-rank memory of real transformers models, against the bytes torch really holds
+
+HfWorld = tuple[Callable[[], nn.Module], dict[str, dict[str, int]], dict[str, str]]
+HF_WORLDS: dict[str, HfWorld] = {
+    "llama": (hf_llama, {"dense": {"dp_shard": 4, "tp": 2}}, {"dense": "dp_shard"}),
+    "moe": (
+        hf_moe,
+        {"dense": {"dp_shard": 4, "tp": 2}, "expert": {"edp_shard": 2, "ep": 4}},
+        {"dense": "dp_shard", "expert": "edp_shard"},
+    ),
+}
+
+
+def hf_model_and_table(kind: str) -> tuple[nn.Module, ParamLayoutTable]:
+    """The meta-device transformers model, in bf16, and the table of its own tp/ep plan.
+
+    Parameters the plan leaves alone stay plain tensors until FSDP, as transformers does.
+    """
+    build, sizes, _ = HF_WORLDS[kind]
+    model = build().to(torch.bfloat16)
+    dense = list(sizes["dense"])
+    expert = list(sizes["expert"]) if "expert" in sizes else None
+    plan = plan_from_hf(model, mesh_axes=[*dense, *(expert or [])])
+    table = build_table(plan, dense, expert_axes=expert)
+    plain = {
+        fqn: SourceLayout("dense", (), ())
+        for fqn, _ in model.named_parameters(remove_duplicate=False)
+        if fqn not in table
+    }
+    return model, table.with_entries(plain)
+
+
+def _bytes_on_this_rank(kind: str) -> dict[str, int]:
+    """Parameter bytes by mesh role on this rank after the plan and ``fully_shard``."""
+    model, table = hf_model_and_table(kind)
+    _, sizes, fsdp = HF_WORLDS[kind]
+    meshes = {
+        role: init_device_mesh("cpu", tuple(s.values()), mesh_dim_names=tuple(s))
+        for role, s in sizes.items()
+    }
+    distribute(model, table, meshes, src_data_rank=None)
+    for name, module in model.named_modules():
+        if name.endswith("mlp.experts"):
+            fully_shard(module, mesh=meshes["expert"][fsdp["expert"]])
+    fully_shard(model, mesh=meshes["dense"][fsdp["dense"]])
+    held: dict[str, int] = {}
+    for fqn, param in model.named_parameters():  # each storage once
+        assert isinstance(param, DTensor), fqn
+        role = table[fqn].mesh
+        held[role] = held.get(role, 0) + param.to_local().numel() * param.element_size()
+    return held
+
+
+def memory_worker() -> None:
+    """Play every rank of the fake world in turn; print each one's bytes by role."""
+    import torch.distributed as dist  # noqa: PLC0415 - only in the child process
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: PLC0415
+
+    out: dict[str, list[dict[str, int]]] = {kind: [] for kind in HF_WORLDS}
+    for rank in range(8):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
+        for kind, ranks in out.items():
+            ranks.append(_bytes_on_this_rank(kind))
+        dist.destroy_process_group()
+    print(json.dumps(out))
+
+
+@pytest.fixture(scope="module")
+def held_by_torch() -> dict[str, list[dict[str, int]]]:
+    """For each transformers model, by global rank, the bytes torch holds by role."""
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.test_lint", "memory"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    held: dict[str, list[dict[str, int]]] = json.loads(child.stdout)
+    return held
+
+
+@pytest.mark.parametrize("kind", list(HF_WORLDS))
+def test_memory_per_rank_is_what_torch_holds(
+    kind: str, held_by_torch: dict[str, list[dict[str, int]]]
+) -> None:
+    model, table = hf_model_and_table(kind)
+    _, sizes, fsdp = HF_WORLDS[kind]
+    fsdp_axes: dict[str, FsdpAxes] = dict(fsdp)
+    report = lint(table, shapes_from_module(model), mesh_sizes=sizes, fsdp=fsdp_axes)
+    held = held_by_torch[kind]
+    assert report.memory.bytes_per_rank == tuple(sum(h.values()) for h in held)
+    for role in sizes:
+        assert report.memory.by_role[role] == tuple(h.get(role, 0) for h in held), role
+    most = max(sum(h.values()) for h in held)
+    assert report.memory.largest == (report.memory.bytes_per_rank.index(most), most)
+    assert len(set(report.memory.bytes_per_rank)) > 1  # uneven vocabulary: ranks differ
+
+
 if __name__ == "__main__":
-    storage_worker()
+    if sys.argv[1:] == ["memory"]:
+        memory_worker()
+    else:
+        storage_worker()
