@@ -6,40 +6,58 @@ Subcommands:
 - ``show TABLE.json``: a table, aligned, with its tied groups;
 - ``diff A.json B.json``: what changed from one table to another (exit 1 when they differ);
 - ``check PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh dp_shard=2,ep=4]``: build the
-  table of a plan and report every problem of it at once;
+  table of a plan, report every problem of it at once, and every placement dropped;
 - ``draw TABLE.json FQN --shape 16,8 --mesh dp_shard=2,tp=4 [--fsdp dp_shard]``: which
   rank holds which block of one parameter.
 
-Exit status: 0 on success, 1 on a layout problem (a bad plan, table or file; the message
-goes to stderr), 2 on a usage error. Only ``demo`` imports torch, and only when it runs.
+Commands that strip FSDP's axes (``check``, ``draw``) take ``--owned AXIS,...`` (replace
+``FSDP_OWNED_AXES``) and ``--also-owned AXIS,...`` (add to it).
+
+Exit status: 0 on success, 1 on a layout problem (a bad plan, table or file, or output
+that cannot be written; one line on stderr), 2 on a usage error. ``main`` is the one place
+that turns a problem into its message and exit status: no traceback, names shown escaped,
+output written only once the command has succeeded. Only ``demo`` imports torch, and only
+when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
+import contextlib
+import io
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final, TextIO
 
+from layout_algebra._text import clip, did_you_mean
 from layout_algebra.algebra import build_table, diff
-from layout_algebra.axes import FSDP_OWNED_AXES, as_axis
-from layout_algebra.draw import draw, mesh_str
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisName, as_axis, check_distinct_axes
+from layout_algebra.draw import MAX_DRAW_DIMS, MAX_SIZE, columns, draw, escape, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.placements import format_placement
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json
 
-__all__ = ["PROG", "main"]
+__all__ = ["MAX_INPUT_BYTES", "PROG", "main"]
 
 PROG: Final = "layout-algebra"
 """The program's name in messages (the console script's name)."""
 
-_MESH_ITEM: Final = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([+-]?[0-9]+)\s*")
+MAX_INPUT_BYTES: Final = 256 << 20
+"""The largest input file read (256 MiB: a table of two million parameters); beyond it
+``main`` refuses the file rather than exhaust memory (``show /dev/zero``)."""
+
+MAX_MESH_SIZE: Final = 2**31 - 1
+"""The largest size of a mesh axis (a process group's ranks are 32-bit ints)."""
+
+_MESH_ITEM: Final = re.compile(r"\s*([^=\s]*)\s*=\s*(\S*)\s*")
+_DIGITS: Final = re.compile(r"[0-9]+", re.ASCII)
 _DEMO_WORLD_SIZE: Final = 8
+_READ_CHUNK: Final = 1 << 20
 
 
 class _Problem(Exception):
@@ -47,7 +65,25 @@ class _Problem(Exception):
 
 
 # ---------------------------------------------------------------------------------------
-# argument types
+# argument types: each refuses what it cannot hold with a usage error (exit 2)
+
+
+def _bounded_int(text: str, limit: int, what: str) -> int:
+    """``text`` as an int of plain ASCII digits (no sign, no spaces) at most ``limit``."""
+    if _DIGITS.fullmatch(text) is None:
+        msg = f"{clip(text)!r}: {what} is written in plain digits 0-9, e.g. 4"
+        raise argparse.ArgumentTypeError(msg)
+    if len(text) > len(str(limit)) or int(text) > limit:
+        msg = f"{clip(text)!r}: {what} is at most {limit}"
+        raise argparse.ArgumentTypeError(msg)
+    return int(text)
+
+
+def _axis_name(text: str, name: str) -> AxisName:
+    try:
+        return as_axis(name)
+    except LayoutError as e:
+        raise argparse.ArgumentTypeError(f"{clip(text)!r}: {e.message}") from None
 
 
 def mesh_spec(text: str) -> dict[str, int]:
@@ -55,25 +91,29 @@ def mesh_spec(text: str) -> dict[str, int]:
 
     Raises:
         argparse.ArgumentTypeError: not ``name=size`` items separated by commas, a size
-            that is not a positive int, or an axis named twice.
+            that is not plain digits from 1 to ``MAX_MESH_SIZE``, or an axis named twice.
     """
     sizes: dict[str, int] = {}
+    axes: list[AxisName] = []
     for item in text.split(","):
         m = _MESH_ITEM.fullmatch(item)
-        if m is None:
+        if m is None or not m.group(1):
             msg = (
-                f"{text!r}: {item.strip()!r} is not name=size; write the mesh as "
+                f"{clip(text)!r}: {clip(item.strip())!r} is not name=size; write the mesh as "
                 "axis=size pairs separated by commas, e.g. dp_shard=2,tp=4"
             )
             raise argparse.ArgumentTypeError(msg)
-        name, size = m.group(1), int(m.group(2))
+        axis = _axis_name(text, m.group(1))
+        size = _bounded_int(m.group(2), MAX_MESH_SIZE, f"the size of axis {axis.name!r}")
         if size < 1:
-            msg = f"{text!r}: axis {name!r} has size {size}; a mesh axis has a size >= 1"
+            msg = f"{clip(text)!r}: axis {axis.name!r} has size {size}; a mesh axis has a size >= 1"
             raise argparse.ArgumentTypeError(msg)
-        if name in sizes:
-            msg = f"{text!r}: axis {name!r} is named twice; give each axis once"
-            raise argparse.ArgumentTypeError(msg)
-        sizes[name] = size
+        axes.append(axis)
+        sizes[axis.name] = size
+    try:
+        check_distinct_axes(axes, "--mesh")
+    except LayoutError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
     return sizes
 
 
@@ -81,13 +121,27 @@ def shape_spec(text: str) -> tuple[int, ...]:
     """The tensor shape ``text`` spells: ``"16,8"`` → ``(16, 8)``.
 
     Raises:
-        argparse.ArgumentTypeError: not sizes >= 0 separated by commas.
+        argparse.ArgumentTypeError: not 1 to ``MAX_DRAW_DIMS`` sizes of plain digits from
+            0 to ``MAX_SIZE``, separated by commas.
     """
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isascii() and p.isdigit() for p in parts):
-        msg = f"{text!r} is not a shape; write sizes >= 0 separated by commas, e.g. 16,8"
+    if len(parts) > MAX_DRAW_DIMS:
+        msg = (
+            f"{clip(text)!r} has {len(parts)} dims; a tensor has at most {MAX_DRAW_DIMS}, "
+            "give the parameter's shape"
+        )
         raise argparse.ArgumentTypeError(msg)
-    return tuple(int(p) for p in parts)
+    if not all(_DIGITS.fullmatch(p) for p in parts):
+        msg = f"{clip(text)!r} is not a shape; write sizes >= 0 separated by commas, e.g. 16,8"
+        raise argparse.ArgumentTypeError(msg)
+    return tuple(_bounded_int(p, MAX_SIZE, "a tensor size") for p in parts)
+
+
+def _axes_spec(text: str) -> tuple[str, ...]:
+    """Axis names separated by commas (``""``: none): ``"dp,pp"`` → ``("dp", "pp")``."""
+    if not text.strip():
+        return ()
+    return tuple(_axis_name(text, p.strip()).name for p in text.split(","))
 
 
 def _axis_arg(text: str) -> str:
@@ -98,10 +152,38 @@ def _axis_arg(text: str) -> str:
 
 
 def _rank_arg(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) >= _DEMO_WORLD_SIZE:
-        msg = f"{text!r}: the demo's ranks are 0 to {_DEMO_WORLD_SIZE - 1}"
+    if _DIGITS.fullmatch(text) is None or len(text) > 1 or int(text) >= _DEMO_WORLD_SIZE:
+        msg = f"{clip(text)!r}: the demo's ranks are 0 to {_DEMO_WORLD_SIZE - 1}"
         raise argparse.ArgumentTypeError(msg)
     return int(text)
+
+
+def add_owned_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--owned AXIS,...`` and ``--also-owned AXIS,...`` on a command that strips FSDP's
+    axes; ``owned_axes(args)`` reads them back."""
+    parser.add_argument(
+        "--owned",
+        type=_axes_spec,
+        default=None,
+        metavar="AXIS,...",
+        help=(
+            "the axes owned by FSDP and pipelining, replacing the default "
+            f"({', '.join(sorted(FSDP_OWNED_AXES))}); '' for none"
+        ),
+    )
+    parser.add_argument(
+        "--also-owned",
+        type=_axes_spec,
+        default=(),
+        metavar="AXIS,...",
+        help="axes owned by FSDP or pipelining in addition to --owned (or the default)",
+    )
+
+
+def owned_axes(args: argparse.Namespace) -> frozenset[str]:
+    """The owned axes ``--owned`` and ``--also-owned`` give (default ``FSDP_OWNED_AXES``)."""
+    base: frozenset[str] = FSDP_OWNED_AXES if args.owned is None else frozenset(args.owned)
+    return base | frozenset(args.also_owned)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -146,11 +228,12 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser(
         "check",
-        help="build the table of a plan on a mesh; report every problem",
+        help="build the table of a plan on a mesh; report every problem and every drop",
         description=(
             "Build the layout table of a plan: dense parameters on --mesh, expert "
             "parameters on --expert-mesh (axis names in mesh order, FSDP-owned axes "
-            "included). Prints a summary and the table, or every problem with its FQN."
+            "included). Prints a summary, the placements dropped on axes a mesh lacks, "
+            "and the table; or every problem with its FQN."
         ),
     )
     check.add_argument("plan", metavar="PLAN.json", help="a plan file ('-' for stdin)")
@@ -168,35 +251,38 @@ def _parser() -> argparse.ArgumentParser:
         metavar="AXIS=N,...",
         help="the expert mesh, e.g. dp_shard=2,ep=4",
     )
+    add_owned_arguments(check)
 
-    draw = sub.add_parser(
+    drw = sub.add_parser(
         "draw",
-        help="which rank holds which block of one 1-D or 2-D parameter",
+        help="which rank holds which block of one parameter",
         description=(
             "Draw the blocks of one parameter and the ranks holding each, for every "
             "coordinate of --mesh (rank = row-major index over the --mesh axes, in order). "
-            "With --fsdp AXIS, the layout is first composed with FSDP2 sharding over AXIS."
+            "With --fsdp AXIS, the layout is first composed with FSDP2 sharding over AXIS. "
+            "A parameter of more than two dims is pictured by its sharded dims."
         ),
     )
-    draw.add_argument("table", metavar="TABLE.json", help="a table file ('-' for stdin)")
-    draw.add_argument("fqn", metavar="FQN", help="the parameter to draw")
-    draw.add_argument(
-        "--shape", type=shape_spec, required=True, metavar="N,M", help="its global shape"
+    drw.add_argument("table", metavar="TABLE.json", help="a table file ('-' for stdin)")
+    drw.add_argument("fqn", metavar="FQN", help="the parameter to draw")
+    drw.add_argument(
+        "--shape", type=shape_spec, required=True, metavar="N,M,...", help="its global shape"
     )
-    draw.add_argument(
+    drw.add_argument(
         "--mesh",
         type=mesh_spec,
         required=True,
         metavar="AXIS=N,...",
         help="the world mesh, every axis of the layout included, e.g. dp_shard=2,tp=4",
     )
-    draw.add_argument(
+    drw.add_argument(
         "--fsdp",
         type=_axis_arg,
         default=None,
         metavar="AXIS",
         help="the mesh axis FSDP2 shards over (shows the strided shards it makes)",
     )
+    add_owned_arguments(drw)
     return parser
 
 
@@ -205,14 +291,36 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _read(path: str) -> bytes:
-    if path == "-":
-        return sys.stdin.buffer.read()
+    """The file's bytes, at most ``MAX_INPUT_BYTES`` of them (``-``: stdin)."""
     try:
-        return Path(path).read_bytes()
+        if path == "-":
+            return _read_bounded(path, sys.stdin.buffer.read)
+        with Path(path).open("rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_INPUT_BYTES:
+                raise _Problem(_too_large(path))
+            return _read_bounded(path, f.read)
     except OSError as e:
         reason = e.strerror or type(e).__name__
         msg = f"{path}: cannot read the file: {reason}"
         raise _Problem(msg) from None
+
+
+def _read_bounded(path: str, read: Callable[[int], bytes]) -> bytes:
+    data = bytearray()
+    while True:
+        chunk = read(_READ_CHUNK)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+        if len(data) > MAX_INPUT_BYTES:
+            raise _Problem(_too_large(path))
+
+
+def _too_large(path: str) -> str:
+    return (
+        f"{path}: larger than {MAX_INPUT_BYTES} bytes, more than a table or plan file "
+        "holds; give the right file"
+    )
 
 
 def _load_table(path: str) -> ParamLayoutTable:
@@ -235,14 +343,28 @@ def _load_plan(path: str) -> ShardingPlan:
 # show, diff, check
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _group_str(group: Iterable[str]) -> str:
+    return ", ".join(escape(fqn) for fqn in sorted(group))
+
+
+def _table_lines(table: ParamLayoutTable) -> list[str]:
+    """The table as ``str(table)`` prints it, FQNs escaped."""
+    if not table:
+        return ["(empty table)"]
+    lines = columns([[escape(fqn), str(layout)] for fqn, layout in table.items()])
+    lines.extend(f"tied: {_group_str(g)}" for g in table.tied)
+    return lines
+
+
 def _show(args: argparse.Namespace, out: TextIO) -> int:
     table = _load_table(args.table)
-    out.write(f"{table}\n")
-    groups = len(table.tied)
-    out.write(
-        f"({len(table)} parameter{'s' if len(table) != 1 else ''}, "
-        f"{groups} tied group{'s' if groups != 1 else ''})\n"
-    )
+    for line in _table_lines(table):
+        out.write(line + "\n")
+    out.write(f"({_plural(len(table), 'parameter')}, {_plural(len(table.tied), 'tied group')})\n")
     return 0
 
 
@@ -252,42 +374,79 @@ def _diff(args: argparse.Namespace, out: TextIO) -> int:
     d = diff(a, b)
     if not d:
         return 0
-    out.write(f"{d}\n")
+    # as str(d) spells it, FQNs escaped
+    for fqn, (old, new) in d.changed.items():
+        out.write(f"{escape(fqn)}: {old} -> {new}\n")
+    for fqn, new in d.added.items():
+        out.write(f"{escape(fqn)}: (absent) -> {new}\n")
+    for fqn, old in d.removed.items():
+        out.write(f"{escape(fqn)}: {old} -> (absent)\n")
+    for group in d.tied_added:
+        out.write(f"tied +: {_group_str(group)}\n")
+    for group in d.tied_removed:
+        out.write(f"tied -: {_group_str(group)}\n")
     return 1
 
 
-def _mesh_summary(role: str, sizes: Mapping[str, int], count: int) -> str:
-    source = [a for a in sizes if a not in FSDP_OWNED_AXES]
-    owned = [a for a in sizes if a in FSDP_OWNED_AXES]
+def _mesh_summary(role: str, sizes: Mapping[str, int], count: int, owned: frozenset[str]) -> str:
+    source = [a for a in sizes if a not in owned]
+    fsdp = [a for a in sizes if a in owned]
     return (
-        f"  {role} mesh {mesh_str(sizes)}: {count} parameter{'s' if count != 1 else ''}; "
+        f"  {role} mesh {mesh_str(sizes)}: {_plural(count, 'parameter')}; "
         f"source axes {', '.join(source) or '(none)'}; "
-        f"FSDP/pipeline axes {', '.join(owned) or '(none)'}"
+        f"FSDP/pipeline axes {', '.join(fsdp) or '(none)'}"
     )
 
 
-def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def _drops_lines(table: ParamLayoutTable) -> list[str]:
+    """The placements ``build_table`` dropped, counted per axis and mesh role."""
+    drops = table.dropped
+    if not drops:
+        return ["  no placement dropped"]
+    by: dict[tuple[str, str], list[str]] = {}
+    for d in drops:
+        by.setdefault((d.axis.name, d.mesh), []).append(
+            f"{escape(d.fqn)}: {format_placement(d.placement)}"
+        )
+    lines = [
+        f"  {_plural(len(drops), 'placement')} dropped on axes their mesh lacks "
+        "(the axis has size 1 there; check the mesh if that is not meant):"
+    ]
+    for (axis, mesh), items in by.items():
+        example = items[0] if len(items) == 1 else f"{items[0]}, ..."
+        lines.append(f"    {axis} on the {escape(mesh)} mesh: {len(items)} ({example})")
+    return lines
+
+
+def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     plan = _load_plan(args.plan)
     dense: dict[str, int] = args.mesh
     expert: dict[str, int] | None = args.expert_mesh
+    owned = owned_axes(args)
     try:
-        table = build_table(plan, list(dense), expert_axes=None if expert is None else list(expert))
+        table = build_table(
+            plan,
+            list(dense),
+            expert_axes=None if expert is None else list(expert),
+            owned=owned,
+        )
     except PlanError as e:
         count = len(e.problems)
-        err.write(
-            f"{PROG}: {args.plan}: the plan has {count} problem{'s' if count != 1 else ''}:\n"
-        )
+        _say(err, f"{PROG}: {args.plan}: the plan has {_plural(count, 'problem')}:")
         for problem in e.problems:
-            err.write(f"  - {problem.message}\n")
+            _say(err, f"  - {escape(problem.message)}")
         return 1
     roles = [layout.mesh for layout in table.values()]
-    out.write(f"{args.plan}: OK, {len(table)} parameters\n")
-    out.write(_mesh_summary("dense", dense, roles.count("dense")) + "\n")
+    out.write(f"{escape(args.plan)}: OK, {_plural(len(table), 'parameter')}\n")
+    out.write(_mesh_summary("dense", dense, roles.count("dense"), owned) + "\n")
     if expert is not None:
-        out.write(_mesh_summary("expert", expert, roles.count("expert")) + "\n")
-    groups = len(table.tied)
-    out.write(f"  {groups} tied group{'s' if groups != 1 else ''}\n\n")
-    out.write(f"{table}\n")
+        out.write(_mesh_summary("expert", expert, roles.count("expert"), owned) + "\n")
+    out.write(f"  {_plural(len(table.tied), 'tied group')}\n")
+    for line in _drops_lines(table):
+        out.write(line + "\n")
+    out.write("\n")
+    for line in _table_lines(table):
+        out.write(line + "\n")
     return 0
 
 
@@ -298,9 +457,8 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _table_layout(table: ParamLayoutTable, fqn: str) -> SourceLayout:
     layout = table.get(fqn)
     if layout is None:
-        close = difflib.get_close_matches(fqn, list(table), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; `show` lists the table's FQNs"
-        msg = f"{fqn}: no such parameter in the table{hint}"
+        hint = did_you_mean(fqn, table) or "; `show` lists the table's FQNs"
+        msg = f"{escape(clip(fqn))}: no such parameter in the table{hint}"
         raise LayoutError(msg, fqn=fqn)
     return layout
 
@@ -308,7 +466,16 @@ def _table_layout(table: ParamLayoutTable, fqn: str) -> SourceLayout:
 def _draw(args: argparse.Namespace, out: TextIO) -> int:
     table = _load_table(args.table)
     layout = _table_layout(table, args.fqn)
-    out.write(draw(layout, args.shape, args.mesh, fqn=args.fqn, fsdp=args.fsdp) + "\n")
+    sizes: dict[str, int] = args.mesh
+    out.write(draw(layout, args.shape, sizes, fqn=args.fqn, fsdp=args.fsdp) + "\n")
+    owned = owned_axes(args)
+    unused = [a for a in sizes if a in owned and a not in {x.name for x in layout.axes}]
+    if args.fsdp is None and unused:
+        out.write(
+            f"\nnot composed with FSDP: {', '.join(unused)} "
+            f"{'is an FSDP axis' if len(unused) == 1 else 'are FSDP axes'} of --mesh; give "
+            f"--fsdp {unused[0]} to see the shards fully_shard makes\n"
+        )
     return 0
 
 
@@ -324,42 +491,106 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# entry point
+# entry point: the one place problems become messages and exit codes
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one return per command)
+def _say(stream: TextIO | None, line: str) -> None:
+    """One line on ``stream`` (stderr); a stream that cannot take it is left alone."""
+    if stream is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(line + "\n")
+        stream.flush()
+
+
+def _tolerant(stream: TextIO | None) -> None:
+    """Characters the terminal cannot encode are written as ``\\uXXXX``, not refused."""
+    if isinstance(stream, io.TextIOWrapper):
+        with contextlib.suppress(OSError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _silence_stdout() -> None:
+    """Point stdout's descriptor at devnull, so the interpreter's last flush of what could
+    not be written does not fail again (after a broken pipe or a full disk)."""
+    with contextlib.suppress(OSError, ValueError):
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+
+def _deliver(text: str) -> None:
+    """Write the command's output to stdout, all at once.
+
+    Raises:
+        _Problem: stdout is closed or cannot take the output (a full disk).
+        BrokenPipeError: the reader went away (``show t.json | head``).
+    """
+    if not text:
+        return
+    out = sys.stdout
+    if out is None:
+        msg = "cannot write the output: stdout is closed; give the command somewhere to write"
+        raise _Problem(msg)
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:
+        reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
+        _silence_stdout()
+        msg = f"cannot write the output: {reason}; give the command somewhere to write"
+        raise _Problem(msg) from None
+
+
+def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    commands: dict[str, Callable[[], int]] = {
+        "show": lambda: _show(args, out),
+        "diff": lambda: _diff(args, out),
+        "check": lambda: _check(args, out, err),
+        "draw": lambda: _draw(args, out),
+        "demo": lambda: _demo(args, out),
+    }
+    return commands[args.command]()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (default: ``sys.argv[1:]``); the exit status.
 
     0 on success (``diff``: the tables are equal), 1 on a layout problem (``diff``: they
-    differ), 2 on a usage error. Problems are one message on stderr, never a traceback.
+    differ; also input too large to read and output that cannot be written), 2 on a
+    usage error. Problems are one line on stderr, never a traceback.
     """
+    _tolerant(sys.stdout)
+    _tolerant(sys.stderr)
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits on usage errors (2) and after --help (0)
-        return e.code if isinstance(e.code, int) else 2
-    out, err = sys.stdout, sys.stderr
+        code = e.code if isinstance(e.code, int) else 2
+        try:
+            if sys.stdout is not None:
+                sys.stdout.flush()
+        except (OSError, ValueError):
+            _silence_stdout()
+            _say(sys.stderr, f"{PROG}: cannot write the output")
+            return 1
+        return code
+    err = sys.stderr
+    buffer = io.StringIO()
     try:
-        match args.command:
-            case "show":
-                return _show(args, out)
-            case "diff":
-                return _diff(args, out)
-            case "check":
-                return _check(args, out, err)
-            case "draw":
-                return _draw(args, out)
-            case _:
-                return _demo(args, out)
+        code = _dispatch(args, buffer, err)
+        _deliver(buffer.getvalue())
     except _Problem as e:
-        err.write(f"{PROG}: {e}\n")
+        _say(err, f"{PROG}: {escape(str(e))}")
         return 1
     except LayoutError as e:
-        err.write(f"{PROG}: {e.message}\n")
+        _say(err, f"{PROG}: {escape(e.message)}")
         return 1
     except BrokenPipeError:
-        # `layout-algebra show t.json | head`: the reader stopped; point stdout at
-        # devnull so the interpreter's final flush does not fail again
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        # `layout-algebra show t.json | head`: the reader stopped, which is no problem
+        _silence_stdout()
         return 0
+    return code

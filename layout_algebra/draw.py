@@ -5,28 +5,56 @@ prints: an ASCII grid of the parameter's blocks, each cell listing the ranks hol
 and a table of every rank's coordinate, local shape, offset and the runs it holds. It is
 pure (no torch, no I/O), so a notebook can print it as well as the command line.
 
-The module also holds the text helpers the command line shares: the mesh's coordinates
-in rank order (``mesh_coordinates``), a mesh's spelling (``mesh_str``) and left-aligned
-columns (``columns``).
+The work is bounded by what is printed: a mesh of more ranks, a picture of more cells,
+or strided shards of more pieces than a page can show are refused up front with a
+``LayoutError``. The module also holds the text helpers the command line shares: the
+mesh's coordinates in rank order (``mesh_coordinates``), a mesh's spelling
+(``mesh_str``), left-aligned columns (``columns``) and names shown escaped (``escape``).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
+from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import compose_fsdp, local_runs, local_shape_and_offset
+from layout_algebra.geometry import compose_fsdp, local_runs
 from layout_algebra.layout import SourceLayout
+from layout_algebra.placements import MAX_DIM, Shard, StridedShard, format_placement
 
-__all__ = ["MAX_DRAW_RANKS", "columns", "draw", "mesh_coordinates", "mesh_str"]
+__all__ = [
+    "MAX_DRAW_CELLS",
+    "MAX_DRAW_DIMS",
+    "MAX_DRAW_RANKS",
+    "MAX_DRAW_WORK",
+    "MAX_SIZE",
+    "columns",
+    "draw",
+    "escape",
+    "mesh_coordinates",
+    "mesh_str",
+]
 
-MAX_DRAW_RANKS: Final = 65536
-"""``draw`` enumerates every rank of the mesh; beyond this many it refuses."""
+MAX_DRAW_RANKS: Final = 4096
+"""``draw`` lists every rank of the mesh (64 x 64 ranks at most); beyond it refuses."""
 
-_MAX_DRAW_DIMS: Final = 2
+MAX_DRAW_CELLS: Final = 65536
+"""The most cells a picture may have (256 x 256 blocks)."""
+
+MAX_DRAW_WORK: Final = 2**18
+"""The most pieces strided shards may cut a parameter into, over all ranks: a strided
+shard cuts its dim into ``split_factor`` pieces on every rank."""
+
+MAX_DRAW_DIMS: Final = MAX_DIM + 1
+"""A parameter has at most this many dims (as a torch tensor)."""
+
+MAX_SIZE: Final = 2**63 - 1
+"""The largest size of a dim (torch sizes are int64)."""
+
+_PICTURE_DIMS: Final = 2
 
 
 def mesh_str(sizes: Mapping[str, int]) -> str:
@@ -55,6 +83,20 @@ def columns(rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
+def escape(text: str) -> str:
+    """``text`` with every character that is not printable escaped, as ``repr`` spells it.
+
+    Control characters, line breaks and lone surrogates in an FQN would otherwise move
+    the cursor, split a line or fail to encode: ``"a\\nb"`` is shown as ``a\\nb``.
+
+    >>> print(escape("layers.0\\x1b[2J.w"))
+    layers.0\\x1b[2J.w
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _ranks_str(ranks: Sequence[int]) -> str:
     """Ranks in ascending order, runs shortened: ``[0, 1, 2, 5]`` → ``"0-2,5"``."""
     parts: list[str] = []
@@ -75,7 +117,7 @@ def _runs_str(runs: Sequence[range]) -> str:
     return "+".join(f"[{_span_str(r)}]" for r in runs)
 
 
-def _segments(size: int, held: Sequence[Sequence[range]]) -> list[range]:
+def _segments(size: int, held: Iterable[Sequence[range]]) -> list[range]:
     """The dim ``[0, size)`` cut at every boundary of every rank's runs, in order."""
     cuts = {0, size}
     for runs in held:
@@ -85,8 +127,12 @@ def _segments(size: int, held: Sequence[Sequence[range]]) -> list[range]:
     return [range(lo, hi) for lo, hi in itertools.pairwise(points) if lo < hi]
 
 
-def _holds(runs: Sequence[range], segment: range) -> bool:
-    return any(segment.start in run for run in runs)
+def _covered(runs: Sequence[range], first: Mapping[int, int]) -> list[int]:
+    """The indices of the segments ``runs`` cover; ``first`` maps a cut to its segment."""
+    out: list[int] = []
+    for run in runs:
+        out.extend(range(first[run.start], first[run.stop]))
+    return out
 
 
 def _grid(
@@ -117,6 +163,63 @@ def _grid(
     return lines
 
 
+# ---------------------------------------------------------------------------------------
+# checks: what cannot be drawn is refused before any work
+
+
+def _check_args(
+    layout: object, global_shape: object, mesh_sizes: object, fqn: object, fsdp: object
+) -> tuple[tuple[int, ...], dict[str, int]]:
+    if not isinstance(layout, SourceLayout):
+        msg = f"draw: layout must be a SourceLayout, got {quote(layout)}"
+        raise LayoutError(msg)
+    if not isinstance(fqn, str):
+        msg = f"draw: fqn must be a string, got {quote(fqn)}"
+        raise LayoutError(msg)
+    if fsdp is not None and not isinstance(fsdp, str):
+        msg = f"draw: fsdp must be an axis name or None, got {quote(fsdp)}"
+        raise LayoutError(msg)
+    if isinstance(global_shape, str | bytes) or not isinstance(global_shape, Sequence):
+        msg = (
+            "draw: global_shape must be a sequence of sizes such as (16, 8), "
+            f"got {quote(global_shape)}"
+        )
+        raise LayoutError(msg)
+    shape = tuple(global_shape)
+    if any(type(n) is not int or not 0 <= n <= MAX_SIZE for n in shape):
+        msg = (
+            f"{escape(fqn)}: shape {quote(shape)} must hold sizes from 0 to {MAX_SIZE} "
+            "(a torch size); give the parameter's real shape"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    if not 1 <= len(shape) <= MAX_DRAW_DIMS:
+        msg = (
+            f"{escape(fqn)}: shape {shape} has {len(shape)} dims; a parameter has 1 to "
+            f"{MAX_DRAW_DIMS}, give its real shape"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    if not isinstance(mesh_sizes, Mapping):
+        msg = f"draw: mesh_sizes must map axis names to sizes, got {quote(mesh_sizes)}"
+        raise LayoutError(msg)
+    sizes: dict[str, int] = {}
+    for axis, n in mesh_sizes.items():
+        if not isinstance(axis, str) or type(n) is not int or n < 1:
+            msg = (
+                f"draw: mesh_sizes must map axis names to sizes >= 1, got {quote(axis)}: "
+                f"{quote(n)}; give every axis of the world mesh its size"
+            )
+            raise LayoutError(msg)
+        sizes[axis] = n
+    ranks = math.prod(sizes.values())
+    if ranks > MAX_DRAW_RANKS:
+        msg = (
+            f"--mesh {mesh_str(sizes)} has {ranks} ranks; draw lists every rank and prints at "
+            f"most {MAX_DRAW_RANKS}: draw the parameter on a smaller mesh"
+        )
+        raise LayoutError(msg)
+    return shape, sizes
+
+
 def _composed(
     layout: SourceLayout, fqn: str, mesh_sizes: Mapping[str, int], fsdp: str | None
 ) -> SourceLayout:
@@ -124,19 +227,73 @@ def _composed(
     if fsdp is not None:
         if fsdp not in mesh_sizes:
             msg = (
-                f"--fsdp {fsdp}: no such axis in --mesh {mesh_str(mesh_sizes)}; "
+                f"--fsdp {escape(fsdp)}: no such axis in --mesh {mesh_str(mesh_sizes)}; "
                 "name one of its axes"
             )
             raise LayoutError(msg, axis=fsdp)
-        drawn = compose_fsdp(layout, shard_axes=(fsdp,), mesh_sizes=mesh_sizes)
+        drawn = compose_fsdp(layout, shard_axis=fsdp, mesh_sizes=mesh_sizes)
     missing = [a.name for a in drawn.axes if a.name not in mesh_sizes]
     if missing:
         msg = (
-            f"{fqn}: {drawn} uses axis {missing[0]!r}, which --mesh {mesh_str(mesh_sizes)} "
-            f"lacks; add {missing[0]}=N to --mesh"
+            f"{escape(fqn)}: {drawn} uses axis {missing[0]!r}, which --mesh "
+            f"{mesh_str(mesh_sizes)} lacks; add {missing[0]}=N to --mesh"
         )
         raise LayoutError(msg, fqn=fqn, axis=missing[0])
     return drawn
+
+
+def _pictured_dims(layout: SourceLayout, shape: tuple[int, ...], fqn: str) -> tuple[int, ...]:
+    """The dims the picture shows: every dim of a 1-D or 2-D parameter, else the sharded
+    ones (at least one: dim 0 when none is sharded)."""
+    sharded = sorted({p.dim for p in layout.placements if isinstance(p, Shard | StridedShard)})
+    for dim in sharded:
+        if dim >= len(shape):
+            axis = next(
+                a.name
+                for a, p in zip(layout.axes, layout.placements, strict=True)
+                if isinstance(p, Shard | StridedShard) and p.dim == dim
+            )
+            shown = next(
+                format_placement(p)
+                for a, p in zip(layout.axes, layout.placements, strict=True)
+                if a.name == axis
+            )
+            msg = (
+                f"{escape(fqn)}: {shown} on axis {axis!r} in {layout} shards dim {dim}, but "
+                f"shape {shape} has {len(shape)} dim{'s' if len(shape) != 1 else ''}; "
+                "give the parameter's real shape"
+            )
+            raise LayoutError(msg, fqn=fqn, axis=axis, placement=shown)
+    if len(shape) <= _PICTURE_DIMS:
+        return tuple(range(len(shape)))
+    if len(sharded) > _PICTURE_DIMS:
+        msg = (
+            f"{escape(fqn)}: {layout} shards {len(sharded)} dims {tuple(sharded)}; a picture "
+            f"shows at most {_PICTURE_DIMS}: draw a layout that shards one or two dims"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    return tuple(sharded) or (0,)
+
+
+def _check_pieces(layout: SourceLayout, sizes: Mapping[str, int], fqn: str) -> None:
+    """Each strided shard cuts its dim into ``split_factor`` pieces on every rank: refuse
+    a layout whose pieces, over all ranks, are more than ``MAX_DRAW_WORK``."""
+    pieces = math.prod(sizes.values())
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        if isinstance(p, StridedShard):
+            pieces *= p.split_factor
+            if pieces > MAX_DRAW_WORK:
+                msg = (
+                    f"{escape(fqn)}: {format_placement(p)} on axis {axis.name!r} in {layout} "
+                    f"cuts dim {p.dim} into {p.split_factor} pieces on each of "
+                    f"{math.prod(sizes.values())} ranks; draw prints at most {MAX_DRAW_WORK} "
+                    "pieces: draw it on a smaller mesh or with a smaller split factor"
+                )
+                raise LayoutError(msg, fqn=fqn, axis=axis.name, placement=format_placement(p))
+
+
+# ---------------------------------------------------------------------------------------
+# the picture
 
 
 def draw(
@@ -150,10 +307,12 @@ def draw(
     """A picture of which rank holds which block of one parameter.
 
     Every coordinate of ``mesh_sizes`` is a rank, numbered row-major over its axes in
-    order. The parameter's 1-D or 2-D extent is cut at every boundary of every rank's
-    shard; each cell lists the ranks holding it. Ranks whose shard is empty are not
-    drawn but named below the picture (2 rows ``S(0)`` over 4 ranks: ranks 2 and 3 hold
-    nothing), followed by every rank's local shape, offset and the runs it holds.
+    order. The parameter is cut at every boundary of every rank's shard; each cell of the
+    grid lists the ranks holding it. A 1-D or 2-D parameter is pictured whole; one of
+    more dims (a 3-D expert weight) by its sharded dims, at most two, the others held
+    whole by every rank. Ranks whose shard is empty are not drawn but named below the
+    picture (2 rows ``S(0)`` over 4 ranks: ranks 2 and 3 hold nothing), followed by every
+    rank's local shape, offset and the runs it holds of every dim.
 
     >>> from layout_algebra import Shard
     >>> print(draw(SourceLayout("dense", ["tp"], [Shard(0)]), (4,), {"tp": 2}, fqn="w"))
@@ -171,11 +330,12 @@ def draw(
     1     1   (2,)         (2,)    [2:4]
 
     Args:
-        layout: the parameter's layout (a source layout, or one FSDP already composed).
+        layout: the parameter's layout (a source layout, one FSDP already composed, or
+            a plain parameter's ``SourceLayout(mesh, (), ())``).
         global_shape: the parameter's shape.
         mesh_sizes: the world mesh, every axis of the layout included, by axis in order;
             an axis the layout lacks replicates the parameter over it.
-        fqn: the parameter's name, for the title and the messages.
+        fqn: the parameter's name, for the title and the messages (shown escaped).
         fsdp: an axis of ``mesh_sizes`` FSDP2 shards over: the layout is first composed
             with it (``compose_fsdp``), showing the strided shards FSDP makes.
 
@@ -183,67 +343,71 @@ def draw(
         The picture, lines joined by newlines, no trailing newline.
 
     Raises:
-        LayoutError: a layout axis missing from ``mesh_sizes``, a layout that does not fit
-            the shape, more than two dims or more than ``MAX_DRAW_RANKS`` ranks.
+        LayoutError: an argument of the wrong type, a layout axis missing from
+            ``mesh_sizes``, a layout that does not fit the shape, more than two sharded
+            dims, or a picture too large to print: more than ``MAX_DRAW_RANKS`` ranks,
+            ``MAX_DRAW_CELLS`` cells or ``MAX_DRAW_WORK`` pieces.
     """
-    shape = tuple(global_shape)
-    if len(shape) > _MAX_DRAW_DIMS or not shape:
-        msg = (
-            f"{fqn}: shape {shape} has {len(shape)} dims; draw pictures 1-D and "
-            "2-D parameters only, give --shape with one or two sizes"
-        )
-        raise LayoutError(msg, fqn=fqn)
-    total = math.prod(mesh_sizes.values())
-    if total > MAX_DRAW_RANKS:
-        msg = (
-            f"--mesh {mesh_str(mesh_sizes)} has {total} ranks; draw enumerates at most "
-            f"{MAX_DRAW_RANKS}"
-        )
-        raise LayoutError(msg)
-    drawn = _composed(layout, fqn, mesh_sizes, fsdp)
+    shape, sizes = _check_args(layout, global_shape, mesh_sizes, fqn, fsdp)
+    drawn = _composed(layout, fqn, sizes, fsdp)
+    dims = _pictured_dims(drawn, shape, fqn)
+    _check_pieces(drawn, sizes, fqn)
 
-    coords = list(mesh_coordinates(mesh_sizes))
-    held = [local_runs(shape, drawn, mesh_sizes, c) for c in coords]
-    placed = [local_shape_and_offset(shape, drawn, mesh_sizes, c) for c in coords]
+    coords = list(mesh_coordinates(sizes))
+    held = [local_runs(shape, drawn, sizes, c) for c in coords]
+    # each rank's local shape and offset, read off its runs as local_shape_and_offset does
+    placed = [
+        (
+            tuple(sum(map(len, runs)) for runs in rank_runs),
+            tuple(runs[0].start if runs else n for runs, n in zip(rank_runs, shape, strict=True)),
+        )
+        for rank_runs in held
+    ]
     present = [r for r, (local, _) in enumerate(placed) if all(local)]
     empty = [r for r, (local, _) in enumerate(placed) if not all(local)]
 
-    segments = [_segments(n, [held[r][d] for r in present]) for d, n in enumerate(shape)]
-    if len(shape) == 1:
-        rows: list[range | None] = [None]
-        cols = segments[0]
-    else:
-        rows = list(segments[0])
-        cols = segments[1]
-    cells: list[list[str]] = []
-    for row in rows:
-        line: list[str] = []
-        for col in cols:
-            ranks = [
-                r
-                for r in present
-                if (row is None or _holds(held[r][0], row)) and _holds(held[r][-1], col)
-            ]
-            line.append(_ranks_str(ranks) if ranks else "-")
-        cells.append(line)
+    segments = [_segments(shape[d], (held[r][d] for r in present)) for d in dims]
+    cells = math.prod(map(len, segments))
+    if cells > MAX_DRAW_CELLS:
+        shown = " x ".join(str(len(s)) for s in segments)
+        msg = (
+            f"{escape(fqn)}: the picture of {drawn} on --mesh {mesh_str(sizes)} would have "
+            f"{shown} cells; draw prints at most {MAX_DRAW_CELLS}: draw it on a smaller mesh"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    firsts = [
+        {seg.start: i for i, seg in enumerate(segs)} | {shape[d]: len(segs)}
+        for d, segs in zip(dims, segments, strict=True)
+    ]
+    holders: dict[tuple[int, ...], list[int]] = {}
+    for r in present:
+        covered = [_covered(held[r][d], first) for d, first in zip(dims, firsts, strict=True)]
+        for cell in itertools.product(*covered):
+            holders.setdefault(cell, []).append(r)
 
-    lines = [f"{fqn}: shape {shape} on mesh {mesh_str(mesh_sizes)}"]
+    lines = [f"{escape(fqn)}: shape {shape} on mesh {mesh_str(sizes)}"]
     if fsdp is not None:
         lines.append(f"  source layout {layout}, with FSDP over {fsdp!r}: {drawn}")
     else:
         lines.append(f"  layout {drawn}")
     lines.append(
-        f"  rank = row-major index over ({', '.join(mesh_sizes)}); "
-        "cells list the ranks holding them"
+        f"  rank = row-major index over ({', '.join(sizes)}); cells list the ranks holding them"
     )
-    if len(shape) == 2:
-        lines.append("  rows down, columns across")
+    if len(shape) > _PICTURE_DIMS:
+        whole = [d for d in range(len(shape)) if d not in dims]
+        shown_dims = " and ".join(str(d) for d in dims)
+        lines.append(
+            f"  the picture shows dim{'s' if len(dims) > 1 else ''} {shown_dims} of {len(shape)}; "
+            f"every rank holds dim{'s' if len(whole) > 1 else ''} "
+            f"{', '.join(map(str, whole))} whole (the table below lists every dim)"
+        )
+    if len(dims) == 2:
+        lines.append(f"  rows down{_of(dims[0], shape)}, columns across{_of(dims[1], shape)}")
     lines.append("")
     if not present:
         lines.append(f"(shape {shape} has no elements: nothing to draw)")
     else:
-        row_labels = ["" if r is None else _span_str(r) for r in rows]
-        lines.extend(_grid(row_labels, [_span_str(c) for c in cols], cells))
+        lines.extend(_picture(segments, holders))
         if empty:
             local = ", ".join(sorted({str(placed[r][0]) for r in empty}))
             lines.append(
@@ -251,11 +415,11 @@ def draw(
                 f"hold{'s' if len(empty) == 1 else ''} an empty shard (local shape {local})"
             )
     lines.append("")
-    header = ["rank", *mesh_sizes, "local shape", "offset", "holds"]
+    header = ["rank", *sizes, "local shape", "offset", "holds"]
     table_rows = [
         [
             str(r),
-            *(str(c[a]) for a in mesh_sizes),
+            *(str(c[a]) for a in sizes),
             str(placed[r][0]),
             str(placed[r][1]),
             " x ".join(_runs_str(runs) or "[]" for runs in held[r]),
@@ -264,3 +428,29 @@ def draw(
     ]
     lines.extend(columns([header, *table_rows]))
     return "\n".join(lines)
+
+
+def _picture(
+    segments: Sequence[Sequence[range]], holders: Mapping[tuple[int, ...], list[int]]
+) -> list[str]:
+    """The grid: one row per segment of the first dim pictured (one row for a single
+    dim), one column per segment of the last, each cell naming its holders."""
+    if len(segments) == 1:
+        rows: list[range | None] = [None]
+        cols = segments[0]
+    else:
+        rows = list(segments[0])
+        cols = segments[1]
+    grid = [
+        [
+            _ranks_str(holders.get((j,) if row is None else (i, j), ())) or "-"
+            for j in range(len(cols))
+        ]
+        for i, row in enumerate(rows)
+    ]
+    row_labels = ["" if r is None else _span_str(r) for r in rows]
+    return _grid(row_labels, [_span_str(c) for c in cols], grid)
+
+
+def _of(dim: int, shape: tuple[int, ...]) -> str:
+    return f" (dim {dim})" if len(shape) > _PICTURE_DIMS else ""

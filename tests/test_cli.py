@@ -8,16 +8,18 @@ a tensor on every rank of the mesh.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 import pytest
 
 from layout_algebra import (
+    FSDP_OWNED_AXES,
     ModulePlan,
     ParamLayoutTable,
     Partial,
@@ -25,6 +27,9 @@ from layout_algebra import (
     Shard,
     ShardingPlan,
     SourceLayout,
+    StridedShard,
+    build_table,
+    cli,
 )
 from layout_algebra._demo import TinyMoE, demo_plan, demo_table
 from layout_algebra.cli import main
@@ -322,10 +327,9 @@ def test_draw_prints_the_picture_of_the_tables_layout(
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--shape", "4,4,4", "--mesh", "tp=2"], "has 3 dims; draw pictures 1-D and 2-D"),
         (["--shape", "4,4", "--mesh", "dp_shard=2"], "uses axis 'tp', which --mesh"),
         (["--shape", "4,4", "--mesh", "tp=2", "--fsdp", "dp"], "--fsdp dp: no such axis"),
-        (["--shape", "4", "--mesh", "tp=2,dp=2"], None),  # S(1) on a 1-D tensor
+        (["--shape", "4", "--mesh", "tp=2,dp=2"], "shards dim 1, but shape (4,) has 1 dim;"),
     ],
 )
 def test_draw_refuses_what_it_cannot_draw(
@@ -345,6 +349,282 @@ def test_draw_of_an_unknown_fqn_suggests_close_ones(
     code, _, err = run(argv, capsys)
     assert_one_line_problem(code, err)
     assert "emb.weigth: no such parameter" in err and "emb.weight" in err
+
+
+# ---------------------------------------------------------------------------------------
+# --owned / --also-owned, and the drops check prints
+
+
+def test_check_prints_the_drops_even_when_it_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a dense parameter sharded over ep, on a dense mesh without ep: dropped, not a typo
+    plan = ShardingPlan(
+        {
+            "attn": ModulePlan({"wq.weight": {"tp": S0}, "wk.weight": {"tp": S0}}),
+            "norm": ModulePlan({"weight": {"ep": S0}, "bias": {"ep": S0}}),
+        },
+        mesh_axes=["dp_shard", "ep", "tp"],
+    )
+    path = write(tmp_path / "plan.json", plan_to_json(plan))
+    code, out, err = run(["check", path, "--mesh", "dp_shard=2,tp=2"], capsys)
+    assert (code, err) == (0, "")
+    table = build_table(plan, ["dp_shard", "tp"])
+    assert {(d.fqn, d.axis.name, d.mesh) for d in table.dropped} == {
+        ("norm.weight", "ep", "dense"),
+        ("norm.bias", "ep", "dense"),
+    }
+    assert "  2 placements dropped on axes their mesh lacks" in out
+    assert re.search(r"^    ep on the dense mesh: 2 \(norm\.\w+: S\(0\), \.\.\.\)$", out, re.M)
+
+
+def test_check_without_drops_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(owned_plan()))
+    code, out, _ = run(["check", path, "--mesh", "stage=2,dp_shard=2,tp=2"], capsys)
+    assert code == 0
+    assert build_table(owned_plan(), ["stage", "dp_shard", "tp"]).dropped == ()
+    assert "  no placement dropped\n" in out
+
+
+def test_check_of_a_mesh_typo_is_a_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
+    argv = ["check", path, "--mesh", "dp_shard=4,tpp=2", "--expert-mesh", "dp_shard=2,ep=4"]
+    code, out, err = run(argv, capsys)
+    assert (code, out) == (1, "")
+    assert "'tpp'" in err and "'tp'" in err
+
+
+def owned_plan() -> ShardingPlan:
+    return ShardingPlan(
+        {"attn": ModulePlan({"wq.weight": {"tp": S0}, "wo.weight": {"tp": S1, "stage": R}})},
+        mesh_axes=["stage", "dp_shard", "tp"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "owned"),
+    [
+        ([], FSDP_OWNED_AXES),
+        (["--also-owned", "stage"], FSDP_OWNED_AXES | {"stage"}),
+        (["--owned", "stage,dp_shard"], frozenset({"stage", "dp_shard"})),
+        (["--owned", "", "--also-owned", "stage"], frozenset({"stage"})),
+    ],
+)
+def test_check_strips_the_owned_axes_it_is_given(
+    tmp_path: Path, flags: list[str], owned: frozenset[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(owned_plan()))
+    mesh = ["stage", "dp_shard", "tp"]
+    code, out, err = run(["check", path, "--mesh", "stage=2,dp_shard=2,tp=2", *flags], capsys)
+    assert (code, err) == (0, "")
+    table = build_table(owned_plan(), mesh, owned=owned)
+    for fqn, layout in table.items():
+        assert re.search(rf"^{re.escape(fqn)} +{re.escape(str(layout))}$", out, re.M)
+    source = ", ".join(a for a in mesh if a not in owned)
+    assert f"source axes {source or '(none)'};" in out
+
+
+def test_check_with_an_owned_axis_sharded_is_a_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(owned_plan()))
+    code, _, err = run(["check", path, "--mesh", "tp=2", "--also-owned", "tp"], capsys)
+    assert code == 1
+    assert "attn.wq.weight" in err and "'tp'" in err
+
+
+@pytest.mark.parametrize("flag", ["--owned", "--also-owned"])
+@pytest.mark.parametrize("value", ["1dp", "dp,,pp", "dp pp", "d\u00e9p"])
+def test_owned_flags_take_axis_names(
+    tmp_path: Path, flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(owned_plan()))
+    code, out, err = run(["check", path, "--mesh", "tp=2", flag, value], capsys)
+    assert (code, out) == (2, "")
+    assert flag in err and "Traceback" not in err
+
+
+def test_draw_says_when_the_mesh_has_fsdp_axes_it_did_not_compose(
+    table_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["draw", table_file, "emb.weight", "--shape", "8,4", "--mesh", "dp_shard=2,tp=2"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    assert out.endswith(
+        "\nnot composed with FSDP: dp_shard is an FSDP axis of --mesh; give --fsdp dp_shard "
+        "to see the shards fully_shard makes\n"
+    )
+    code, out, _ = run([*argv, "--owned", "pp"], capsys)
+    assert code == 0 and "not composed" not in out
+    code, out, _ = run([*argv, "--fsdp", "dp_shard"], capsys)
+    assert code == 0 and "not composed" not in out
+
+
+# ---------------------------------------------------------------------------------------
+# hostile input: one line on stderr and the documented exit code, never a traceback
+
+
+HOSTILE_FQNS: Final = ["a\x1b[2J\nb", "lone\udc80surrogate", "zero\u200bwidth", "caf\u00e9.w"]
+
+
+@pytest.fixture
+def hostile_file(tmp_path: Path) -> str:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    table = ParamLayoutTable(dict.fromkeys(HOSTILE_FQNS, layout), tied=[set(HOSTILE_FQNS[:2])])
+    return write(tmp_path / "hostile.json", to_json(table))
+
+
+def test_show_escapes_what_a_terminal_would_obey(
+    hostile_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["show", hostile_file], capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert len(lines) == len(HOSTILE_FQNS) + 2  # entries, the tied group, the summary
+    assert lines[0].startswith("a\\x1b[2J\\nb  ")
+    assert lines[1].startswith("lone\\udc80surrogate  ")
+    assert lines[2].startswith("zero\\u200bwidth  ")
+    assert lines[3].startswith("caf\u00e9.w  ")  # printable: shown as it is
+    assert lines[4] == "tied: a\\x1b[2J\\nb, lone\\udc80surrogate"
+    assert {ln.index("dense[") for ln in lines[:4]} == {len("lone\\udc80surrogate  ")}
+    assert "\x1b" not in out
+
+
+def test_diff_and_check_escape_fqns(
+    tmp_path: Path, hostile_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = write(tmp_path / "empty.json", to_json(ParamLayoutTable({})))
+    code, out, _ = run(["diff", empty, hostile_file], capsys)
+    assert code == 1
+    assert "a\\x1b[2J\\nb: (absent) -> dense[tp=S(0)]\n" in out
+    assert "\x1b" not in out and len(out.splitlines()) == len(HOSTILE_FQNS) + 1
+    plan = ShardingPlan({"": ModulePlan({"a\x1b\nb": {"tpp": S0}})}, mesh_axes=["tp"])
+    path = write(tmp_path / "plan.json", plan_to_json(plan))
+    code, _, err = run(["check", path, "--mesh", "tp=2"], capsys)
+    assert code == 1
+    assert len(err.splitlines()) == 2 and "a\\x1b\\nb" in err and "\x1b" not in err
+
+
+def test_draw_of_a_missing_hostile_fqn_is_one_escaped_line(
+    hostile_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["draw", hostile_file, "a\x1b[2J\nc", "--shape", "4", "--mesh", "tp=2"]
+    code, _, err = run(argv, capsys)
+    assert_one_line_problem(code, err)
+    assert "a\\x1b[2J\\nc: no such parameter" in err and "did you mean" in err
+
+
+def test_show_of_an_endless_file_stops_at_the_bound(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 1 << 20)
+    code, out, err = run(["show", "/dev/zero"], capsys)
+    assert_one_line_problem(code, err)
+    assert out == "" and f"larger than {1 << 20} bytes" in err
+
+
+def test_show_of_a_large_file_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(1 << 40)  # a sparse terabyte
+    monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 1 << 20)
+    code, _, err = run(["show", str(big)], capsys)
+    assert_one_line_problem(code, err)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("--shape", "9223372036854775808,1", "at most 9223372036854775807"),
+        ("--shape", "9" * 5000, "at most"),
+        ("--shape", ",".join(["1"] * 65), "has 65 dims; a tensor has at most 64"),
+        ("--shape", "\u0663,2", "not a shape"),
+        ("--shape", "-1,2", "not a shape"),
+        ("--mesh", "tp=+2", "plain digits"),
+        ("--mesh", "tp=\u0662", "plain digits"),
+        ("--mesh", "tp=2147483648", "at most 2147483647"),
+        ("--mesh", "t\u00e9=2", "is not an identifier"),
+    ],
+)
+def test_odd_numbers_are_usage_errors(
+    table_file: str, option: str, value: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shape, mesh = {"--shape": (value, "tp=2"), "--mesh": ("4", value)}[option]
+    argv = ["draw", table_file, "emb.weight", f"--shape={shape}", f"--mesh={mesh}"]
+    code, out, err = run(argv, capsys)
+    assert (code, out) == (2, "")
+    assert "Traceback" not in err and option in err and words in err
+    assert len(err) < 2000
+
+
+def test_draw_of_what_cannot_be_printed_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    strided = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2**31 - 1), S0])
+    path = write(tmp_path / "t.json", to_json(ParamLayoutTable({"w": strided})))
+    code, _, err = run(["draw", path, "w", "--shape", "10,4", "--mesh", "dp=2,tp=2"], capsys)
+    assert_one_line_problem(code, err)
+    assert "2147483647 pieces" in err
+    code, _, err = run(["draw", path, "w", "--shape", "10,4", "--mesh", "dp=65,tp=64"], capsys)
+    assert_one_line_problem(code, err)
+    assert "4160 ranks" in err
+
+
+SCRIPT: Final = [sys.executable, "-m", "layout_algebra"]
+REMEDY: Final = "give the command somewhere to write"
+
+
+def run_cli(
+    argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: str | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """The installed command line in its own process, stdout as ``sh`` redirects it."""
+    command = [*SCRIPT, *argv]
+    if stdout is not None:
+        command = ["sh", "-c", f'exec "$@" {stdout}', "sh", *command]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONIO", "LC_"))}
+    environment.update(env or {})
+    return subprocess.run(command, capture_output=True, cwd=ROOT, env=environment, check=False)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "LANG": "C"}],
+    ids=["utf8", "ascii", "c-locale"],
+)
+def test_show_of_hostile_names_on_any_terminal(hostile_file: str, env: dict[str, str]) -> None:
+    done = run_cli(["show", hostile_file], env=env)
+    assert (done.returncode, done.stderr) == (0, b"")
+    # Python coerces the C locale to UTF-8 (PEP 538); PYTHONIOENCODING=ascii stays ASCII
+    text = done.stdout.decode("ascii" if "PYTHONIOENCODING" in env else "utf-8")
+    assert "a\\x1b[2J\\nb" in text and "lone\\udc80surrogate" in text
+    assert ("caf\\xe9.w" if "PYTHONIOENCODING" in env else "caf\u00e9.w") in text
+
+
+def test_a_problem_on_an_ascii_terminal_is_one_line(hostile_file: str) -> None:
+    argv = ["draw", hostile_file, "caf\u00e9.x\x07", "--shape", "4", "--mesh", "tp=2"]
+    done = run_cli(argv, env={"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 1 and done.stdout == b""
+    err = done.stderr.decode("ascii")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "caf\\xe9.x\\x07: no such parameter" in err
+
+
+@pytest.mark.parametrize(
+    ("redirect", "reason"),
+    [(">&-", "stdout is closed"), (">/dev/full", "No space left on device")],
+    ids=["closed", "full"],
+)
+def test_output_that_cannot_be_written_is_one_line(
+    table_file: str, redirect: str, reason: str
+) -> None:
+    done = run_cli(["show", table_file], stdout=redirect)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert err == f"layout-algebra: cannot write the output: {reason}; {REMEDY}\n"
 
 
 # ---------------------------------------------------------------------------------------
@@ -391,29 +671,23 @@ def demo_model_and_table() -> tuple[list[str], ParamLayoutTable]:
     return fqns, demo_table(model, demo_plan())
 
 
-def test_demo_prints_every_parameter() -> None:
-    done = run_demo()
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr
-    fqns, table = demo_model_and_table()
-    assert "output.weight" in fqns and "layers.1.moe.experts.w2" in fqns
-    lines = done.stdout.splitlines()
-    for fqn in fqns:
-        row = next(ln for ln in lines if ln.startswith(f"{fqn} "))
-        assert str(table[fqn]) in row
-    assert "tied (one storage): output.weight, tok_embeddings.weight" in done.stdout
-    assert "every FQN matched" in done.stdout
-
-
 def test_demo_verify_on_another_rank_agrees_with_torch() -> None:
     done = run_demo("--verify", "--rank", "5")
     assert done.returncode == 0, done.stdout + done.stderr
-    fqns, _ = demo_model_and_table()
+    assert "Traceback" not in done.stderr
+    fqns, table = demo_model_and_table()
     assert "MISMATCH" not in done.stdout
     assert f"{len(fqns)}/{len(fqns)} OK" in done.stdout
     assert "local shapes on rank 5: dp_shard=1, ep=0, tp=1 (dense: dp=2, tp=1)" in done.stdout
     rows = [ln for ln in done.stdout.splitlines() if ln.split(" ")[0] in fqns]
     assert len(rows) == len(fqns) and all(ln.endswith(" OK") for ln in rows)
+    # every parameter's row shows its source layout; the tied pair and the binding are told
+    assert "output.weight" in fqns and "layers.1.moe.experts.w2" in fqns
+    for fqn in fqns:
+        row = next(ln for ln in rows if ln.startswith(f"{fqn} "))
+        assert str(table[fqn]) in row
+    assert "tied (one storage): output.weight, tok_embeddings.weight" in done.stdout
+    assert "every FQN matched" in done.stdout
 
 
 def test_demo_json_is_the_demo_table() -> None:

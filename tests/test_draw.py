@@ -10,14 +10,15 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Shard as TorchShard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from layout_algebra import LayoutError, Replicate, Shard, SourceLayout
-from layout_algebra.draw import columns, draw, mesh_coordinates
+from layout_algebra import LayoutError, Replicate, Shard, SourceLayout, StridedShard
+from layout_algebra.draw import columns, draw, escape, mesh_coordinates
 from layout_algebra.torch_bridge import to_torch
 from tests.torch_oracle import (
     MeshFactory,
@@ -230,3 +231,147 @@ def test_mesh_coordinates_are_row_major_like_torchs_mesh(world_mesh: MeshFactory
 def test_columns_align_left_and_strip_the_right() -> None:
     assert columns([["a", "bb", "c"], ["ccc", "d", ""]]) == ["a    bb  c", "ccc  d"]
     assert columns([]) == []
+
+
+# ---------------------------------------------------------------------------------------
+# parameters of any rank, and plain parameters
+
+
+def holds(out: str, ranks: int) -> list[list[set[int]]]:
+    """Each rank's held indices per dim, as the ``holds`` column states them."""
+    rows = []
+    for rank in range(ranks):
+        m = re.search(rf"^{rank} .*\) +((?:\[[0-9:+\[\]]*\](?: x )?)+)$", out, re.MULTILINE)
+        assert m is not None, rank
+        dims = []
+        for part in m.group(1).split(" x "):
+            runs = re.findall(r"\[(\d+):(\d+)\]", part)
+            dims.append({i for lo, hi in runs for i in range(int(lo), int(hi))})
+        rows.append(dims)
+    return rows
+
+
+def assert_every_dim_matches_torch(
+    out: str, shape: Sequence[int], sizes: Mapping[str, int], layout: SourceLayout
+) -> None:
+    """The rank table's runs, local shape and offset equal torch's on every dim."""
+    stated = holds(out, len(list(coordinates(list(sizes), sizes))))
+    for rank, at in enumerate(coordinates(list(sizes), sizes)):
+        indices = dtensor_indices(shape, layout, sizes, at)
+        assert [set(ix) for ix in indices] == stated[rank], rank
+    expected = [local_and_offset for _, *local_and_offset in torch_blocks(shape, sizes, layout)]
+    assert [list(x) for x in legend(out, len(expected))] == expected
+
+
+def test_draw_a_3d_expert_weight_by_its_sharded_dims(world_mesh: MeshFactory) -> None:
+    # experts over ep, their hidden dim over tp, FSDP over dp_shard: dims 0 and 1 pictured
+    sizes = {"dp_shard": 2, "ep": 2, "tp": 2}
+    shape = (4, 6, 5)
+    out = draw(EXPERT, shape, sizes, fqn="moe.experts.w1", fsdp="dp_shard")
+    composed = layout_of(fully_sharded(world_mesh(sizes), EXPERT, shape, shard="dp_shard"))
+    assert "the picture shows dims 0 and 1 of 3; every rank holds dim 2 whole" in out
+    assert "rows down (dim 0), columns across (dim 1)" in out
+    held, empty = read_picture(out, 2)
+    for rank, at in enumerate(coordinates(list(sizes), sizes)):
+        d0, d1, d2 = dtensor_indices(shape, composed, sizes, at)
+        assert held.get(rank, set()) == set(itertools.product(d0, d1)), rank
+        assert d2 == tuple(range(5))
+    assert not empty
+    assert_every_dim_matches_torch(out, shape, sizes, composed)
+
+
+def test_draw_a_3d_weight_sharded_on_its_last_dim() -> None:
+    layout = SourceLayout("dense", ["tp"], [Shard(2)])
+    sizes = {"tp": 4}
+    out = draw(layout, (2, 3, 10), sizes)
+    assert "the picture shows dim 2 of 3; every rank holds dims 0, 1 whole" in out
+    held, _ = read_picture(out, 1)
+    for rank, at in enumerate(coordinates(["tp"], sizes)):
+        assert held[rank] == {(i,) for i in dtensor_indices((2, 3, 10), layout, sizes, at)[2]}
+    assert_every_dim_matches_torch(out, (2, 3, 10), sizes, layout)
+
+
+def test_draw_refuses_three_sharded_dims() -> None:
+    layout = SourceLayout("dense", ["a", "b", "c"], [S0, S1, Shard(2)])
+    with pytest.raises(LayoutError, match="shards 3 dims"):
+        draw(layout, (4, 4, 4), {"a": 2, "b": 2, "c": 2})
+
+
+def test_draw_a_plain_parameter(world_mesh: MeshFactory) -> None:
+    plain = SourceLayout("dense", (), ())
+    sizes = {"dp_shard": 8}
+    out = draw(plain, (10, 3), sizes, fqn="norm.weight")
+    assert "  layout dense[]" in out
+    assert "| 0-7 |" in out  # every rank holds all of it
+    assert_picture_matches_torch(out, (10, 3), sizes, plain)
+    # under FSDP: only FSDP's own shard, as fully_shard makes of a plain tensor
+    out = draw(plain, (10, 3), sizes, fqn="norm.weight", fsdp="dp_shard")
+    composed = layout_of(fully_sharded(world_mesh(sizes), plain, (10, 3), shard="dp_shard"))
+    assert f"with FSDP over 'dp_shard': {composed}" in out
+    assert_picture_matches_torch(out, (10, 3), sizes, composed)
+
+
+# ---------------------------------------------------------------------------------------
+# bounded work: what cannot be printed is refused before the work
+
+
+def test_draw_a_64_by_64_mesh() -> None:
+    layout = SourceLayout("dense", ["dp", "tp"], [S0, S1])
+    out = draw(layout, (64, 128), {"dp": 64, "tp": 64})
+    assert len(out.splitlines()) == 7 + 2 * 64 + 1 + 1 + 4096
+    held, empty = read_picture(out, 2)
+    assert len(held) == 4096 and not empty
+    assert held[4095] == {(63, 126), (63, 127)}
+
+
+@pytest.mark.parametrize(
+    ("layout", "shape", "sizes", "words"),
+    [
+        (EMB, (8,), {"tp": 65, "dp": 64}, "has 4160 ranks"),
+        (
+            SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2**31 - 1), S0]),
+            (10, 4),
+            {"dp": 2, "tp": 2},
+            "into 2147483647 pieces on each of 4 ranks",
+        ),
+        (
+            SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=32), S1]),
+            (4096, 64),
+            {"dp": 64, "tp": 64},
+            "would have 2048 x 64 cells",
+        ),
+    ],
+    ids=["ranks", "pieces", "cells"],
+)
+def test_draw_refuses_what_it_cannot_print(
+    layout: SourceLayout, shape: tuple[int, ...], sizes: dict[str, int], words: str
+) -> None:
+    with pytest.raises(LayoutError) as e:
+        draw(layout, shape, sizes, fqn="w")
+    assert words in e.value.message and "draw" in e.value.message
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        ((None, (4,), {"tp": 2}), "layout must be a SourceLayout"),
+        ((EMB, "4", {"tp": 2}), "global_shape must be a sequence"),
+        ((EMB, (4.0,), {"tp": 2}), "sizes from 0 to"),
+        ((EMB, (2**63,), {"tp": 2}), "sizes from 0 to"),
+        ((EMB, (), {"tp": 2}), "has 0 dims"),
+        ((EMB, (1,) * 65, {"tp": 2}), "has 65 dims"),
+        ((EMB, (4,), ["tp"]), "mesh_sizes must map"),
+        ((EMB, (4,), {"tp": 0}), "sizes >= 1"),
+        ((EMB, (4,), {"tp": True}), "sizes >= 1"),
+    ],
+)
+def test_draw_given_wrong_values_raises_layout_errors(args: tuple[Any, ...], words: str) -> None:
+    with pytest.raises(LayoutError, match=re.escape(words)):
+        draw(*args)
+
+
+def test_draw_escapes_the_name() -> None:
+    out = draw(EMB, (4,), {"tp": 2}, fqn="a\x1b[2J\nb")
+    assert out.startswith("a\\x1b[2J\\nb: shape (4,)")
+    assert escape("plain.name") == "plain.name"
+    assert escape("lone\udc80") == "lone\\udc80"
