@@ -1,4 +1,4 @@
-"""Versioned JSON for tables and plans, through one configured cattrs converter.
+"""Versioned JSON for tables and plans, and the cattrs hooks that read and write them.
 
 The documents are meant to be read by people: placements in the DSL (``"S(0)"``), one
 table entry per line::
@@ -9,21 +9,30 @@ table entry per line::
      },
      "tied": [["emb.weight", "head.weight"]]}
 
-Reading is strict: an unknown key, a duplicate key, a wrong type, a bad placement or
-axis, or a table that breaks its invariants raises ``SerializationError`` with the JSON
-path of the first bad value (``entries["layers.7.w"].placements[0]``). Nothing in the
-input names a class, and nothing is executed or imported from it.
+Reading is strict: an unknown key, a duplicate key, a key that is not a string, a wrong
+type, a bad placement or axis, or a table or plan that breaks its invariants raises
+``SerializationError`` with the JSON path of the bad value
+(``entries["layers.7.w"].placements[0]``); messages quote at most a few hundred
+characters of it. Nothing in the input names a class, and nothing is executed or
+imported from it.
+
+As ``cattrs.preconf`` does, ``configure_converter(c)`` registers the hooks of every value
+type on any cattrs converter (so a user's own attrs class holding a ``ParamLayoutTable``
+structures with their converter), ``make_converter()`` returns a new configured one, and
+``converter`` is the package's. Each document is one unstructured object (``_table_obj``,
+``_plan_obj``); ``to_json`` and ``plan_to_json`` only lay that object out as text.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any, Final, TypeVar, cast
 
 import cattrs
 
+from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_no_partial
@@ -41,8 +50,10 @@ from layout_algebra.plan import ModulePlan, ShardingPlan
 
 __all__ = [
     "FORMAT_VERSION",
+    "configure_converter",
     "converter",
     "from_json",
+    "make_converter",
     "plan_from_json",
     "plan_to_json",
     "to_json",
@@ -52,7 +63,14 @@ FORMAT_VERSION: Final = 1
 """The version written into, and required of, every document."""
 
 _T = TypeVar("_T")
+_C = TypeVar("_C", bound=cattrs.BaseConverter)
 _LAYOUT_KEYS: Final = frozenset({"mesh", "axes", "placements"})
+_TABLE_KEYS: Final = frozenset({"version", "entries"})
+_TABLE_OPTIONAL: Final = frozenset({"tied"})
+_PLAN_KEYS: Final = frozenset({"version", "mesh_axes", "modules"})
+_PLAN_OPTIONAL: Final = frozenset({"tied_pairs"})
+_MODULE_KEYS: Final = frozenset({"params"})
+_MODULE_OPTIONAL: Final = frozenset({"expert_parallel"})
 
 
 # ---------------------------------------------------------------------------------------
@@ -60,7 +78,7 @@ _LAYOUT_KEYS: Final = frozenset({"mesh", "axes", "placements"})
 
 
 def _key(path: str, key: str) -> str:
-    return f"{path}[{json.dumps(key)}]" if path else f"{key}"
+    return f"{path}[{json.dumps(clip(key))}]" if path else clip(key)
 
 
 def _field(path: str, name: str) -> str:
@@ -76,11 +94,16 @@ def _shown(path: str) -> str:
 
 
 def _fail(path: str, what: str, value: object, fqn: str | None = None) -> SerializationError:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    msg = f"{_shown(path)}: {what}, got {shown}"
-    return SerializationError(msg, path=_shown(path), fqn=fqn)
+    msg = f"{_shown(path)}: {what}, got {quote(value)}"
+    return SerializationError(msg, path=_shown(path), fqn=None if fqn is None else clip(fqn))
+
+
+def _string_keys(value: dict[Any, object], path: str) -> None:
+    """JSON text always has string keys; a Python object handed to the converter may not."""
+    for k in value:
+        if type(k) is not str:
+            where = f"{path}[{quote(k)}]" if path else quote(k)
+            raise _fail(where, "keys are strings (FQNs, paths, axis names)", k)
 
 
 def _object(
@@ -89,6 +112,7 @@ def _object(
     _check_unique(value, path, _field)
     if not isinstance(value, dict):
         raise _fail(path, "expected a JSON object", value)
+    _string_keys(value, path)
     keys = value.keys()
     missing = required - keys
     if missing:
@@ -98,7 +122,8 @@ def _object(
     if extra:
         name = sorted(extra)[0]
         allowed = ", ".join(sorted(required | optional))
-        raise _fail(_field(path, name), f"unknown field {name!r} (allowed: {allowed})", value[name])
+        where = _field(path, clip(name))
+        raise _fail(where, f"unknown field {clip(name)!r} (allowed: {allowed})", value[name])
     return value
 
 
@@ -107,6 +132,7 @@ def _mapping(value: object, path: str, what: str) -> dict[str, object]:
     _check_unique(value, path, _key)
     if not isinstance(value, dict):
         raise _fail(path, f"expected a JSON object of {what}", value)
+    _string_keys(value, path)
     return value
 
 
@@ -120,6 +146,13 @@ def _str(value: object, path: str) -> str:
     if not isinstance(value, str):
         raise _fail(path, "expected a string", value)
     return value
+
+
+def _fqn(value: object, path: str) -> str:
+    fqn = _str(value, path)
+    if not fqn:
+        raise _fail(path, "a parameter FQN must be non-empty", fqn)
+    return fqn
 
 
 def _bool(value: object, path: str) -> bool:
@@ -152,15 +185,49 @@ def _axis(value: object, path: str) -> AxisName:
         raise _fail(path, e.message, value) from None
 
 
-def _wrap(path: str, build: Callable[[], _T], fqn: str | None = None) -> _T:
-    """``build()``, its ``LayoutError`` turned into a ``SerializationError`` at ``path``."""
+def _named_key(keys: Iterable[str], shown: str | None) -> str | None:
+    """The key an error's ``.fqn`` names (errors show long keys clipped), if any."""
+    if shown is None:
+        return None
+    return next((k for k in keys if k == shown or clip(k) == shown), None)
+
+
+def _repeat(names: Sequence[str], name: str | None) -> int | None:
+    """The index where ``name`` appears in ``names`` for the second time, if it does."""
+    seen = False
+    for i, n in enumerate(names):
+        if n == name:
+            if seen:
+                return i
+            seen = True
+    return None
+
+
+def _wrap(
+    path: str,
+    build: Callable[[], _T],
+    locate: Callable[[LayoutError], str | None] = lambda _: None,
+    fqn: str | None = None,
+) -> _T:
+    """``build()``; its ``LayoutError`` becomes a ``SerializationError`` at the path
+    ``locate`` finds for it (the bad value), else at ``path``."""
     try:
         return build()
     except SerializationError:
         raise
     except LayoutError as e:
-        msg = f"{_shown(path)}: {e.message}"
-        raise SerializationError(msg, path=_shown(path), fqn=fqn) from None
+        where = _shown(locate(e) or path)
+        msg = f"{where}: {e.message}"
+        shown = fqn if fqn is not None else e.fqn
+        raise SerializationError(msg, path=where, fqn=shown) from None
+
+
+def _fails(build: Callable[[], object]) -> bool:
+    try:
+        build()
+    except LayoutError:
+        return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,7 +243,18 @@ def _layout(value: object, path: str) -> SourceLayout:
         _placement(p, _index(placements_path, i))
         for i, p in enumerate(_list(doc["placements"], placements_path))
     ]
-    return _wrap(path, lambda: SourceLayout(mesh, axes, placements))
+
+    def locate(e: LayoutError) -> str | None:
+        if len(axes) != len(placements):
+            return placements_path
+        repeat = _repeat([a.name for a in axes], e.axis)
+        if repeat is not None:
+            return _index(axes_path, repeat)
+        if _fails(lambda: SourceLayout(mesh, (), ())):
+            return _field(path, "mesh")
+        return None
+
+    return _wrap(path, lambda: SourceLayout(mesh, axes, placements), locate)
 
 
 def _memo_key(raw: object) -> tuple[object, ...] | None:
@@ -203,8 +281,22 @@ def _entry(fqn: str, raw: object, where: str) -> SourceLayout:
     return layout
 
 
+def _tied_groups(value: object, path: str, entries: Mapping[str, SourceLayout]) -> list[list[str]]:
+    groups: list[list[str]] = []
+    for i, raw_group in enumerate(_list(value, path)):
+        group_path = _index(path, i)
+        members = [
+            _fqn(m, _index(group_path, j)) for j, m in enumerate(_list(raw_group, group_path))
+        ]
+        for j, m in enumerate(members):
+            if m not in entries:
+                raise _fail(_index(group_path, j), "tied member has no entry in the table", m, m)
+        groups.append(members)
+    return groups
+
+
 def _table(value: object, path: str = "") -> ParamLayoutTable:
-    doc = _object(value, path, frozenset({"version", "entries"}), frozenset({"tied"}))
+    doc = _object(value, path, _TABLE_KEYS, _TABLE_OPTIONAL)
     _version(doc, path)
     entries_path = _field(path, "entries")
     raw_entries = _mapping(doc["entries"], entries_path, "FQN -> layout")
@@ -227,17 +319,21 @@ def _table(value: object, path: str = "") -> ParamLayoutTable:
                 seen[memo_key] = layout
         entries[fqn] = layout
     tied_path = _field(path, "tied")
-    groups: list[frozenset[str]] = []
-    for i, raw_group in enumerate(_list(doc.get("tied", []), tied_path)):
-        group_path = _index(tied_path, i)
-        members = [
-            _str(m, _index(group_path, j)) for j, m in enumerate(_list(raw_group, group_path))
-        ]
-        for j, m in enumerate(members):
-            if m not in entries:
-                raise _fail(_index(group_path, j), "tied member has no entry in the table", m, m)
-        groups.append(frozenset(members))
-    return _wrap(tied_path if groups else path, lambda: ParamLayoutTable(entries, tied=groups))
+    groups = _tied_groups(doc.get("tied", []), tied_path, entries)
+
+    def locate(e: LayoutError) -> str | None:
+        # a member in two groups, at its second; else the first group bad on its own
+        holding = [i for i, group in enumerate(groups) if e.fqn in group]
+        if len(holding) > 1:
+            i = holding[1]
+            return _index(_index(tied_path, i), groups[i].index(str(e.fqn)))
+        for i, group in enumerate(groups):
+            alone = {m: entries[m] for m in group}
+            if _fails(lambda: ParamLayoutTable(alone, tied=[group])):  # noqa: B023
+                return _index(tied_path, i)
+        return tied_path if groups else None
+
+    return _wrap(path, lambda: ParamLayoutTable(entries, tied=groups), locate)
 
 
 def _named(value: object, path: str) -> dict[str, Placement]:
@@ -249,18 +345,24 @@ def _named(value: object, path: str) -> dict[str, Placement]:
 
 
 def _module(value: object, path: str) -> ModulePlan:
-    doc = _object(value, path, frozenset({"params"}), frozenset({"expert_parallel"}))
+    doc = _object(value, path, _MODULE_KEYS, _MODULE_OPTIONAL)
     params_path = _field(path, "params")
     raw_params = _mapping(doc["params"], params_path, "parameter path -> placements")
     params = {name: _named(named, _key(params_path, name)) for name, named in raw_params.items()}
     expert = _bool(doc.get("expert_parallel", False), _field(path, "expert_parallel"))
-    return _wrap(path, lambda: ModulePlan(params, expert_parallel=expert))
+
+    def locate(e: LayoutError) -> str | None:
+        name = _named_key(params, e.fqn)
+        if name is None:
+            return None
+        where = _key(params_path, name)
+        return _key(where, e.axis) if e.axis in params[name] else where
+
+    return _wrap(path, lambda: ModulePlan(params, expert_parallel=expert), locate)
 
 
 def _plan(value: object, path: str = "") -> ShardingPlan:
-    doc = _object(
-        value, path, frozenset({"version", "mesh_axes", "modules"}), frozenset({"tied_pairs"})
-    )
+    doc = _object(value, path, _PLAN_KEYS, _PLAN_OPTIONAL)
     _version(doc, path)
     axes_path = _field(path, "mesh_axes")
     mesh_axes = [
@@ -276,8 +378,16 @@ def _plan(value: object, path: str = "") -> ShardingPlan:
         pair = _list(raw_pair, pair_path)
         if len(pair) != 2:
             raise _fail(pair_path, "a tied pair is an array of two FQNs", pair)
-        pairs.append((_str(pair[0], _index(pair_path, 0)), _str(pair[1], _index(pair_path, 1))))
-    return _wrap(path, lambda: ShardingPlan(modules, mesh_axes=mesh_axes, tied_pairs=pairs))
+        pairs.append((_fqn(pair[0], _index(pair_path, 0)), _fqn(pair[1], _index(pair_path, 1))))
+
+    def locate(e: LayoutError) -> str | None:
+        repeat = _repeat([a.name for a in mesh_axes], e.axis)
+        if repeat is not None:
+            return _index(axes_path, repeat)
+        name = _named_key(modules, e.fqn)
+        return None if name is None else _key(modules_path, name)
+
+    return _wrap(path, lambda: ShardingPlan(modules, mesh_axes=mesh_axes, tied_pairs=pairs), locate)
 
 
 class _Duplicated(dict[str, object]):
@@ -302,7 +412,7 @@ def _check_unique(value: object, path: str, at: Callable[[str, str], str]) -> No
     """A key spelled twice would silently drop a value: refuse it, at its path."""
     if isinstance(value, _Duplicated):
         where = at(path, value.key)
-        msg = f"key {value.key!r} appears twice in one JSON object; give each key once"
+        msg = f"key {clip(value.key)!r} appears twice in one JSON object; give each key once"
         raise _fail(where, msg, value.key)
 
 
@@ -322,11 +432,11 @@ def _load(text: str | bytes) -> object:
     except _NonFinite as e:
         raise _fail("", "NaN and Infinity are not JSON", str(e)) from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, absurd nesting
-        raise _fail("", f"not valid JSON ({e})", text[:40]) from None
+        raise _fail("", f"not valid JSON ({clip(str(e))})", text[:40]) from None
 
 
 # ---------------------------------------------------------------------------------------
-# writing
+# writing: each document is one object; the text lays that object out
 
 
 def _layout_obj(layout: SourceLayout) -> dict[str, object]:
@@ -338,6 +448,7 @@ def _layout_obj(layout: SourceLayout) -> dict[str, object]:
 
 
 def _table_obj(table: ParamLayoutTable) -> dict[str, object]:
+    """The table's document: the one place its envelope is written."""
     cache: dict[int, dict[str, object]] = {}
     entries: dict[str, object] = {}
     for fqn, layout in table.items():
@@ -352,22 +463,76 @@ def _table_obj(table: ParamLayoutTable) -> dict[str, object]:
     }
 
 
+def _module_obj(spec: ModulePlan) -> dict[str, object]:
+    return {
+        "expert_parallel": spec.expert_parallel,
+        "params": {
+            path: {axis: format_placement(p) for axis, p in named.items()}
+            for path, named in spec.params.items()
+        },
+    }
+
+
 def _plan_obj(plan: ShardingPlan) -> dict[str, object]:
+    """The plan's document: the one place its envelope is written."""
     return {
         "version": FORMAT_VERSION,
         "mesh_axes": [a.name for a in plan.mesh_axes],
         "tied_pairs": [list(p) for p in plan.tied_pairs],
-        "modules": {
-            name: {
-                "params": {
-                    path: {axis: format_placement(p) for axis, p in named.items()}
-                    for path, named in spec.params.items()
-                },
-                "expert_parallel": spec.expert_parallel,
-            }
-            for name, spec in plan.modules.items()
-        },
+        "modules": {name: _module_obj(spec) for name, spec in plan.modules.items()},
     }
+
+
+_TABLE_SPREAD: Final = frozenset({"entries"})
+_PLAN_SPREAD: Final = frozenset({"modules", "modules.*.params"})
+"""The objects of a document laid out one item per line (by path, ``*`` for any key);
+everything else is written on one line."""
+
+
+def _dumps_cached(cache: dict[int, str]) -> Callable[[object], str]:
+    """``json.dumps``, remembering the text of each object (documents share layouts)."""
+
+    def dumps(value: object) -> str:
+        text = cache.get(id(value))
+        if text is None:
+            text = cache[id(value)] = json.dumps(value)
+        return text
+
+    return dumps
+
+
+def _lay_out(doc: Mapping[str, object], spread: frozenset[str]) -> str:
+    """The document as text: its fields one per line, the objects ``spread`` names one
+    item per line, the rest as ``json.dumps`` writes it (ASCII, so any FQN is safe)."""
+    dumps = _dumps_cached({})
+    quote_key = encode_basestring_ascii  # what dumps does with a str, without its set-up
+    # the paths of objects that hold a spread object deeper down: written inline, by item
+    holders = {p.rsplit(".", 1)[0] for p in spread if "." in p}
+
+    def value(v: object, path: str, indent: int) -> str:
+        if type(v) is dict:
+            if path in spread:
+                if not v:
+                    return "{}"
+                pad, inner = " " * (indent + 1), f"{path}.*"
+                lines = [
+                    f"{pad}{quote_key(k)}: {value(x, inner, indent + 1)}" for k, x in v.items()
+                ]
+                return "{\n" + ",\n".join(lines) + "\n" + " " * indent + "}"
+            if path in holders:
+                items = [f"{quote_key(k)}: {value(x, f'{path}.{k}', indent)}" for k, x in v.items()]
+                return "{" + ", ".join(items) + "}"
+        return dumps(v)
+
+    fields = [f"{quote_key(k)}: {value(v, k, 1)}" for k, v in doc.items()]
+    return "{" + ",\n ".join(fields) + "}"
+
+
+def _checked(value: object, kind: type[_T], fn: str) -> _T:
+    if not isinstance(value, kind):
+        msg = f"{fn} takes a {kind.__name__}, got {quote(value)}"
+        raise SerializationError(msg, path="$")
+    return value
 
 
 def to_json(table: ParamLayoutTable) -> str:
@@ -380,21 +545,11 @@ def to_json(table: ParamLayoutTable) -> str:
       "w": {"mesh": "dense", "axes": ["tp"], "placements": ["S(0)"]}
      },
      "tied": []}
+
+    Raises:
+        SerializationError: ``table`` is not a ``ParamLayoutTable``.
     """
-    dumps = json.dumps
-    quote = encode_basestring_ascii  # what dumps does with a str, without its set-up
-    cache: dict[int, str] = {}
-    lines: list[str] = []
-    append = lines.append
-    for fqn, layout in table.items():
-        text = cache.get(id(layout))
-        if text is None:
-            text = cache[id(layout)] = dumps(_layout_obj(layout))
-        append(f"  {quote(fqn)}: {text}")
-    body = ",\n".join(lines)
-    tied = dumps([sorted(g) for g in table.tied])
-    entries = f"{{\n{body}\n }}" if lines else "{}"
-    return f'{{"version": {FORMAT_VERSION},\n "entries": {entries},\n "tied": {tied}}}'
+    return _lay_out(_table_obj(_checked(table, ParamLayoutTable, "to_json")), _TABLE_SPREAD)
 
 
 def from_json(text: str | bytes) -> ParamLayoutTable:
@@ -418,27 +573,14 @@ def plan_to_json(plan: ShardingPlan) -> str:
      "tied_pairs": [],
      "modules": {
       "attn": {"expert_parallel": false, "params": {
-        "wq.weight": {"tp": "S(0)"}
+       "wq.weight": {"tp": "S(0)"}
       }}
      }}
+
+    Raises:
+        SerializationError: ``plan`` is not a ``ShardingPlan``.
     """
-    dumps = json.dumps
-    modules: list[str] = []
-    for name, spec in plan.modules.items():
-        params = ",\n".join(
-            f"    {dumps(path)}: {dumps({a: format_placement(p) for a, p in named.items()})}"
-            for path, named in spec.params.items()
-        )
-        head = f'  {dumps(name)}: {{"expert_parallel": {dumps(spec.expert_parallel)}, "params": '
-        modules.append(f"{head}{{\n{params}\n  }}}}" if params else f"{head}{{}}}}")
-    joined = ",\n".join(modules)
-    body = f"{{\n{joined}\n }}" if modules else "{}"
-    return (
-        f'{{"version": {FORMAT_VERSION},\n'
-        f' "mesh_axes": {dumps([a.name for a in plan.mesh_axes])},\n'
-        f' "tied_pairs": {dumps([list(p) for p in plan.tied_pairs])},\n'
-        f' "modules": {body}}}'
-    )
+    return _lay_out(_plan_obj(_checked(plan, ShardingPlan, "plan_to_json")), _PLAN_SPREAD)
 
 
 def plan_from_json(text: str | bytes) -> ShardingPlan:
@@ -455,23 +597,6 @@ def plan_from_json(text: str | bytes) -> ShardingPlan:
 # the converter
 
 
-def _make_converter() -> cattrs.Converter:
-    c = cattrs.Converter()
-    for kind in (Shard, Replicate, Partial, StridedShard):
-        c.register_unstructure_hook(kind, format_placement)
-        c.register_structure_hook(kind, _structure_kind(kind))
-    c.register_unstructure_hook(AxisName, str)
-    c.register_structure_hook(AxisName, lambda v, _: _axis(v, ""))
-    c.register_unstructure_hook(SourceLayout, _layout_obj)
-    c.register_structure_hook(SourceLayout, lambda v, _: _layout(v, ""))
-    c.register_unstructure_hook(ParamLayoutTable, _table_obj)
-    c.register_structure_hook(ParamLayoutTable, lambda v, _: _table(v))
-    c.register_unstructure_hook(ShardingPlan, _plan_obj)
-    c.register_structure_hook(ShardingPlan, lambda v, _: _plan(v))
-    c.register_structure_hook_func(lambda t: t == Placement, lambda v, _: _placement(v, ""))
-    return c
-
-
 def _structure_kind(kind: type[_T]) -> Callable[[Any, Any], _T]:
     def structure(value: object, _: object) -> _T:
         placement = _placement(value, "")
@@ -482,7 +607,41 @@ def _structure_kind(kind: type[_T]) -> Callable[[Any, Any], _T]:
     return structure
 
 
-converter: Final[cattrs.Converter] = _make_converter()
-"""The configured converter: ``converter.unstructure(table)`` gives the JSON-ready
-document, ``converter.structure(obj, ParamLayoutTable)`` reads one back (the same for
-``ShardingPlan``, ``SourceLayout``, ``AxisName`` and every placement)."""
+def configure_converter(converter: _C) -> _C:
+    """Register the hooks of every value type of the package on ``converter``.
+
+    After it, ``converter.unstructure(table)`` gives the JSON-ready document and
+    ``converter.structure(obj, ParamLayoutTable)`` reads one back strictly (the same for
+    ``ShardingPlan``, ``ModulePlan``, ``SourceLayout``, ``AxisName``, ``Placement`` and
+    every placement kind), also where they sit inside the user's own attrs classes.
+
+    Returns:
+        ``converter`` itself.
+    """
+    for kind in (Shard, Replicate, Partial, StridedShard):
+        converter.register_unstructure_hook(kind, format_placement)
+        converter.register_structure_hook(kind, _structure_kind(kind))
+    converter.register_structure_hook_func(lambda t: t == Placement, lambda v, _: _placement(v, ""))
+    converter.register_unstructure_hook(AxisName, str)
+    converter.register_structure_hook(AxisName, lambda v, _: _axis(v, ""))
+    converter.register_unstructure_hook(SourceLayout, _layout_obj)
+    converter.register_structure_hook(SourceLayout, lambda v, _: _layout(v, ""))
+    converter.register_unstructure_hook(ParamLayoutTable, _table_obj)
+    converter.register_structure_hook(ParamLayoutTable, lambda v, _: _table(v))
+    converter.register_unstructure_hook(ModulePlan, _module_obj)
+    converter.register_structure_hook(ModulePlan, lambda v, _: _module(v, ""))
+    converter.register_unstructure_hook(ShardingPlan, _plan_obj)
+    converter.register_structure_hook(ShardingPlan, lambda v, _: _plan(v))
+    return converter
+
+
+def make_converter() -> cattrs.Converter:
+    """A new cattrs ``Converter`` configured with ``configure_converter``."""
+    c = cattrs.Converter()
+    configure_converter(c)
+    return c
+
+
+converter: Final[cattrs.Converter] = make_converter()
+"""The package's configured converter: ``converter.unstructure(table)`` gives the
+JSON-ready document, ``converter.structure(obj, ParamLayoutTable)`` reads one back."""

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
+import attrs
+import cattrs
+import cattrs.preconf.json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from layout_algebra import (
+    AxisName,
     ModulePlan,
     ParamLayoutTable,
     Partial,
+    Placement,
     Replicate,
     SerializationError,
     Shard,
@@ -21,8 +27,10 @@ from layout_algebra import (
     StridedShard,
 )
 from layout_algebra.serialization import (
+    configure_converter,
     converter,
     from_json,
+    make_converter,
     plan_from_json,
     plan_to_json,
     to_json,
@@ -168,13 +176,19 @@ def _entry(**changes: Any) -> str:
         (_entry(placements="S(0)"), 'entries["layers.7.w"].placements', "JSON array"),
         (_entry(axes=["1tp"]), 'entries["layers.7.w"].axes[0]', "'1tp'"),
         (_entry(axes=[["tp"]]), 'entries["layers.7.w"].axes[0]', "expected a string"),
-        (_entry(axes=["tp", "ep"]), 'entries["layers.7.w"]', "2 axes"),
+        (_entry(axes=["tp", "ep"]), 'entries["layers.7.w"].placements', "2 axes"),
+        (
+            _entry(axes=["tp", "tp"], placements=["R", "R"]),
+            'entries["layers.7.w"].axes[1]',
+            "names axis 'tp' twice",
+        ),
         (_entry(mesh=3), 'entries["layers.7.w"].mesh', "expected a string"),
-        (_entry(mesh=""), 'entries["layers.7.w"]', "non-empty"),
+        (_entry(mesh=""), 'entries["layers.7.w"].mesh', "non-empty"),
         (_entry(extra=1), 'entries["layers.7.w"].extra', "unknown field 'extra'"),
         (_table_doc(entries={"layers.7.w": 5}), 'entries["layers.7.w"]', "JSON object"),
         (_table_doc(tied=[["layers.7.w", "absent.w"]]), "tied[0][1]", "no entry"),
-        (_table_doc(tied=[["layers.7.w"]]), "tied", "fewer than two"),
+        (_table_doc(tied=[["layers.7.w"]]), "tied[0]", "fewer than two"),
+        (_table_doc(tied=[["layers.7.w", ""]]), "tied[0][1]", "non-empty"),
         (_table_doc(tied={"a": 1}), "tied", "JSON array"),
         ('{"version": 1, "entries": {"a": {}, "a": {}}}', 'entries["a"]', "appears twice"),
         ('{"version": 1, "version": 1, "entries": {}}', "version", "appears twice"),
@@ -199,7 +213,20 @@ def test_bad_table_documents(text: str, path: str, words: str) -> None:
     [
         ({"version": 1, "mesh_axes": ["tp"]}, "modules"),
         ({"version": 1, "mesh_axes": "tp", "modules": {}}, "mesh_axes"),
-        ({"version": 1, "mesh_axes": ["tp", "tp"], "modules": {}}, "$"),
+        ({"version": 1, "mesh_axes": ["tp", "ep", "tp"], "modules": {}}, "mesh_axes[2]"),
+        ({"version": 1, "mesh_axes": [], "modules": {"a..b": {"params": {}}}}, 'modules["a..b"]'),
+        (
+            {"version": 1, "mesh_axes": [], "modules": {"a": {"params": {"w..x": {}}}}},
+            'modules["a"].params["w..x"]',
+        ),
+        (
+            {"version": 1, "mesh_axes": [], "modules": {"a": {"params": {"": {}}}}},
+            'modules["a"].params[""]',
+        ),
+        (
+            {"version": 1, "mesh_axes": [], "modules": {}, "tied_pairs": [["a", ""]]},
+            "tied_pairs[0][1]",
+        ),
         ({"version": 1, "mesh_axes": ["tp"], "modules": {"a": {}}}, 'modules["a"].params'),
         (
             {"version": 1, "mesh_axes": ["tp"], "modules": {"a": {"params": {"w": {"tp": "X"}}}}},
@@ -302,3 +329,198 @@ def test_deleting_any_field_is_valid_or_a_serialization_error(path: tuple[object
         from_json(json.dumps(doc))
     except SerializationError as e:
         assert e.path
+
+
+@pytest.mark.parametrize(
+    ("tied", "path", "words"),
+    [
+        ([["a", "b"], ["b", "c"]], "tied[1][0]", "two tied groups"),
+        ([["a", "b"], ["c", "d"]], "tied[1]", "different layouts"),
+    ],
+)
+def test_tied_groups_are_reported_at_the_group(
+    tied: list[list[str]], path: str, words: str
+) -> None:
+    s0 = {"mesh": "dense", "axes": ["tp"], "placements": ["S(0)"]}
+    s1 = {"mesh": "dense", "axes": ["tp"], "placements": ["S(1)"]}
+    doc = {"version": 1, "entries": {"a": s0, "b": s0, "c": s0, "d": s1}, "tied": tied}
+    with pytest.raises(SerializationError) as info:
+        from_json(json.dumps(doc))
+    assert info.value.path == path
+    assert words in info.value.message
+
+
+# --------------------------------------------------------------------------------------
+# hostile values: keys that are not strings, huge numbers, huge strings
+
+
+@pytest.mark.parametrize(
+    ("doc", "kind", "path"),
+    [  # a Python object given to the converter may have any keys
+        ({"version": 1, "entries": {1: GOOD_ENTRY}}, ParamLayoutTable, "entries[1]"),
+        ({"version": 1, "entries": {None: GOOD_ENTRY}}, ParamLayoutTable, "entries[None]"),
+        ({1: 1, "version": 1, "entries": {}}, ParamLayoutTable, "1"),
+        (
+            {"version": 1, "entries": {"w": dict([*GOOD_ENTRY.items(), (2, 0)])}},
+            ParamLayoutTable,
+            'entries["w"][2]',
+        ),
+        (
+            {"version": 1, "mesh_axes": [], "modules": {("a",): {"params": {}}}},
+            ShardingPlan,
+            "modules[('a',)]",
+        ),
+        (
+            {"version": 1, "mesh_axes": [], "modules": {"a": {"params": {3: {}}}}},
+            ShardingPlan,
+            'modules["a"].params[3]',
+        ),
+        (
+            {"version": 1, "mesh_axes": [], "modules": {"a": {"params": {"w": {0: "R"}}}}},
+            ShardingPlan,
+            'modules["a"].params["w"][0]',
+        ),
+    ],
+)
+def test_keys_that_are_not_strings_are_serialization_errors(
+    doc: dict[Any, Any], kind: type[object], path: str
+) -> None:
+    with pytest.raises(SerializationError) as info:
+        converter.structure(doc, kind)
+    assert info.value.path == path
+    assert "keys are strings" in info.value.message
+
+
+def test_a_huge_version_is_a_serialization_error() -> None:
+    for version in [10**5000, -(10**5000)]:
+        with pytest.raises(SerializationError) as info:
+            converter.structure({"version": version, "entries": {}}, ParamLayoutTable)
+        assert info.value.path == "version"
+        assert len(info.value.message) < 300
+    with pytest.raises(SerializationError) as info:
+        from_json('{"version": ' + "9" * 5000 + ', "entries": {}}')
+    assert info.value.path == "$"
+
+
+HUGE: Final = "x" * 50_000_000
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"version": 1, "entries": {"w": {**GOOD_ENTRY, "placements": [HUGE]}}},
+        {"version": 1, "entries": {"w": {**GOOD_ENTRY, "axes": [HUGE + "-"]}}},
+        {"version": 1, "entries": {HUGE: {**GOOD_ENTRY, "placements": ["P(sum)"]}}},
+        {"version": 1, "entries": {HUGE: 5}},
+        {"version": HUGE, "entries": {}},
+        {"version": 1, "entries": {}, HUGE: 1},
+        {"version": 1, "entries": {"w": {**GOOD_ENTRY, "mesh": [HUGE]}}},
+    ],
+    ids=["placement", "axis", "fqn", "fqn-key", "version", "field", "nested"],
+)
+def test_messages_quote_at_most_a_few_hundred_characters(doc: dict[str, Any]) -> None:
+    with pytest.raises(SerializationError) as info:
+        from_json(json.dumps(doc))
+    assert len(str(info.value)) < 1000
+    assert len(info.value.path) < 400
+
+
+def test_a_huge_plan_key_is_quoted_briefly() -> None:
+    doc = {"version": 1, "mesh_axes": [], "modules": {"a": {"params": {HUGE + "..": {}}}}}
+    with pytest.raises(SerializationError) as info:
+        plan_from_json(json.dumps(doc))
+    assert len(str(info.value)) < 1000
+    assert info.value.path.startswith('modules["a"].params["xxx')
+
+
+# --------------------------------------------------------------------------------------
+# wrong types into every public function: a SerializationError, never a bare exception
+
+_WRONG = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+    st.just(TABLE),
+    st.just(PLAN),
+    st.just(EMB),
+    st.builds(object),
+)
+_KINDS: Final[list[Any]] = [
+    ParamLayoutTable,
+    ShardingPlan,
+    ModulePlan,
+    SourceLayout,
+    AxisName,
+    Placement,
+    Shard,
+    Replicate,
+    Partial,
+    StridedShard,
+]
+
+
+@given(_WRONG, st.sampled_from(_KINDS))
+def test_public_functions_given_wrong_types_raise_serialization_errors(
+    value: object, kind: Any
+) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: from_json(value),  # type: ignore[arg-type]
+        lambda: plan_from_json(value),  # type: ignore[arg-type]
+        lambda: converter.structure(value, kind),
+    ]
+    if not isinstance(value, ParamLayoutTable):
+        calls.append(lambda: to_json(value))  # type: ignore[arg-type]
+    if not isinstance(value, ShardingPlan):
+        calls.append(lambda: plan_to_json(value))  # type: ignore[arg-type]
+    for call in calls:
+        try:
+            call()
+        except SerializationError as e:
+            assert e.path and len(e.message) < 1000
+    # what a wrong value is written as by the right function is for cattrs; ours are exact
+    assert to_json(TABLE) == to_json(from_json(to_json(TABLE)))
+
+
+# --------------------------------------------------------------------------------------
+# the converter, configured the way cattrs.preconf does it
+
+
+@attrs.frozen
+class RunConfig:
+    """A user's own config: a name, a table and a plan, with cattrs' own types around."""
+
+    name: str
+    table: ParamLayoutTable
+    plan: ShardingPlan | None = None
+    layouts: tuple[SourceLayout, ...] = ()
+    default: Placement = attrs.field(factory=Replicate)
+
+
+def test_a_users_own_converter_holds_tables_and_plans() -> None:
+    config = RunConfig("llama", TABLE, PLAN, (EMB,), Shard(1))
+    for c in [configure_converter(cattrs.Converter()), make_converter()]:
+        raw = c.unstructure(config)
+        assert raw["table"] == json.loads(to_json(TABLE))
+        assert raw["plan"] == json.loads(plan_to_json(PLAN))
+        assert raw["default"] == "S(1)"
+        back = c.structure(json.loads(json.dumps(raw)), RunConfig)
+        assert back == config
+    preconf = configure_converter(cattrs.preconf.json.make_converter())
+    assert preconf.loads(preconf.dumps(config), RunConfig) == config
+
+
+def test_a_users_converter_reads_strictly() -> None:
+    c = make_converter()
+    assert c is not converter
+    raw = {"name": "x", "table": {"version": 1, "entries": {"w": {**GOOD_ENTRY, "axes": [1]}}}}
+    with pytest.raises(Exception) as info:  # cattrs groups a class's errors
+        c.structure(raw, RunConfig)
+    errors = info.value.exceptions if isinstance(info.value, ExceptionGroup) else [info.value]
+    assert any(
+        isinstance(e, SerializationError) and e.path == 'entries["w"].axes[0]' for e in errors
+    )
