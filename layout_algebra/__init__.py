@@ -28,6 +28,7 @@ from layout_algebra.errors import (
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.geometry import compose_fsdp, compose_table, local_runs, local_shape_and_offset
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout
+from layout_algebra.lint import LintNote, LintProblem, LintReport, RankMemory, lint
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -49,6 +50,9 @@ __all__ = [
     "Drop",
     "FrozenMap",
     "LayoutError",
+    "LintNote",
+    "LintProblem",
+    "LintReport",
     "ModulePlan",
     "NamedPlacements",
     "OwnedAxisError",
@@ -58,6 +62,7 @@ __all__ = [
     "Placement",
     "PlacementSyntaxError",
     "PlanError",
+    "RankMemory",
     "ReduceOp",
     "Replicate",
     "SerializationError",
@@ -74,6 +79,7 @@ __all__ = [
     "compose_table",
     "diff",
     "format_placement",
+    "lint",
     "local_runs",
     "local_shape_and_offset",
     "merge_tied",

@@ -11,6 +11,7 @@ live ``DeviceMesh`` (and no torch) is needed.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias, assert_never
 
@@ -115,20 +116,45 @@ def _size_of(sizes: Mapping[str, int], axis: AxisName, layout: SourceLayout) -> 
 # FSDP composition: one rule per check
 
 
+def _shard_axis(
+    shard_axis: AxisLike | None, shard_axes: Iterable[AxisLike] | None
+) -> tuple[AxisName, ...]:
+    """FSDP's shard axis from ``shard_axis``, or from the deprecated ``shard_axes``."""
+    if shard_axes is not None:
+        warnings.warn(
+            "compose_fsdp(shard_axes=...) is deprecated: FSDP shards over exactly one axis, "
+            "pass it as shard_axis='dp_shard'",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if shard_axis is not None:
+            msg = "compose_fsdp takes shard_axis or the deprecated shard_axes, not both"
+            raise LayoutError(msg)
+        return as_axes(shard_axes, "shard_axes")
+    if shard_axis is None:
+        msg = "compose_fsdp needs shard_axis, the mesh axis FSDP shards over (e.g. 'dp_shard')"
+        raise LayoutError(msg)
+    try:
+        return (as_axis(shard_axis),)
+    except LayoutError as e:
+        msg = f"shard_axis: {e.message}"
+        raise LayoutError(msg, axis=e.axis) from None
+
+
 def _check_fsdp_mesh(shard: tuple[AxisName, ...], replicate: tuple[AxisName, ...]) -> None:
     """``fully_shard`` takes a 1-D mesh (FSDP) or a 2-D one (HSDP: replicate, shard)."""
     if len(shard) != 1:
         given = [a.name for a in shard]
         msg = (
-            f"shard_axes={given}: fully_shard shards over exactly one mesh axis (its mesh is "
-            "1-D, or 2-D for HSDP); pass one axis such as ('dp_shard',), flattening several "
-            "data-parallel axes into one mesh axis (e.g. 'dp_shard_cp') first"
+            f"shard_axes={clip(str(given))}: fully_shard shards over exactly one mesh axis (its "
+            "mesh is 1-D, or 2-D for HSDP); pass that one axis as shard_axis='dp_shard', "
+            "flattening several data-parallel axes into one mesh axis (e.g. 'dp_shard_cp') first"
         )
         raise LayoutError(msg, axis=given[1] if len(given) > 1 else None)
     if len(replicate) > 1:
         given = [a.name for a in replicate]
         msg = (
-            f"replicate_axes={given}: fully_shard replicates over at most one mesh axis "
+            f"replicate_axes={clip(str(given))}: fully_shard replicates over at most one mesh axis "
             "(HSDP's 2-D mesh); flatten them into one mesh axis and pass that"
         )
         raise LayoutError(msg, axis=given[1])
@@ -201,14 +227,15 @@ def _shards_dim(p: Placement, dim: int) -> bool:
 def compose_fsdp(
     layout: SourceLayout,
     *,
-    shard_axes: Iterable[AxisLike],
+    shard_axis: AxisLike | None = None,
     replicate_axes: Iterable[AxisLike] = (),
     mesh_sizes: Mapping[str, int],
     shard_dim: int = 0,
+    shard_axes: Iterable[AxisLike] | None = None,
 ) -> SourceLayout:
     """The layout torch's ``fully_shard`` gives a parameter with source layout ``layout``.
 
-    Its axes are ``(*replicate_axes, *shard_axes, *layout.axes)`` on the same mesh role;
+    Its axes are ``(*replicate_axes, shard_axis, *layout.axes)`` on the same mesh role;
     its placements are FSDP's own first — ``R`` on the HSDP replicate axis, then
     ``S(shard_dim)`` on the shard axis — followed by the source placements. When source
     axes already shard ``shard_dim``, FSDP shards each source shard further (right to
@@ -222,16 +249,20 @@ def compose_fsdp(
     on ``ep=2, tp=2`` both ``S(0)``, FSDP over 2 ranks, leave rank (1, 1, 0) no row,
     while ``_S(0, 4)`` gives it one.
 
+    A plain parameter (``SourceLayout(mesh, (), ())``, no source axes) gets FSDP's own
+    placements only.
+
     >>> str(compose_fsdp(SourceLayout("dense", ["tp"], [Shard(0)]),
-    ...     shard_axes=["dp_shard"], mesh_sizes={"dp_shard": 4, "tp": 2}))
+    ...     shard_axis="dp_shard", mesh_sizes={"dp_shard": 4, "tp": 2}))
     'dense[dp_shard=_S(0, 2), tp=S(0)]'
 
     Args:
         layout: the parameter's source layout (at most two axes, no ``Partial``).
-        shard_axes: the one mesh axis FSDP shards over.
+        shard_axis: the mesh axis FSDP shards over.
         replicate_axes: the HSDP replicate axis, if any.
         mesh_sizes: the size of every axis of the result, by name.
         shard_dim: the tensor dim FSDP shards (``shard_placement_fn``'s ``Shard(dim)``).
+        shard_axes: deprecated spelling of ``shard_axis``, a sequence of that one axis.
 
     Returns:
         The composed layout; ``local_shape_and_offset`` reads it with the same sizes.
@@ -242,7 +273,7 @@ def compose_fsdp(
             the source's, a ``Partial``, an axis with no size in ``mesh_sizes``.
     """
     _check_layout(layout)
-    shard = as_axes(shard_axes, "shard_axes")
+    shard = _shard_axis(shard_axis, shard_axes)
     replicate = as_axes(replicate_axes, "replicate_axes")
     _check_fsdp_mesh(shard, replicate)
     _check_distinct(layout, replicate + shard)
@@ -574,12 +605,13 @@ def as_shard_dims(
     for fqn, dim in shard_dim.items():
         if fqn not in fqns:
             msg = (
-                f"shard_dim names {fqn!r}, which is not a parameter of the table; give dims "
+                f"shard_dim names {quote(fqn)}, which is not a parameter of the table; give dims "
                 "only for the table's FQNs (check the spelling)"
             )
             raise LayoutError(msg, fqn=str(fqn))
-        if type(dim) is not int or dim < 0:
-            msg = f"{fqn}: shard_dim must be an int >= 0, got {dim!r}"
+        if type(dim) is not int or not 0 <= dim < MAX_NDIM:
+            top = MAX_NDIM - 1
+            msg = f"{clip(fqn)}: shard_dim must be an int from 0 to {top}, got {quote(dim)}"
             raise LayoutError(msg, fqn=fqn)
         by_fqn[fqn] = dim
     return 0, by_fqn
@@ -641,7 +673,7 @@ def _compose_entry(
     replicate, shard = axes
     return compose_fsdp(
         layout,
-        shard_axes=(shard,),
+        shard_axis=shard,
         replicate_axes=replicate,
         mesh_sizes=role_sizes,
         shard_dim=shard_dim,
@@ -810,7 +842,7 @@ def split_fsdp(
             assert_never(p)
     expected = compose_fsdp(
         source,
-        shard_axes=fsdp_axes[-1:],
+        shard_axis=fsdp_axes[-1],
         replicate_axes=fsdp_axes[:-1],
         mesh_sizes=mesh_sizes,
         shard_dim=dim,
