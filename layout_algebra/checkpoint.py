@@ -546,10 +546,11 @@ ShapesLike: TypeAlias = Mapping[str, HasShape]
 """Parameter shapes by FQN: ``ParamShape`` values, or anything with ``shape`` and ``dtype``."""
 
 
-def _shape_of(fqn: str, shapes: ShapesLike, group: frozenset[str]) -> tuple[tuple[int, ...], int]:
+def _find_shape(fqn: str, shapes: ShapesLike, table: ParamLayoutTable) -> HasShape:
     found = shapes.get(fqn)
     if found is None:
         # tied parameters share one storage: any member's shape is theirs
+        group = table.group_of(fqn)
         found = next((shapes[m] for m in sorted(group) if m in shapes), None)
     if found is None:
         msg = (
@@ -557,6 +558,11 @@ def _shape_of(fqn: str, shapes: ShapesLike, group: frozenset[str]) -> tuple[tupl
             "and dtype (shapes_from_module, shapes_from_safetensors)"
         )
         raise LayoutError(msg, fqn=fqn)
+    return found
+
+
+def _read_shape(fqn: str, found: HasShape) -> tuple[tuple[int, ...], int]:
+    """``found``'s shape, checked, and its dtype's bytes per element."""
     shape: object = getattr(found, "shape", None)
     dtype: object = getattr(found, "dtype", None)
     if shape is None or dtype is None:
@@ -568,6 +574,52 @@ def _shape_of(fqn: str, shapes: ShapesLike, group: frozenset[str]) -> tuple[tupl
     except LayoutError as error:
         raise LayoutError(f"{fqn}: {error.message}", fqn=fqn) from None
     return checked, DTYPE_BYTES[name]
+
+
+def _plan_all(
+    planner: _Planner, src: ParamLayoutTable, dst: ParamLayoutTable, shapes: ShapesLike
+) -> tuple[list[tuple[str, _Pattern]], list[LayoutError]]:
+    """Every parameter of ``dst``'s reads, and every problem found on the way."""
+    problems: list[LayoutError] = []
+    patterns: list[tuple[str, _Pattern]] = []
+    # Models repeat a few (layout, layout, shape) many times. Both caches are keyed by
+    # id() of objects they keep alive (the tables hold the layouts, ``read`` the shapes).
+    read: dict[int, tuple[HasShape, tuple[tuple[int, ...], int]]] = {}
+    known: dict[tuple[int, int, int], _Pattern] = {}
+    src_get, shapes_get = src.get, shapes.get
+    for fqn, layout in dst.items():
+        old = src_get(fqn)
+        found = shapes_get(fqn)
+        if old is not None and found is not None:
+            done = read.get(id(found))
+            if done is not None and done[0] is found:
+                pattern = known.get((id(old), id(layout), id(done[1])))
+                if pattern is not None:
+                    patterns.append((fqn, pattern))
+                    continue
+        try:
+            if old is None:
+                msg = (
+                    f"{fqn}: loaded under {layout} but not in the checkpoint's table; torch "
+                    "refuses a missing key: add it to src, or leave it out of dst"
+                )
+                raise LayoutError(msg, fqn=fqn)
+            found = _find_shape(fqn, shapes, dst)
+            done = read.get(id(found))
+            if done is None or done[0] is not found:
+                done = found, _read_shape(fqn, found)
+                read[id(found)] = done
+            (shape, itemsize) = done[1]
+            pattern = planner.pattern(fqn, old, layout, shape, itemsize)
+            known[id(old), id(layout), id(done[1])] = pattern
+            patterns.append((fqn, pattern))
+        except LayoutError as error:
+            if error.fqn != fqn:
+                error = LayoutError(
+                    f"{fqn}: {error.message}", fqn=fqn, axis=error.axis, placement=error.placement
+                )
+            problems.append(error)
+    return patterns, problems
 
 
 def reshard_plan(
@@ -637,27 +689,7 @@ def reshard_plan(
         dst = compose_table(dst, fsdp=fsdp, mesh_sizes=dst_roles, shard_dim=shard_dim)
     world_size = math.prod(next(iter(dst_roles.values())).values())
     planner = _Planner(src_roles, dst_roles, world_size)
-    problems: list[LayoutError] = []
-    patterns: list[tuple[str, _Pattern]] = []
-    for fqn, layout in dst.items():
-        try:
-            old = src.get(fqn)
-            if old is None:
-                msg = (
-                    f"{fqn}: loaded under {layout} but not in the checkpoint's table; torch "
-                    "refuses a missing key: add it to src, or leave it out of dst"
-                )
-                raise LayoutError(msg, fqn=fqn)
-            _check_layout(old, fqn)
-            _check_layout(layout, fqn)
-            shape, itemsize = _shape_of(fqn, shapes, dst.group_of(fqn))
-            patterns.append((fqn, planner.pattern(fqn, old, layout, shape, itemsize)))
-        except LayoutError as error:
-            if error.fqn != fqn:
-                error = LayoutError(
-                    f"{fqn}: {error.message}", fqn=fqn, axis=error.axis, placement=error.placement
-                )
-            problems.append(error)
+    patterns, problems = _plan_all(planner, src, dst, shapes)
     if problems:
         raise plan_error("the reshard", problems)
     counts = Counter(id(p) for _, p in patterns)

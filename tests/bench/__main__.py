@@ -1,9 +1,10 @@
 """Every benchmark, one after the other: ``python -m tests.bench [--quick]``.
 
-Building the table, the JSON round trip, then binding a table to a live model (when
-``tests.bench.bench_bind`` is present). Each compares against a baseline measured in
-this same process and prints its targets with PASS or MISS; ``--quick`` runs smaller
-scales as a smoke test. The exit status is 0 either way: timings depend on the machine.
+Building the table, the JSON round trip, planning a checkpoint reshard, then binding a
+table to a live model (when ``tests.bench.bench_bind`` is present). Each compares
+against a baseline measured in this same process and prints its targets with PASS or
+MISS; ``--quick`` runs smaller scales as a smoke test. The exit status is 0 either way:
+timings depend on the machine.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import importlib
 import importlib.util
 from collections.abc import Sequence
 
-from tests.bench import bench_build, bench_json
+from tests.bench import bench_build, bench_json, bench_reshard
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -25,11 +26,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     json_met, json_total = bench_json.run(quick=args.quick)
     met, total = met + json_met, total + json_total
+    print()
+    reshard_met, reshard_total = bench_reshard.run(quick=args.quick)
+    met, total = met + reshard_met, total + reshard_total
     if importlib.util.find_spec("tests.bench.bench_bind") is not None:
         print()
         importlib.import_module("tests.bench.bench_bind").main()
     print()
-    print(f"build and JSON targets met: {met} of {total}")
+    print(f"build, JSON and reshard targets met: {met} of {total}")
 
 
 if __name__ == "__main__":
