@@ -5,7 +5,7 @@ meta device when no data is needed (``with torch.device("meta"): TinyMoE()``).
 
 - :class:`OneParam`: one parameter ``w`` of any shape.
 - :class:`TiedTP`: an embedding tied to its head, a column-wise and a row-wise linear with
-  biases.
+  biases; optionally a plain norm and 3-D experts.
 - :class:`ToyModel`: a tied embedding and head, attention-like linears, a norm and
   (optionally) a 3-D expert weight per block.
 - :class:`TinyLlama`: Llama-like dense blocks (torchtitan's names); :class:`TinyMoE`: the
@@ -36,6 +36,7 @@ __all__ = [
     "MoEBlock",
     "OneParam",
     "Sizes",
+    "TiedExperts",
     "TiedTP",
     "TinyLlama",
     "TinyMoE",
@@ -56,15 +57,39 @@ class OneParam(nn.Module):
         self.w = nn.Parameter(torch.randn(*shape))
 
 
-class TiedTP(nn.Module):
-    """An embedding tied to its head, a column-wise and a row-wise linear with biases."""
+class TiedExperts(nn.Module):
+    """``w1`` (experts, 8, 6) and ``w2`` (experts, 6, 8)."""
 
-    def __init__(self) -> None:
+    def __init__(self, experts: int) -> None:
         super().__init__()
-        self.emb = nn.Embedding(12, 8)
-        self.up = nn.Linear(8, 16)
-        self.down = nn.Linear(16, 8)
-        self.head = nn.Linear(8, 12, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, 8, 6))
+        self.w2 = nn.Parameter(torch.randn(experts, 6, 8))
+
+
+class TiedTP(nn.Module):
+    """An embedding of ``vocab`` rows tied to its head, a column-wise linear ``up`` (8 to
+    ``hidden``) and a row-wise ``down`` back, both with biases; optionally a plain
+    ``norm`` (8,) and ``experts`` (:class:`TiedExperts`).
+
+    In ``named_parameters`` order: ``emb.weight``, ``up.weight``, ``up.bias``,
+    ``down.weight``, ``down.bias``, [``norm``], [``experts.w1``, ``experts.w2``],
+    ``head.weight`` (the embedding's).
+    """
+
+    experts: TiedExperts
+
+    def __init__(
+        self, *, vocab: int = 12, hidden: int = 16, norm: bool = False, experts: int = 0
+    ) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 8)
+        self.up = nn.Linear(8, hidden)
+        self.down = nn.Linear(hidden, 8)
+        if norm:
+            self.norm = nn.Parameter(torch.randn(8))
+        if experts:
+            self.experts = TiedExperts(experts)
+        self.head = nn.Linear(8, vocab, bias=False)
         self.head.weight = self.emb.weight
 
 

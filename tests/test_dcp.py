@@ -27,7 +27,6 @@ from typing import Final, NamedTuple
 import pytest
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -50,6 +49,7 @@ from layout_algebra import (
 from layout_algebra.checkpoint import Chunk, dcp_chunks, reshard_plan
 from layout_algebra.geometry import compose_table
 from layout_algebra.torch_bridge import distribute
+from tests.models import TiedTP
 
 WORLD_SIZE: Final = 4
 SEED: Final = 0
@@ -60,23 +60,9 @@ SRC_SIZES: Final = {"dense": {"dp_shard": 2, "tp": 2}, "expert": {"edp_shard": 2
 DST_SIZES: Final = {"dense": {"tp": 4}, "expert": {"ep": 2, "edp_shard": 2}}
 
 
-class Experts(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w1 = nn.Parameter(torch.randn(4, 8, 6))
-        self.w2 = nn.Parameter(torch.randn(4, 6, 8))
-
-
-class Model(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, 8)
-        self.up = nn.Linear(8, 12)
-        self.down = nn.Linear(12, 8)
-        self.norm = nn.Parameter(torch.randn(8))
-        self.experts = Experts()
-        self.head = nn.Linear(8, VOCAB, bias=False)
-        self.head.weight = self.emb.weight
+def make_model() -> TiedTP:
+    """A tied embedding and head, TP linears with biases, a plain norm and 4 experts."""
+    return TiedTP(vocab=VOCAB, hidden=12, norm=True, experts=4)
 
 
 TIED: Final = [frozenset({"emb.weight", "head.weight"})]
@@ -134,7 +120,7 @@ def loaded_layouts() -> ParamLayoutTable:
     table = load_table()
     experts = {
         fqn: compose_fsdp(
-            layout, shard_axes=["edp_shard"], mesh_sizes=DST_SIZES["expert"], shard_dim=1
+            layout, shard_axis="edp_shard", mesh_sizes=DST_SIZES["expert"], shard_dim=1
         )
         for fqn, layout in table.items()
         if layout.mesh == "expert"
@@ -188,7 +174,7 @@ def check(failures: list[str], ok: bool, what: str) -> None:
 def scenario(rank: int, checkpoint: str) -> tuple[list[str], list[list[object]]]:
     failures: list[str] = []
     torch.manual_seed(SEED)
-    model = Model()
+    model = make_model()
     originals = {
         fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)
     }
@@ -200,7 +186,7 @@ def scenario(rank: int, checkpoint: str) -> tuple[list[str], list[list[object]]]
     save(model.state_dict(), checkpoint_id=checkpoint)
 
     torch.manual_seed(SEED + 1)  # other values, so the load must bring the originals
-    fresh = Model()
+    fresh = make_model()
     tp4 = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
     emesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ep", "edp_shard"))
     distribute(fresh, load_table(), {"dense": tp4, "expert": emesh2})
@@ -254,7 +240,7 @@ class Shape(NamedTuple):
 
 def shapes() -> dict[str, Shape]:
     with torch.device("meta"):
-        model = Model()
+        model = make_model()
     return {
         fqn: Shape(tuple(p.shape), str(p.dtype).removeprefix("torch."))
         for fqn, p in model.named_parameters(remove_duplicate=False)
