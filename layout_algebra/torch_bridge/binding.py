@@ -18,7 +18,7 @@ from layout_algebra.errors import BindError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Replicate, Shard, StridedShard, format_placement
 from layout_algebra.torch_bridge.convert import from_torch, to_torch
-from layout_algebra.torch_bridge.param_map import Binding, ParamBindings, _ParamRef, _Slot
+from layout_algebra.torch_bridge.param_map import Binding, ParamBindings, _Slot
 
 __all__ = ["bind", "default_binding", "managed_bindings"]
 
@@ -198,51 +198,51 @@ def bind(
             layouts. Nothing is bound unless everything binds.
     """
     binder = _Binder(meshes)
-    out = ParamBindings()
-    # The hot loop, one pass over the module's parameters: a lookup or two each and one
-    # weak reference holding the entry (the Binding is built on first access). Tables
-    # usually list parameters in the module's order, so the table is walked alongside
-    # and only an FQN out of step is looked up by hash.
-    setdefault = out._refs.setdefault
-    drop = out._drop
+
+    def conflict(first: str, fqn: str) -> BindError:
+        return _alias_conflict(first, table[first], fqn, table[fqn])
+
+    with _gc_paused():
+        return ParamBindings._of_slots(_bound(table, module, binder), conflict)
+
+
+def _bound(
+    table: ParamLayoutTable, module: nn.Module, binder: _Binder
+) -> Iterator[tuple[str, nn.Parameter, _Slot]]:
+    """``(fqn, param, slot)`` for every FQN of ``module`` that ``table`` names, checked.
+
+    The hot loop, one pass over the module's parameters: a lookup or two each. Tables
+    usually list parameters in the module's order, so the table is walked alongside and
+    only an FQN out of step is looked up by hash. After the last parameter, an FQN of
+    the table the module lacks raises.
+    """
     get_slot = binder.by_id.get
     entries = iter(table.items())
     next_fqn, next_layout = next(entries, _END)
     by_fqn: dict[str, SourceLayout] | None = None
     found = 0
-    with _gc_paused():
-        for fqn, param in module.named_parameters(remove_duplicate=False):
-            if fqn == next_fqn:
-                layout = next_layout
-                next_fqn, next_layout = next(entries, _END)
-            else:
-                if by_fqn is None:
-                    by_fqn = dict(table.items())
-                found_layout = by_fqn.get(fqn)
-                if found_layout is None:
-                    continue
-                layout = found_layout
-            found += 1
-            slot = get_slot(id(layout))
-            if slot is None:
-                slot = binder.slot(fqn, layout)
-            if slot.min_ndim and param.dim() < slot.min_ndim:
-                raise binder.dim_error(fqn, layout, param)
-            pid = id(param)
-            ref = _ParamRef(param, drop)
-            first = setdefault(pid, ref)
-            if first is not ref:
-                # an alias seen before; equal layouts share one slot, so another slot
-                # means another layout
-                if first.slot is not slot:
-                    raise _alias_conflict(first.fqn, table[first.fqn], fqn, layout)
+    for fqn, param in module.named_parameters(remove_duplicate=False):
+        if fqn == next_fqn:
+            layout = next_layout
+            next_fqn, next_layout = next(entries, _END)
+        else:
+            if by_fqn is None:
+                by_fqn = dict(table.items())
+            found_layout = by_fqn.get(fqn)
+            if found_layout is None:
                 continue
-            ref.pid, ref.fqn, ref.slot = pid, fqn, slot
+            layout = found_layout
+        found += 1
+        slot = get_slot(id(layout))
+        if slot is None:
+            slot = binder.slot(fqn, layout)
+        if slot.min_ndim and param.dim() < slot.min_ndim:
+            raise binder.dim_error(fqn, layout, param)
+        yield fqn, param, slot
     if found < len(table):
         names = {fqn for fqn, _ in module.named_parameters(remove_duplicate=False)}
         unknown = next(fqn for fqn in table if fqn not in names)
         raise _unknown_fqn(unknown, module, names)
-    return out
 
 
 def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_AXES) -> Binding:
