@@ -35,6 +35,7 @@ import cattrs
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
+from layout_algebra.frozen import FrozenMap
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_no_partial
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (
@@ -47,6 +48,7 @@ from layout_algebra.placements import (
     parse_placement,
 )
 from layout_algebra.plan import ModulePlan, ShardingPlan
+from layout_algebra.shapes import ParamShape
 
 __all__ = [
     "FORMAT_VERSION",
@@ -56,6 +58,8 @@ __all__ = [
     "make_converter",
     "plan_from_json",
     "plan_to_json",
+    "shapes_from_json",
+    "shapes_to_json",
     "to_json",
 ]
 
@@ -71,6 +75,8 @@ _PLAN_KEYS: Final = frozenset({"version", "mesh_axes", "modules"})
 _PLAN_OPTIONAL: Final = frozenset({"tied_pairs"})
 _MODULE_KEYS: Final = frozenset({"params"})
 _MODULE_OPTIONAL: Final = frozenset({"expert_parallel"})
+_SHAPES_KEYS: Final = frozenset({"version", "params"})
+_SHAPE_KEYS: Final = frozenset({"shape", "dtype"})
 
 
 # ---------------------------------------------------------------------------------------
@@ -390,6 +396,53 @@ def _plan(value: object, path: str = "") -> ShardingPlan:
     return _wrap(path, lambda: ShardingPlan(modules, mesh_axes=mesh_axes, tied_pairs=pairs), locate)
 
 
+def _param_shape(value: object, path: str) -> ParamShape:
+    doc = _object(value, path, _SHAPE_KEYS)
+    shape_path, dtype_path = _field(path, "shape"), _field(path, "dtype")
+    sizes = _list(doc["shape"], shape_path)
+    for i, n in enumerate(sizes):
+        if type(n) is not int:
+            raise _fail(_index(shape_path, i), "expected a size (an int >= 0)", n)
+    dtype = _str(doc["dtype"], dtype_path)
+
+    def locate(_: LayoutError) -> str | None:
+        if _fails(lambda: ParamShape((), dtype)):
+            return dtype_path
+        for i, n in enumerate(cast("list[int]", sizes)):
+            if _fails(lambda: ParamShape((n,), "float32")):  # noqa: B023 (called at once)
+                return _index(shape_path, i)
+        return shape_path
+
+    return _wrap(path, lambda: ParamShape(cast("list[int]", sizes), dtype), locate)
+
+
+def _shapes(value: object, path: str = "") -> FrozenMap[str, ParamShape]:
+    doc = _object(value, path, _SHAPES_KEYS)
+    _version(doc, path)
+    params_path = _field(path, "params")
+    raw = _mapping(doc["params"], params_path, "FQN -> shape and dtype")
+    seen: dict[tuple[object, ...], ParamShape] = {}
+    out: dict[str, ParamShape] = {}
+    for fqn, spec in raw.items():
+        where = _key(params_path, fqn)
+        if not fqn:
+            raise _fail(where, "a parameter FQN must be non-empty", fqn)
+        key: tuple[object, ...] | None = None
+        if type(spec) is dict and spec.keys() == _SHAPE_KEYS and type(spec["shape"]) is list:
+            key = (spec["dtype"], *spec["shape"])
+            try:
+                hash(key)
+            except TypeError:
+                key = None
+        shape = seen.get(key) if key is not None else None
+        if shape is None:
+            shape = _param_shape(spec, where)
+            if key is not None:
+                seen[key] = shape
+        out[fqn] = shape
+    return FrozenMap(out)
+
+
 class _Duplicated(dict[str, object]):
     """A JSON object that spelled a key twice; reported where the reader meets it."""
 
@@ -483,7 +536,24 @@ def _plan_obj(plan: ShardingPlan) -> dict[str, object]:
     }
 
 
+def _shape_obj(shape: ParamShape) -> dict[str, object]:
+    return {"shape": list(shape.shape), "dtype": shape.dtype}
+
+
+def _shapes_obj(shapes: Mapping[str, ParamShape]) -> dict[str, object]:
+    """A shapes document: the one place its envelope is written."""
+    cache: dict[int, dict[str, object]] = {}
+    params: dict[str, object] = {}
+    for fqn, shape in shapes.items():
+        obj = cache.get(id(shape))
+        if obj is None:
+            obj = cache[id(shape)] = _shape_obj(shape)
+        params[fqn] = obj
+    return {"version": FORMAT_VERSION, "params": params}
+
+
 _TABLE_SPREAD: Final = frozenset({"entries"})
+_SHAPES_SPREAD: Final = frozenset({"params"})
 _PLAN_SPREAD: Final = frozenset({"modules", "modules.*.params"})
 """The objects of a document laid out one item per line (by path, ``*`` for any key);
 everything else is written on one line."""
@@ -593,6 +663,37 @@ def plan_from_json(text: str | bytes) -> ShardingPlan:
     return _plan(_load(text))
 
 
+def shapes_to_json(shapes: Mapping[str, ParamShape]) -> str:
+    """Parameter shapes by FQN as a version-1 ``shapes.json``, one parameter per line.
+
+    >>> print(shapes_to_json({"w": ParamShape((8, 4), "bfloat16")}))
+    {"version": 1,
+     "params": {
+      "w": {"shape": [8, 4], "dtype": "bfloat16"}
+     }}
+
+    Raises:
+        SerializationError: ``shapes`` is not a mapping from FQN to ``ParamShape``.
+    """
+    raw: object = shapes
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, ParamShape) for k, v in raw.items()
+    ):
+        msg = f"shapes_to_json takes a mapping from FQN to ParamShape, got {quote(raw)}"
+        raise SerializationError(msg, path="$")
+    return _lay_out(_shapes_obj(shapes), _SHAPES_SPREAD)
+
+
+def shapes_from_json(text: str | bytes) -> Mapping[str, ParamShape]:
+    """The parameter shapes a version-1 ``shapes.json`` gives, by FQN in document order.
+
+    Raises:
+        SerializationError: the text is not such a document, with the path of the first
+            bad value.
+    """
+    return _shapes(_load(text))
+
+
 # ---------------------------------------------------------------------------------------
 # the converter
 
@@ -612,8 +713,9 @@ def configure_converter(converter: _C) -> _C:
 
     After it, ``converter.unstructure(table)`` gives the JSON-ready document and
     ``converter.structure(obj, ParamLayoutTable)`` reads one back strictly (the same for
-    ``ShardingPlan``, ``ModulePlan``, ``SourceLayout``, ``AxisName``, ``Placement`` and
-    every placement kind), also where they sit inside the user's own attrs classes.
+    ``ShardingPlan``, ``ModulePlan``, ``SourceLayout``, ``ParamShape``, ``AxisName``,
+    ``Placement`` and every placement kind), also where they sit inside the user's own
+    attrs classes (``dict[str, ParamShape]`` is a ``shapes.json``'s ``params``).
 
     Returns:
         ``converter`` itself.
@@ -630,6 +732,8 @@ def configure_converter(converter: _C) -> _C:
     converter.register_structure_hook(ParamLayoutTable, lambda v, _: _table(v))
     converter.register_unstructure_hook(ModulePlan, _module_obj)
     converter.register_structure_hook(ModulePlan, lambda v, _: _module(v, ""))
+    converter.register_unstructure_hook(ParamShape, _shape_obj)
+    converter.register_structure_hook(ParamShape, lambda v, _: _param_shape(v, ""))
     converter.register_unstructure_hook(ShardingPlan, _plan_obj)
     converter.register_structure_hook(ShardingPlan, lambda v, _: _plan(v))
     return converter

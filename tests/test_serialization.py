@@ -17,6 +17,7 @@ from layout_algebra import (
     AxisName,
     ModulePlan,
     ParamLayoutTable,
+    ParamShape,
     Partial,
     Placement,
     Replicate,
@@ -33,6 +34,8 @@ from layout_algebra.serialization import (
     make_converter,
     plan_from_json,
     plan_to_json,
+    shapes_from_json,
+    shapes_to_json,
     to_json,
 )
 from tests.strategies import sharding_plans, tables
@@ -452,6 +455,7 @@ _WRONG = st.one_of(
 )
 _KINDS: Final[list[Any]] = [
     ParamLayoutTable,
+    ParamShape,
     ShardingPlan,
     ModulePlan,
     SourceLayout,
@@ -471,6 +475,8 @@ def test_public_functions_given_wrong_types_raise_serialization_errors(
     calls: list[Callable[[], object]] = [
         lambda: from_json(value),  # type: ignore[arg-type]
         lambda: plan_from_json(value),  # type: ignore[arg-type]
+        lambda: shapes_from_json(value),  # type: ignore[arg-type]
+        lambda: shapes_to_json(value),  # type: ignore[arg-type]
         lambda: converter.structure(value, kind),
     ]
     if not isinstance(value, ParamLayoutTable):
@@ -524,3 +530,65 @@ def test_a_users_converter_reads_strictly() -> None:
     assert any(
         isinstance(e, SerializationError) and e.path == 'entries["w"].axes[0]' for e in errors
     )
+
+
+# --------------------------------------------------------------------------------------
+# shapes.json: parameter shapes and dtypes by FQN
+
+SHAPES: Final = {
+    "emb.weight": ParamShape((50, 16), "bfloat16"),
+    "layers.0.moe.experts.w1": ParamShape((4, 24, 16), "BF16"),
+    "norm.weight": ParamShape((16,), "float32"),
+    "scalar": ParamShape((), "int64"),
+}
+
+
+def test_shapes_document_is_the_documented_format() -> None:
+    text = shapes_to_json(SHAPES)
+    assert json.loads(text) == {
+        "version": 1,
+        "params": {
+            "emb.weight": {"shape": [50, 16], "dtype": "bfloat16"},
+            "layers.0.moe.experts.w1": {"shape": [4, 24, 16], "dtype": "bfloat16"},
+            "norm.weight": {"shape": [16], "dtype": "float32"},
+            "scalar": {"shape": [], "dtype": "int64"},
+        },
+    }
+    assert len(text.splitlines()) == 2 + len(SHAPES) + 1
+    back = shapes_from_json(text)
+    assert dict(back) == SHAPES and list(back) == list(SHAPES)
+    assert converter.structure(json.loads(text)["params"], dict[str, ParamShape]) == SHAPES
+
+
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=12),
+        st.builds(
+            ParamShape,
+            st.lists(st.integers(0, 2**40), max_size=4).map(tuple),
+            st.sampled_from(["float32", "bfloat16", "F16", "int8", "torch.float64"]),
+        ),
+        max_size=8,
+    )
+)
+def test_shapes_round_trip(shapes: dict[str, ParamShape]) -> None:
+    assert dict(shapes_from_json(shapes_to_json(shapes))) == shapes
+
+
+@pytest.mark.parametrize(
+    ("params", "path", "words"),
+    [
+        ({"w": {"shape": [4, -1], "dtype": "float32"}}, 'params["w"].shape[1]', ">= 0"),
+        ({"w": {"shape": [4, 1.0], "dtype": "float32"}}, 'params["w"].shape[1]', "an int"),
+        ({"w": {"shape": [4], "dtype": "flaot32"}}, 'params["w"].dtype', "did you mean"),
+        ({"w": {"shape": "4", "dtype": "float32"}}, 'params["w"].shape', "JSON array"),
+        ({"w": {"shape": [4]}}, 'params["w"].dtype', "missing field"),
+        ({"": {"shape": [4], "dtype": "float32"}}, 'params[""]', "non-empty"),
+        ({"w": [4]}, 'params["w"]', "JSON object"),
+    ],
+)
+def test_bad_shapes_documents(params: dict[str, Any], path: str, words: str) -> None:
+    with pytest.raises(SerializationError) as info:
+        shapes_from_json(json.dumps({"version": 1, "params": params}))
+    assert info.value.path == path
+    assert words in info.value.message
