@@ -15,6 +15,7 @@ from layout_algebra.algebra import (
     strip,
 )
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
+from layout_algebra.checkpoint import Chunk, Read, ReshardPlan, dcp_chunks, reshard_plan
 from layout_algebra.errors import (
     BindError,
     LayoutError,
@@ -27,6 +28,7 @@ from layout_algebra.errors import (
 )
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.geometry import compose_fsdp, compose_table, local_runs, local_shape_and_offset
+from layout_algebra.jax_bridge import from_partition_spec, to_partition_spec
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout
 from layout_algebra.lint import LintNote, LintProblem, LintReport, RankMemory, lint
 from layout_algebra.placements import (
@@ -47,6 +49,7 @@ __all__ = [
     "AxisLike",
     "AxisName",
     "BindError",
+    "Chunk",
     "Drop",
     "FrozenMap",
     "LayoutError",
@@ -63,8 +66,10 @@ __all__ = [
     "PlacementSyntaxError",
     "PlanError",
     "RankMemory",
+    "Read",
     "ReduceOp",
     "Replicate",
+    "ReshardPlan",
     "SerializationError",
     "Shard",
     "ShardingPlan",
@@ -77,14 +82,18 @@ __all__ = [
     "complete_default",
     "compose_fsdp",
     "compose_table",
+    "dcp_chunks",
     "diff",
     "format_placement",
+    "from_partition_spec",
     "lint",
     "local_runs",
     "local_shape_and_offset",
     "merge_tied",
     "parse_placement",
+    "reshard_plan",
     "resolve",
     "shapes_from_safetensors",
     "strip",
+    "to_partition_spec",
 ]
