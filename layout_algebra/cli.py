@@ -37,6 +37,7 @@ from layout_algebra.algebra import build_table, diff
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisName, as_axis, check_distinct_axes
 from layout_algebra.draw import MAX_DRAW_DIMS, MAX_SIZE, columns, draw, escape, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
+from layout_algebra.geometry import MAX_MESH_SIZE
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import format_placement
 from layout_algebra.plan import ShardingPlan
@@ -50,9 +51,6 @@ PROG: Final = "layout-algebra"
 MAX_INPUT_BYTES: Final = 256 << 20
 """The largest input file read (256 MiB: a table of two million parameters); beyond it
 ``main`` refuses the file rather than exhaust memory (``show /dev/zero``)."""
-
-MAX_MESH_SIZE: Final = 2**31 - 1
-"""The largest size of a mesh axis (a process group's ranks are 32-bit ints)."""
 
 _MESH_ITEM: Final = re.compile(r"\s*([^=\s]*)\s*=\s*(\S*)\s*")
 _DIGITS: Final = re.compile(r"[0-9]+", re.ASCII)

@@ -546,7 +546,7 @@ def test_show_of_a_large_file_is_refused_before_it_is_read(
         ("--shape", "-1,2", "not a shape"),
         ("--mesh", "tp=+2", "plain digits"),
         ("--mesh", "tp=\u0662", "plain digits"),
-        ("--mesh", "tp=2147483648", "at most 2147483647"),
+        ("--mesh", "tp=1048577", "at most 1048576"),
         ("--mesh", "t\u00e9=2", "is not an identifier"),
     ],
 )
