@@ -41,7 +41,8 @@ from layout_algebra.geometry import MAX_MESH_SIZE
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import format_placement
 from layout_algebra.plan import ShardingPlan
-from layout_algebra.serialization import from_json, plan_from_json
+from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json
+from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 
 __all__ = ["MAX_INPUT_BYTES", "PROG", "main"]
 
@@ -292,6 +293,9 @@ def _read(path: str) -> bytes:
     """The file's bytes, at most ``MAX_INPUT_BYTES`` of them (``-``: stdin)."""
     try:
         if path == "-":
+            if sys.stdin is None:
+                msg = "-: cannot read stdin: it is closed; give the file's path instead"
+                raise _Problem(msg)
             return _read_bounded(path, sys.stdin.buffer.read)
         with Path(path).open("rb") as f:
             if os.fstat(f.fileno()).st_size > MAX_INPUT_BYTES:
@@ -335,6 +339,49 @@ def _load_plan(path: str) -> ShardingPlan:
         return plan_from_json(text)
     except LayoutError as e:
         raise _Problem(f"{path}: {e.message}") from None
+
+
+def _load_shapes(path: str) -> Mapping[str, ParamShape]:
+    """Parameter shapes from a ``shapes.json``, a ``.safetensors`` file or a sharded
+    checkpoint's ``model.safetensors.index.json`` (headers only)."""
+    try:
+        if path.endswith((".safetensors", ".safetensors.index.json")):
+            return shapes_from_safetensors(path)
+        return shapes_from_json(_read(path))
+    except LayoutError as e:
+        raise _Problem(f"{path}: {e.message}") from None
+
+
+def _load_fqns(path: str) -> list[str]:
+    """The parameter FQNs a file names: one a line, or the parameters of a shapes file."""
+    if path.endswith((".safetensors", ".json")):
+        return list(_load_shapes(path))
+    data = _read(path)
+    if data.lstrip()[:1] == b"{":
+        try:
+            return list(shapes_from_json(data))
+        except LayoutError as e:
+            raise _Problem(f"{path}: {e.message}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        msg = f"{path}: byte {e.start} is not UTF-8; give one FQN a line, as UTF-8 text"
+        raise _Problem(msg) from None
+    fqns: list[str] = []
+    where: dict[str, int] = {}
+    for number, line in enumerate(text.split("\n"), start=1):
+        fqn = line.strip()
+        if not fqn:
+            continue
+        if fqn in where:
+            msg = (
+                f"{path}: line {number}: {clip(fqn)!r} is also on line {where[fqn]}; "
+                "name each parameter once"
+            )
+            raise _Problem(msg)
+        where[fqn] = number
+        fqns.append(fqn)
+    return fqns
 
 
 # ---------------------------------------------------------------------------------------
@@ -554,6 +601,22 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     return commands[args.command]()
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit status of a usage error (2) or of ``--help``."""
+    try:
+        return _parser().parse_args(argv)
+    except SystemExit as e:  # argparse exits on usage errors (2) and after --help (0)
+        code = e.code if isinstance(e.code, int) else 2
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except (OSError, ValueError):
+        _silence_stdout()
+        _say(sys.stderr, f"{PROG}: cannot write the output")
+        return 1
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (default: ``sys.argv[1:]``); the exit status.
 
@@ -563,19 +626,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     _tolerant(sys.stdout)
     _tolerant(sys.stderr)
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse exits on usage errors (2) and after --help (0)
-        code = e.code if isinstance(e.code, int) else 2
-        try:
-            if sys.stdout is not None:
-                sys.stdout.flush()
-        except (OSError, ValueError):
-            _silence_stdout()
-            _say(sys.stderr, f"{PROG}: cannot write the output")
-            return 1
-        return code
+    args = _parse(argv)
+    if isinstance(args, int):
+        return args
     err = sys.stderr
     buffer = io.StringIO()
     try:
@@ -591,4 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `layout-algebra show t.json | head`: the reader stopped, which is no problem
         _silence_stdout()
         return 0
+    except KeyboardInterrupt:
+        _say(err, f"{PROG}: interrupted")
+        return 130
     return code

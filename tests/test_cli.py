@@ -516,6 +516,15 @@ def test_draw_of_a_missing_hostile_fqn_is_one_escaped_line(
     assert "a\\x1b[2J\\nc: no such parameter" in err and "did you mean" in err
 
 
+def test_show_of_a_closed_stdin_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", None)  # what Python sets when fd 0 is closed (<&-)
+    code, out, err = run(["show", "-"], capsys)
+    assert_one_line_problem(code, err)
+    assert out == "" and "stdin" in err
+
+
 def test_show_of_an_endless_file_stops_at_the_bound(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
