@@ -23,6 +23,7 @@ from typing import Final, Protocol, TypeAlias, assert_never
 import attrs
 
 from layout_algebra.axes import AxisName
+from layout_algebra.draw import escape
 from layout_algebra.errors import LayoutError
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.geometry import (
@@ -435,6 +436,10 @@ def _format_bytes(n: int) -> str:
     raise AssertionError(n)  # pragma: no cover - the loop returns
 
 
+def _layout_str(layout: SourceLayout) -> str:
+    return str(layout) if layout.axes else f"{layout.mesh} (plain tensor)"
+
+
 _REPORT_RANKS: Final = 16
 _REPORT_PARAMS: Final = 10
 
@@ -509,36 +514,56 @@ class ReshardPlan:
         raise LayoutError(msg, fqn=str(fqn))
 
     def __str__(self) -> str:
+        return self.report()
+
+    def report(self, *, top: int = _REPORT_PARAMS) -> str:
+        """The report ``str()`` gives, naming the ``top`` parameters read most.
+
+        Bytes and reads per destination rank (the first and last few of a large world),
+        the total, the rank that reads most, and the parameters all ranks read most of,
+        each with its number of reads and its layouts before and after. FQNs that are not
+        printable are shown escaped.
+
+        Raises:
+            LayoutError: ``top`` is not an int >= 0.
+        """
+        if type(top) is not int or top < 0:
+            msg = f"top must be an int >= 0 (how many parameters to name), got {top!r:.50}"
+            raise LayoutError(msg)
         n = len(self.bytes_read)
         lines = [
-            f"reshard: {len(self.by_param)} parameters, {n} destination rank"
-            f"{'s' if n != 1 else ''} read {_format_bytes(self.total)} in all"
+            f"reshard: {len(self.by_param)} parameter{'s' if len(self.by_param) != 1 else ''}, "
+            f"{n} destination rank{'s' if n != 1 else ''} read {_format_bytes(self.total)} in all"
         ]
-        if n:
-            rank, most = self.largest
-            lines.append(f"largest: rank {rank} reads {_format_bytes(most)}")
+        rank, most = self.largest
+        lines.append(f"largest: rank {rank} reads {_format_bytes(most)}")
         lines.append("bytes per destination rank:")
         shown = range(n) if n <= _REPORT_RANKS else [*range(_REPORT_RANKS // 2), *range(n - 2, n)]
         last = -1
+        width = len(str(n - 1))
         for rank in shown:
             if rank != last + 1:
                 lines.append(f"  ... {rank - last - 1} ranks more")
+            count = sum(len(pattern.pieces[rank]) for _, pattern in self._patterns)
             lines.append(
-                f"  rank {rank:>{len(str(n - 1))}}  {_format_bytes(self.bytes_read[rank])}"
+                f"  rank {rank:>{width}}  {_format_bytes(self.bytes_read[rank]):>10}  "
+                f"{count:>5} reads"
             )
             last = rank
-        if self._patterns:
+        named = sorted(self.by_param, key=lambda f: (-self.by_param[f], f))[:top]
+        if named:
             reads = {name: sum(map(len, pattern.pieces)) for name, pattern in self._patterns}
-            top = sorted(self.by_param, key=lambda f: (-self.by_param[f], f))[:_REPORT_PARAMS]
-            lines.append("parameters that move most:")
-            width = max(map(len, top))
-            for fqn in top:
+            lines.append("parameters that move most (bytes read by all ranks):")
+            shown_fqns = {fqn: escape(fqn) for fqn in named}
+            fqn_width = max(map(len, shown_fqns.values()))
+            for fqn in named:
                 lines.append(
-                    f"  {fqn:<{width}}  {_format_bytes(self.by_param[fqn]):>10}  "
-                    f"{reads[fqn]:>4} reads  {self._src[fqn]} -> {self._dst[fqn]}"
+                    f"  {shown_fqns[fqn]:<{fqn_width}}  {_format_bytes(self.by_param[fqn]):>10}  "
+                    f"{reads[fqn]:>5} reads  {_layout_str(self._src[fqn])} -> "
+                    f"{_layout_str(self._dst[fqn])}"
                 )
-            if len(self.by_param) > _REPORT_PARAMS:
-                lines.append(f"  ... and {len(self.by_param) - _REPORT_PARAMS} more")
+            if len(self.by_param) > top:
+                lines.append(f"  ... and {len(self.by_param) - top} more")
         return "\n".join(lines)
 
 

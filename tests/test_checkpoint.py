@@ -427,7 +427,7 @@ def test_the_report_names_the_parameters_that_move_most() -> None:
     rank, most = plan.largest
     assert most == max(plan.bytes_read)
     assert f"largest: rank {rank} reads" in lines[1]
-    top = lines[lines.index("parameters that move most:") + 1]
+    top = lines[lines.index("parameters that move most (bytes read by all ranks):") + 1]
     assert top.split()[0] == min(plan.by_param, key=lambda f: (-plan.by_param[f], f))
     assert "dense[dp_shard=_S(0, 2), tp=S(0)] -> dense[tp=S(1)]" in text
     assert repr(plan) == f"ReshardPlan(ranks=4, params=6, total={plan.total})"
