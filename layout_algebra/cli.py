@@ -9,6 +9,9 @@ Subcommands:
   table of a plan, report every problem of it at once, and every placement dropped;
 - ``draw TABLE.json FQN --shape 16,8 --mesh dp_shard=2,tp=4 [--fsdp dp_shard]``: which
   rank holds which block of one parameter.
+- ``reshard SRC.json DST.json --shapes FILE --mesh dp_shard=2,tp=2 --to-mesh tp=4
+  [--fsdp dp_shard]``: what loading a checkpoint saved under one table costs each rank
+  under another (bytes per rank, total, largest, the parameters that move most).
 
 Commands that strip FSDP's axes (``check``, ``draw``) take ``--owned AXIS,...`` (replace
 ``FSDP_OWNED_AXES``) and ``--also-owned AXIS,...`` (add to it).
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import os
 import re
 import sys
@@ -35,9 +39,10 @@ from typing import Final, TextIO
 from layout_algebra._text import clip, did_you_mean
 from layout_algebra.algebra import build_table, diff
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisName, as_axis, check_distinct_axes
+from layout_algebra.checkpoint import reshard_plan
 from layout_algebra.draw import MAX_DRAW_DIMS, MAX_SIZE, columns, draw, escape, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.geometry import MAX_MESH_SIZE
+from layout_algebra.geometry import MAX_MESH_SIZE, compose_table
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import format_placement
 from layout_algebra.plan import ShardingPlan
@@ -282,7 +287,68 @@ def _parser() -> argparse.ArgumentParser:
         help="the mesh axis FSDP2 shards over (shows the strided shards it makes)",
     )
     add_owned_arguments(drw)
+    _add_reshard(sub)
     return parser
+
+
+def _add_reshard(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rsh = sub.add_parser(
+        "reshard",
+        help="what loading a checkpoint saved under one table costs each rank under another",
+        description=(
+            "Plan the load of a torch distributed checkpoint saved under SRC.json (on --mesh, "
+            "--expert-mesh) by a run laid out by DST.json (on --to-mesh, --to-expert-mesh): "
+            "the bytes and reads of every destination rank (rank = row-major index over the "
+            "mesh's axes, in order), the total, the largest, the parameters that move most. "
+            "Both tables are source tables; --fsdp / --to-fsdp compose a side with FSDP2 "
+            "sharding over that axis (its expert mesh too, unless --expert-fsdp / "
+            "--to-expert-fsdp name another)."
+        ),
+    )
+    rsh.add_argument("src", metavar="SRC.json", help="the table the checkpoint was saved under")
+    rsh.add_argument("dst", metavar="DST.json", help="the table it is loaded under")
+    rsh.add_argument(
+        "--shapes",
+        required=True,
+        metavar="FILE",
+        help="shapes.json, a .safetensors file or a model.safetensors.index.json",
+    )
+    for side, run in (("", "saving"), ("to-", "loading")):
+        rsh.add_argument(
+            f"--{side}mesh",
+            type=mesh_spec,
+            required=True,
+            metavar="AXIS=N,...",
+            help=f"the {run} run's dense mesh, e.g. dp_shard=2,tp=4",
+        )
+        rsh.add_argument(
+            f"--{side}expert-mesh",
+            type=mesh_spec,
+            default=None,
+            metavar="AXIS=N,...",
+            help=f"the {run} run's expert mesh, over the same ranks",
+        )
+        rsh.add_argument(
+            f"--{side}fsdp",
+            type=_axis_arg,
+            default=None,
+            metavar="AXIS",
+            help=f"the axis FSDP2 shards over in the {run} run",
+        )
+        rsh.add_argument(
+            f"--{side}expert-fsdp",
+            type=_axis_arg,
+            default=None,
+            metavar="AXIS",
+            help=f"the axis FSDP2 shards the experts over in the {run} run (default: --{side}fsdp)",
+        )
+    rsh.add_argument(
+        "--top",
+        type=lambda text: _bounded_int(text, 1_000_000, "--top"),
+        default=10,
+        metavar="N",
+        help="how many parameters to name (default 10)",
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -496,6 +562,81 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
 
 
 # ---------------------------------------------------------------------------------------
+# reshard
+
+
+def _side(
+    table: ParamLayoutTable,
+    dense: dict[str, int],
+    expert: dict[str, int] | None,
+    fsdp: str | None,
+    expert_fsdp: str | None,
+    *,
+    prefix: str,
+) -> tuple[ParamLayoutTable, dict[str, dict[str, int]]]:
+    """One run's layouts as saved or loaded, and its sizes by mesh role."""
+    sizes = {"dense": dense} if expert is None else {"dense": dense, "expert": expert}
+    for role in dict.fromkeys(layout.mesh for layout in table.values()):
+        if role not in sizes:
+            fqn = next(f for f, layout in table.items() if layout.mesh == role)
+            option = f"--{prefix}expert-mesh" if role == "expert" else f"--{prefix}mesh"
+            msg = (
+                f"{escape(clip(fqn))} is on the 'expert' mesh; give its sizes with "
+                f"{option} AXIS=N,..."
+                if role == "expert"
+                else f"{escape(clip(fqn))} is on the {escape(clip(role))!r} mesh; the command "
+                "line knows the 'dense' and 'expert' meshes only"
+            )
+            raise _Problem(msg)
+    if expert is not None and math.prod(expert.values()) != math.prod(dense.values()):
+        msg = (
+            f"--{prefix}mesh {mesh_str(dense)} has {math.prod(dense.values())} ranks but "
+            f"--{prefix}expert-mesh {mesh_str(expert)} has {math.prod(expert.values())}; an "
+            "expert mesh lays out the same ranks"
+        )
+        raise _Problem(msg)
+    axes: dict[str, str] = {}
+    if fsdp is not None:
+        axes["dense"] = fsdp
+    if expert is not None and (expert_fsdp or fsdp) is not None:
+        axes["expert"] = expert_fsdp or fsdp or ""
+    if axes:
+        table = compose_table(table, fsdp=axes, mesh_sizes=sizes)
+    return table, sizes
+
+
+def _reshard(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    saved, loaded = _load_table(args.src), _load_table(args.dst)
+    shapes = _load_shapes(args.shapes)
+    try:
+        src, src_sizes = _side(
+            saved, args.mesh, args.expert_mesh, args.fsdp, args.expert_fsdp, prefix=""
+        )
+        dst, dst_sizes = _side(
+            loaded,
+            args.to_mesh,
+            args.to_expert_mesh,
+            args.to_fsdp,
+            args.to_expert_fsdp,
+            prefix="to-",
+        )
+        plan = reshard_plan(src, dst, shapes, src_sizes=src_sizes, dst_sizes=dst_sizes)
+    except PlanError as e:
+        count = len(e.problems)
+        _say(err, f"{PROG}: the reshard has {_plural(count, 'problem')}:")
+        for problem in e.problems:
+            _say(err, f"  - {escape(problem.message)}")
+        return 1
+    out.write(f"saved on {_meshes_str(src_sizes)}, loaded on {_meshes_str(dst_sizes)}\n")
+    out.write(plan.report(top=args.top) + "\n")
+    return 0
+
+
+def _meshes_str(sizes: Mapping[str, Mapping[str, int]]) -> str:
+    return "; ".join(f"{role} {mesh_str(s)}" for role, s in sizes.items())
+
+
+# ---------------------------------------------------------------------------------------
 # draw
 
 
@@ -596,6 +737,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
         "diff": lambda: _diff(args, out),
         "check": lambda: _check(args, out, err),
         "draw": lambda: _draw(args, out),
+        "reshard": lambda: _reshard(args, out, err),
         "demo": lambda: _demo(args, out),
     }
     return commands[args.command]()

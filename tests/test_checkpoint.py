@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -47,7 +48,10 @@ from layout_algebra.checkpoint import (
     dcp_chunks,
     reshard_plan,
 )
+from layout_algebra.cli import main
 from layout_algebra.geometry import compose_table
+from layout_algebra.serialization import shapes_to_json, to_json
+from layout_algebra.shapes import ParamShape
 from tests.torch_oracle import dtensor_shape_and_offset, rank_coordinates
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
@@ -461,11 +465,15 @@ def test_missing_shapes_sizes_and_partials_are_named() -> None:
     sizes = {"dense": {"tp": 2}}
     with pytest.raises(PlanError, match="w: no shape given"):
         reshard_plan(table, table, {}, src_sizes=sizes, dst_sizes=sizes)
-    with pytest.raises(PlanError, match="w: .f13. is not a dtype"):
+    with pytest.raises(PlanError, match="w: 'f13' is not a dtype"):
         reshard_plan(table, table, {"w": Shape((2,), "f13")}, src_sizes=sizes, dst_sizes=sizes)
     with pytest.raises(PlanError, match="no size for axis 'tp'"):
         reshard_plan(
-            table, table, {"w": Shape((2,), "float32")}, src_sizes={"dense": {"dp": 2}}, dst_sizes=sizes
+            table,
+            table,
+            {"w": Shape((2,), "float32")},
+            src_sizes={"dense": {"dp": 2}},
+            dst_sizes=sizes,
         )
     with pytest.raises(LayoutError, match=r"P\(sum\) on axis 'tp'.*a checkpoint saves whole"):
         dcp_chunks(SourceLayout("dense", ["tp"], [Partial()]), (4,), {"tp": 2})
@@ -473,7 +481,9 @@ def test_missing_shapes_sizes_and_partials_are_named() -> None:
         reshard_plan({}, table, {}, src_sizes=sizes, dst_sizes=sizes)  # type: ignore[arg-type]
     with pytest.raises(LayoutError, match="a shape is a sequence"):
         dcp_chunks(SourceLayout("dense", ["tp"], [S0]), "44", {"tp": 2})  # type: ignore[arg-type]
-    plan = reshard_plan(table, table, {"w": Shape((2,), "float32")}, src_sizes=sizes, dst_sizes=sizes)
+    plan = reshard_plan(
+        table, table, {"w": Shape((2,), "float32")}, src_sizes=sizes, dst_sizes=sizes
+    )
     with pytest.raises(LayoutError, match=r"rank must be an int in \[0, 2\)"):
         plan.reads(2)
     with pytest.raises(LayoutError, match="'v' is not a parameter"):
@@ -484,5 +494,76 @@ def test_tied_members_share_a_shape() -> None:
     tp = SourceLayout("dense", ["tp"], [S0])
     table = ParamLayoutTable({"a": tp, "b": tp}, tied=[frozenset({"a", "b"})])
     sizes = {"dense": {"tp": 2}}
-    plan = reshard_plan(table, table, {"b": Shape((4, 2), "float32")}, src_sizes=sizes, dst_sizes=sizes)
+    plan = reshard_plan(
+        table, table, {"b": Shape((4, 2), "float32")}, src_sizes=sizes, dst_sizes=sizes
+    )
     assert dict(plan.by_param) == {"a": 32, "b": 32}
+
+
+# ---------------------------------------------------------------------------------------
+# the command line
+
+
+def write_files(tmp_path: Path) -> tuple[str, str, str]:
+    train = source_table(vocab=S0, up=S0, experts=S0)
+    serve = source_table(vocab=S1, up=S1, experts=S0)
+    paths = tmp_path / "train.json", tmp_path / "serve.json", tmp_path / "shapes.json"
+    paths[0].write_text(to_json(train))
+    paths[1].write_text(to_json(serve))
+    paths[2].write_text(shapes_to_json({f: ParamShape(s.shape, s.dtype) for f, s in MODEL.items()}))
+    return str(paths[0]), str(paths[1]), str(paths[2])
+
+
+def test_the_command_line_prints_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train, serve, shapes = write_files(tmp_path)
+    argv = [
+        "reshard", train, serve, "--shapes", shapes,
+        "--mesh", "dp_shard=2,tp=2", "--expert-mesh", "edp_shard=2,ep=2",
+        "--fsdp", "dp_shard", "--expert-fsdp", "edp_shard",
+        "--to-mesh", "tp=4", "--to-expert-mesh", "ep=4", "--top", "3",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    plan = reshard_plan(
+        compose_table(source_table(vocab=S0, up=S0, experts=S0), fsdp=FSDP, mesh_sizes=SRC_SIZES),
+        source_table(vocab=S1, up=S1, experts=S0),
+        MODEL,
+        src_sizes=SRC_SIZES,
+        dst_sizes=DST_SIZES,
+    )
+    out = capsys.readouterr().out
+    assert out == (
+        "saved on dense (dp_shard=2, tp=2); expert (edp_shard=2, ep=2), "
+        "loaded on dense (tp=4); expert (ep=4)\n" + plan.report(top=3) + "\n"
+    )
+    assert "  ... and 3 more" in out
+
+
+def test_the_command_line_names_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train, serve, shapes = write_files(tmp_path)
+    base = ["reshard", train, serve, "--shapes", shapes, "--to-mesh", "tp=4"]
+    assert main([*base, "--mesh", "dp_shard=2,tp=2"]) == 1
+    assert "experts.w1 is on the 'expert' mesh; give its sizes with --expert-mesh" in (
+        capsys.readouterr().err
+    )
+    assert main([*base, "--mesh", "tp=4", "--expert-mesh", "ep=2", "--to-expert-mesh", "ep=4"]) == 1
+    assert "--mesh (tp=4) has 4 ranks but --expert-mesh (ep=2) has 2" in capsys.readouterr().err
+    argv = [
+        *base,
+        "--mesh",
+        "tp=4",
+        "--expert-mesh",
+        "ep=4",
+        "--to-expert-mesh",
+        "ep=4",
+        "--fsdp",
+        "dp",
+    ]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("layout-algebra: the reshard has 6 problems:\n")
+    assert "mesh_sizes has no size for axis 'dp'" in err
+    assert main(["reshard", train, serve, "--mesh", "tp=4", "--to-mesh", "tp=4"]) == 2
