@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Final
+from typing import Final, TypeAlias
 
 import attrs
 
 from layout_algebra._text import clip, quote
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.geometry import (
@@ -38,7 +38,6 @@ from layout_algebra.geometry import (
     _compose_entry,
     _fsdp_chunk,
     _owned_names,
-    _with_fqn,
     as_fsdp_axes,
     as_role_sizes,
     as_shard_dims,
@@ -526,7 +525,7 @@ def _uneven_note(
 # the whole table
 
 
-def _check_shapes(shapes: Mapping[str, ParamShape]) -> Mapping[str, ParamShape]:
+def _check_shapes(shapes: Mapping[str, ParamShape]) -> None:
     raw: object = shapes
     if not isinstance(raw, Mapping):
         msg = (
@@ -534,54 +533,13 @@ def _check_shapes(shapes: Mapping[str, ParamShape]) -> Mapping[str, ParamShape]:
             f"shapes_from_safetensors), got {quote(raw)}"
         )
         raise LayoutError(msg)
-    for fqn, value in shapes.items():
-        shape: object = value
-        if not isinstance(shape, ParamShape):
-            msg = f"shapes[{clip(str(fqn))!r}] must be a ParamShape, got {quote(shape)}"
-            raise LayoutError(msg, fqn=str(fqn))
-    return shapes
 
 
-def _composed(
-    table: ParamLayoutTable,
-    fsdp: Mapping[str, FsdpAxes] | None,
-    *,
-    sizes: Mapping[str, Mapping[str, int]],
-    shard_dim: int | Mapping[str, int],
-    owned: frozenset[str],
-    problems: list[LintProblem],
-) -> dict[str, SourceLayout]:
-    if fsdp is None:
-        if shard_dim != 0:
-            msg = (
-                "shard_dim applies with fsdp=...; a composed table (fsdp=None) carries "
-                "FSDP's dims in its layouts"
-            )
-            raise LayoutError(msg)
-        return dict(table.items())
-    roles = as_fsdp_axes(fsdp)
-    default_dim, dims = as_shard_dims(shard_dim, table)
-    done: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
-    out: dict[str, SourceLayout] = {}
-    for fqn, layout in table.items():
-        key = (layout, dims.get(fqn, default_dim))
-        got = done.get(key)
-        if got is None:
-            try:
-                got = _compose_entry(layout, key[1], roles, sizes, owned)
-            except LayoutError as e:
-                got = e
-            done[key] = got
-        if isinstance(got, LayoutError):
-            err = _with_fqn(fqn, got)
-            problems.append(
-                LintProblem(
-                    err.message, kind="layout", fqn=fqn, axis=err.axis, placement=err.placement
-                )
-            )
-        else:
-            out[fqn] = got
-    return out
+def _check_shape(fqn: str, value: object) -> ParamShape:
+    if not isinstance(value, ParamShape):
+        msg = f"shapes[{clip(str(fqn))!r}] must be a ParamShape, got {quote(value)}"
+        raise LayoutError(msg, fqn=str(fqn))
+    return value
 
 
 def _owners(table: ParamLayoutTable) -> dict[str, str]:
@@ -592,6 +550,42 @@ def _owners(table: ParamLayoutTable) -> dict[str, str]:
         for fqn in group:
             owner[fqn] = first
     return owner
+
+
+_Key: TypeAlias = tuple[int, int, int]
+"""A parameter's (layout, shape, shard dim), the first two by identity: see ``_Tally``."""
+
+
+class _Tally:
+    """Parameters counted by (layout, shape, shard dim), each distinct one examined once.
+
+    Tables repeat a few layouts and shapes a million times, so the per-parameter work is
+    one count keyed by the *identity* of its layout and shape objects; the objects are
+    kept here for as long as the counts are, so an identity is never reused by another.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[_Key, int] = {}
+        self.values: dict[_Key, tuple[SourceLayout, ParamShape, int]] = {}
+
+    def add(self, layout: SourceLayout, shape: ParamShape, dim: int, storage: int) -> _Key:
+        key = (id(layout), id(shape), dim)
+        count = self.counts.get(key)
+        if count is None:
+            self.values[key] = (layout, shape, dim)
+            self.counts[key] = storage
+        else:
+            self.counts[key] = count + storage
+        return key
+
+
+def _shape_of(
+    fqn: str, table: ParamLayoutTable, shapes: Mapping[str, ParamShape], owner: Mapping[str, str]
+) -> ParamShape | None:
+    shape = shapes.get(fqn)
+    if shape is None and fqn in owner:  # a checkpoint keeps one name per storage
+        shape = next((shapes[m] for m in sorted(table.group_of(fqn)) if m in shapes), None)
+    return shape
 
 
 def lint(
@@ -643,77 +637,196 @@ def lint(
     if not isinstance(raw, ParamLayoutTable):
         msg = f"table must be a ParamLayoutTable, got {quote(raw)}"
         raise LayoutError(msg)
-    shapes = _check_shapes(shapes)
+    _check_shapes(shapes)
     sizes = as_role_sizes(mesh_sizes)
     if not sizes:
         msg = "mesh_sizes names no mesh role; give {'dense': {'dp_shard': 8}, ...}"
         raise LayoutError(msg)
-    owned_names = _owned_names(owned)
-    world = _World(sizes)
-    problems: list[LintProblem] = []
-    composed = _composed(
-        table, fsdp, sizes=sizes, shard_dim=shard_dim, owned=owned_names, problems=problems
+    roles: dict[str, tuple[tuple[AxisName, ...], AxisName]] | None = None
+    default_dim, dims = 0, dict[str, int]()
+    if fsdp is not None:
+        roles = as_fsdp_axes(fsdp)
+        default_dim, dims = as_shard_dims(shard_dim, table)
+    elif shard_dim != 0:
+        msg = (
+            "shard_dim applies with fsdp=...; a composed table (fsdp=None) carries FSDP's "
+            "dims in its layouts"
+        )
+        raise LayoutError(msg)
+    run = _Run(
+        table,
+        shapes,
+        _World(sizes),
+        roles=roles,
+        owned=_owned_names(owned),
+        default_dim=default_dim,
+        dims=dims,
     )
-    owner = _owners(table)
-    notes: list[LintNote] = []
-    found: dict[tuple[SourceLayout, ParamShape], _Found] = {}
-    counts: dict[tuple[SourceLayout, ParamShape], int] = {}
-    for fqn in table:
-        shape = shapes.get(fqn)
-        if shape is None and fqn in owner:  # a checkpoint keeps one name per storage
-            group = sorted(table.group_of(fqn))
-            shape = next((shapes[m] for m in group if m in shapes), None)
-        if shape is None:
-            msg = (
-                f"{fqn}: in the table but not in the shapes; check the FQN against the model "
-                "or the checkpoint (shapes_from_module lists every alias), or drop its entry"
-            )
-            problems.append(LintProblem(msg, kind="no-shape", fqn=fqn))
-            continue
-        layout = composed.get(fqn)
-        if layout is None:
-            continue  # its composition problem is reported already
-        key = (layout, shape)
-        result = found.get(key)
-        if result is None:
-            result = found[key] = _examine(layout, shape, world, owned_names)
-        for kind, tail, ranks, axis, placement in result.problems:
-            problems.append(
-                LintProblem(
-                    f"{fqn}: {tail}",
-                    kind=kind,
-                    fqn=fqn,
-                    ranks=ranks,
-                    axis=axis,
-                    placement=placement,
+    run.count()
+    run.examine()
+    problems, notes = run.report()
+    return LintReport(tuple(problems), tuple(notes), run.memory())
+
+
+class _Run:
+    """One lint: count the parameters, examine each distinct kind once, then report."""
+
+    def __init__(
+        self,
+        table: ParamLayoutTable,
+        shapes: Mapping[str, ParamShape],
+        world: _World,
+        *,
+        roles: Mapping[str, tuple[tuple[AxisName, ...], AxisName]] | None,
+        owned: frozenset[str],
+        default_dim: int,
+        dims: Mapping[str, int],
+    ) -> None:
+        self.table, self.shapes, self.world = table, shapes, world
+        self.roles, self.owned = roles, owned
+        self.default_dim, self.dims = default_dim, dims
+        self.owner = _owners(table)
+        self.tally = _Tally()
+        self.key_of: dict[str, _Key] = {}
+        self.no_shape = False
+        self.hits = 0
+        self.found: dict[_Key, _Found] = {}
+
+    def _shape(self, fqn: str) -> ParamShape | None:
+        return _shape_of(fqn, self.table, self.shapes, self.owner)
+
+    def count(self) -> None:
+        """One pass over the parameters: count each (layout, shape, dim)."""
+        shapes_get, dims, default_dim, owner = (
+            self.shapes.get,
+            self.dims,
+            self.default_dim,
+            self.owner,
+        )
+        add, key_of = self.tally.add, self.key_of
+        for fqn, layout in self.table.items():
+            shape = shapes_get(fqn)
+            if shape is None:
+                shape = self._shape(fqn)
+                if shape is None:
+                    self.no_shape = True
+                    continue
+            else:
+                self.hits += 1
+            dim = dims.get(fqn, default_dim) if dims else default_dim
+            storage = 0 if owner and owner.get(fqn, fqn) != fqn else 1
+            key = add(layout, shape, dim, storage)
+            if storage == 0 or fqn in dims:
+                key_of[fqn] = key
+
+    def examine(self) -> None:
+        """Each distinct (layout, shape, dim) composed and followed on every rank, once."""
+        composed_of: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
+        examined: dict[tuple[SourceLayout, ParamShape], _Found] = {}
+        zeros = (0,) * self.world.size
+        for key, (layout, shape, dim) in self.tally.values.items():
+            value: object = shape  # a mapping of anything may have been passed
+            if not isinstance(value, ParamShape):
+                _check_shape(next(self._fqns_of(key), "<a parameter>"), value)
+            composed: SourceLayout | LayoutError = layout
+            if self.roles is not None:
+                got = composed_of.get((layout, dim))
+                if got is None:
+                    try:
+                        got = _compose_entry(layout, dim, self.roles, self.world.sizes, self.owned)
+                    except LayoutError as e:
+                        got = e
+                    composed_of[(layout, dim)] = got
+                composed = got
+            if isinstance(composed, LayoutError):
+                problem = ("layout", composed.message, (), composed.axis, composed.placement)
+                self.found[key] = _Found(zeros, zeros, (problem,), None)
+                continue
+            result = examined.get((composed, shape))
+            if result is None:
+                result = _examine(composed, shape, self.world, self.owned)
+                examined[(composed, shape)] = result
+            self.found[key] = result
+
+    def _fqns_of(self, key: _Key) -> Iterator[str]:
+        """The FQNs counted under ``key`` (a slow scan, for messages only)."""
+        layout, shape, dim = self.tally.values[key]
+        for fqn, value in self.table.items():
+            same = value is layout and self.dims.get(fqn, self.default_dim) == dim
+            if same and (self.shapes.get(fqn) is shape or self.key_of.get(fqn) == key):
+                yield fqn
+
+    def _result(self, fqn: str, layout: SourceLayout) -> _Found | None:
+        key = self.key_of.get(fqn)
+        if key is None:
+            shape = self.shapes.get(fqn)
+            if shape is None:
+                shape = self._shape(fqn)
+            if shape is None:
+                return None
+            key = (id(layout), id(shape), self.default_dim)
+            if key not in self.found:  # a mapping that builds its values afresh
+                key = next(k for k, v in self.tally.values.items() if v == (layout, shape, key[2]))
+        return self.found[key]
+
+    def report(self) -> tuple[list[LintProblem], list[LintNote]]:
+        """The problems and notes, parameter by parameter in table order."""
+        problems: list[LintProblem] = []
+        notes: list[LintNote] = []
+        if self.no_shape or any(f.problems or f.note for f in self.found.values()):
+            for fqn, layout in self.table.items():
+                result = self._result(fqn, layout)
+                if result is None:
+                    msg = (
+                        f"{fqn}: in the table but not in the shapes; check the FQN against "
+                        "the model or the checkpoint (shapes_from_module lists every alias), "
+                        "or drop its entry"
+                    )
+                    problems.append(LintProblem(msg, kind="no-shape", fqn=fqn))
+                    continue
+                problems.extend(
+                    LintProblem(
+                        f"{fqn}: {tail}",
+                        kind=kind,
+                        fqn=fqn,
+                        ranks=ranks,
+                        axis=axis,
+                        placement=placement,
+                    )
+                    for kind, tail, ranks, axis, placement in result.problems
                 )
-            )
-        if owner.get(fqn, fqn) != fqn:
-            continue  # an alias: its storage is its owner's
-        counts[key] = counts.get(key, 0) + 1
-        if result.note is not None:
-            notes.append(LintNote(fqn, result.note[0], result.note[1]))
-    for fqn in shapes:
-        if fqn not in table:
-            msg = (
-                f"{fqn}: in the shapes but not in the table, so nothing says how to lay it "
-                "out; give it a layout (complete_default completes a table)"
-            )
-            problems.append(LintProblem(msg, kind="no-layout", fqn=fqn))
-    return LintReport(tuple(problems), tuple(notes), _memory(found, counts, world))
+                if result.note is not None and self.owner.get(fqn, fqn) == fqn:
+                    notes.append(LintNote(fqn, result.note[0], result.note[1]))
+        if self.hits < len(self.shapes):
+            for fqn, value in self.shapes.items():
+                if fqn not in self.table:
+                    _check_shape(fqn, value)
+                    msg = (
+                        f"{fqn}: in the shapes but not in the table, so nothing says how to "
+                        "lay it out; give it a layout (complete_default completes a table)"
+                    )
+                    problems.append(LintProblem(msg, kind="no-layout", fqn=fqn))
+        return problems, notes
+
+    def memory(self) -> RankMemory:
+        """The bytes of every storage on every rank, by role."""
+        found = {key: (v[0].mesh, self.found[key]) for key, v in self.tally.values.items()}
+        return _memory(found, self.tally.counts, self.world)
 
 
 def _memory(
-    found: Mapping[tuple[SourceLayout, ParamShape], _Found],
-    counts: Mapping[tuple[SourceLayout, ParamShape], int],
+    found: Mapping[_Key, tuple[str, _Found]],
+    counts: Mapping[_Key, int],
     world: _World,
 ) -> RankMemory:
     total = [0] * world.size
     padded = [0] * world.size
     by_role: dict[str, list[int]] = {role: [0] * world.size for role in world.sizes}
     for key, count in counts.items():
-        result = found[key]
-        role = by_role.setdefault(key[0].mesh, [0] * world.size)
+        if not count:
+            continue
+        role_name, result = found[key]
+        role = by_role.setdefault(role_name, [0] * world.size)
         for rank, (b, p) in enumerate(
             zip(result.bytes_per_rank, result.padded_per_rank, strict=True)
         ):

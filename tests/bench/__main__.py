@@ -1,9 +1,9 @@
 """Every benchmark, one after the other: ``python -m tests.bench [--quick]``.
 
-Building the table, the JSON round trip, planning a checkpoint reshard, then binding a
-table to a live model (when ``tests.bench.bench_bind`` is present). Each compares
-against a baseline measured in this same process and prints its targets with PASS or
-MISS; ``--quick`` runs smaller scales as a smoke test. The exit status is 0 either way:
+Building the table, the JSON round trip, planning a checkpoint reshard, binding a table
+to a live model (when ``tests.bench.bench_bind`` is present), then linting a whole table
+with its shapes. Each compares against a baseline measured in this same process and
+prints its targets with PASS or MISS; ``--quick`` runs smaller scales as a smoke test. The exit status is 0 either way:
 timings depend on the machine.
 """
 
@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 from collections.abc import Sequence
 
-from tests.bench import bench_build, bench_json, bench_reshard
+from tests.bench import bench_build, bench_json, bench_lint, bench_reshard
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -33,7 +33,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print()
         importlib.import_module("tests.bench.bench_bind").main()
     print()
-    print(f"build, JSON and reshard targets met: {met} of {total}")
+    lint_met, lint_total = bench_lint.run(quick=args.quick)
+    met, total = met + lint_met, total + lint_total
+    print()
+    print(f"build, JSON, reshard and lint targets met: {met} of {total}")
 
 
 if __name__ == "__main__":

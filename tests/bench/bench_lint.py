@@ -1,0 +1,111 @@
+"""``lint`` of a whole MoE table with its shapes, against ``build_table`` of the same plan.
+
+The workload is ``baseline.moe_plan`` (about a million parameters at full scale), with a
+realistic shape and dtype for every parameter (bf16, a 4096-wide model with 64 experts)
+on a 32-rank world: dense ``dp_shard=8, tp=4``, experts ``dp_shard=2, ep=4, tp=4``, FSDP
+over ``dp_shard`` on both. Both sides run in this process, best of several runs with the
+garbage collector off; the target is lint at most 3x the time ``build_table`` takes.
+Run alone with ``python -m tests.bench.bench_lint [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from layout_algebra.algebra import build_table
+from layout_algebra.layout import ParamLayoutTable
+from layout_algebra.lint import LintReport, lint
+from layout_algebra.shapes import ParamShape
+from tests.bench.baseline import DENSE_AXES, EXPERT_AXES, moe_plan, param_count, sharding_plan
+from tests.bench.bench_build import timed, verdict
+
+__all__ = ["RATIO_TARGET", "main", "run", "shapes_of"]
+
+RATIO_TARGET: Final = 3.0
+SCALE: Final = 1_000_000
+QUICK_SCALE: Final = 100_000
+
+DIM: Final = 4096
+HIDDEN: Final = 14336
+EXPERT_HIDDEN: Final = 2048
+EXPERTS: Final = 64
+VOCAB: Final = 128_256
+
+MESH_SIZES: Final[Mapping[str, Mapping[str, int]]] = {
+    "dense": {"dp_shard": 8, "tp": 4},
+    "expert": {"dp_shard": 2, "ep": 4, "tp": 4},
+}
+FSDP: Final = {"dense": "dp_shard", "expert": "dp_shard"}
+
+_SHAPES: Final[Mapping[str, tuple[int, ...]]] = {
+    "wq.weight": (DIM, DIM),
+    "wk.weight": (DIM // 4, DIM),
+    "wv.weight": (DIM // 4, DIM),
+    "wo.weight": (DIM, DIM),
+    "router.gate.weight": (EXPERTS, DIM),
+    "experts.w1": (EXPERTS, DIM, EXPERT_HIDDEN),
+    "experts.w2": (EXPERTS, EXPERT_HIDDEN, DIM),
+    "experts.w3": (EXPERTS, DIM, EXPERT_HIDDEN),
+    "shared_expert.w1.weight": (HIDDEN, DIM),
+    "shared_expert.w2.weight": (DIM, HIDDEN),
+    "shared_expert.w3.weight": (HIDDEN, DIM),
+    "weight": (DIM,),
+}
+
+
+def shapes_of(table: ParamLayoutTable) -> dict[str, ParamShape]:
+    """A bf16 shape for every parameter of ``table``, by its name's last parts."""
+    kinds = {path: ParamShape(shape, "bfloat16") for path, shape in _SHAPES.items()}
+    vocab = ParamShape((VOCAB, DIM), "bfloat16")
+    out: dict[str, ParamShape] = {}
+    for fqn in table:
+        if fqn in {"tok_embeddings.weight", "output.weight"}:
+            out[fqn] = vocab
+            continue
+        parts = fqn.split(".")
+        shape = kinds.get(".".join(parts[-2:])) or kinds.get(".".join(parts[-3:]))
+        out[fqn] = shape if shape is not None else kinds[parts[-1]]
+    return out
+
+
+def run(*, quick: bool = False) -> tuple[int, int]:
+    """Measure and print the report; how many targets were met, of how many (1)."""
+    n = QUICK_SCALE if quick else SCALE
+    repeats = 3
+    plan = sharding_plan(moe_plan(n))
+    table = build_table(plan, DENSE_AXES, expert_axes=EXPERT_AXES)
+    shapes = shapes_of(table)
+
+    def linted() -> LintReport:
+        return lint(table, shapes, mesh_sizes=MESH_SIZES, fsdp=FSDP)
+
+    report = linted()
+    assert not report.problems, report.problems[:3]
+    build_best = lint_best = float("inf")
+    for _ in range(repeats):  # interleaved, so both see the same machine
+        build_best = min(
+            build_best, timed(lambda: build_table(plan, DENSE_AXES, expert_axes=EXPERT_AXES))
+        )
+        lint_best = min(lint_best, timed(linted))
+    ratio = lint_best / build_best
+    rank, most = report.memory.largest
+    print(f"lint, MoE plan with shapes, N={param_count(moe_plan(n)):,}, 32 ranks")
+    print(f"  build_table time     {build_best:.3f} s")
+    print(f"  lint time            {lint_best:.3f} s")
+    target = f"target <= {RATIO_TARGET:.1f}  {verdict(ratio, RATIO_TARGET)}"
+    print(f"  ratio                {ratio:.2f}  {target}")
+    print(f"  largest rank         {rank}: {most / 2**30:.1f} GiB of parameters")
+    return int(ratio <= RATIO_TARGET), 1
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_lint", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a smaller scale, for a smoke run")
+    args = parser.parse_args(argv)
+    run(quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
