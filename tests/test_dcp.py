@@ -1,7 +1,7 @@
 """Checkpoints on real collectives: 4 gloo ranks save with DCP and load under another layout.
 
 A model with an embedding tied to its head (17 rows: an uneven vocabulary), linears with
-biases, a plain norm and 3-D experts is laid out on a dense ``(dp_shard=2, tp=2)`` mesh
+biases, a plain norm, a 3-row gate (one rank's saved shard is empty) and 3-D experts is laid out on a dense ``(dp_shard=2, tp=2)`` mesh
 and an expert ``(edp_shard=2, ep=2)`` mesh, wrapped by torch's ``fully_shard`` (experts
 over ``edp_shard``, the rest over ``dp_shard``) and saved with
 ``torch.distributed.checkpoint``. A fresh model is laid out otherwise (dense ``tp=4``
@@ -16,17 +16,12 @@ values equal the saved ones bit for bit.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import socket
-import traceback
 from pathlib import Path
 from typing import Final, NamedTuple
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -37,7 +32,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import Shard as TorchShard
-from torch.multiprocessing.spawn import spawn
 
 from layout_algebra import (
     ParamLayoutTable,
@@ -50,6 +44,7 @@ from layout_algebra.checkpoint import Chunk, dcp_chunks, reshard_plan
 from layout_algebra.geometry import compose_table
 from layout_algebra.torch_bridge import distribute
 from tests.models import TiedTP
+from tests.torch_oracle import on_gloo
 
 WORLD_SIZE: Final = 4
 SEED: Final = 0
@@ -83,6 +78,7 @@ def save_table() -> ParamLayoutTable:
             "down.weight": dense(S1),
             "down.bias": dense(R),
             "norm": SourceLayout("dense", (), ()),
+            "gate": dense(S0),
             "experts.w1": SourceLayout("expert", ["ep"], [S0]),
             "experts.w2": SourceLayout("expert", ["ep"], [S0]),
         },
@@ -101,6 +97,7 @@ def load_table() -> ParamLayoutTable:
             "down.weight": dense(S0),
             "down.bias": dense(S0),
             "norm": SourceLayout("dense", (), ()),
+            "gate": dense(R),
             "experts.w1": SourceLayout("expert", ["ep"], [S1]),
             "experts.w2": SourceLayout("expert", ["ep"], [S0]),
         },
@@ -171,7 +168,8 @@ def check(failures: list[str], ok: bool, what: str) -> None:
         failures.append(what)
 
 
-def scenario(rank: int, checkpoint: str) -> tuple[list[str], list[list[object]]]:
+def scenario(rank: int, checkpoint: str) -> dict[str, object]:
+    """One rank: save, load under the other layout; its failures and the reads it made."""
     failures: list[str] = []
     torch.manual_seed(SEED)
     model = make_model()
@@ -202,31 +200,7 @@ def scenario(rank: int, checkpoint: str) -> tuple[list[str], list[list[object]]]
             torch.equal(full, originals[fqn]),
             f"{fqn}: rank {rank} loaded values that differ from the saved ones",
         )
-    return failures, read_items(planner)
-
-
-def worker(rank: int, port: int, out_dir: str) -> None:
-    """One rank: run the scenario and write its failures and reads."""
-    result: dict[str, object]
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
-        )
-        failures, reads = scenario(rank, os.path.join(out_dir, "checkpoint"))
-        result = {"failures": failures, "reads": reads}
-    except BaseException:
-        result = {"failures": [traceback.format_exc()], "reads": []}
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return {"failures": failures, "reads": read_items(planner)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -248,13 +222,8 @@ def shapes() -> dict[str, Shape]:
 
 
 @pytest.mark.distributed
-def test_dcp_records_dcp_chunks_and_loads_with_reshard_plan_reads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the spawned ranks import this module by name: make sure they can find it
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
-    spawn(worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)  # type: ignore[no-untyped-call]  # torch.multiprocessing.spawn is unannotated
-    results = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+def test_dcp_records_dcp_chunks_and_loads_with_reshard_plan_reads(tmp_path: Path) -> None:
+    results = on_gloo(scenario, str(tmp_path / "checkpoint"), world_size=WORLD_SIZE)
     assert [r["failures"] for r in results] == [[]] * WORLD_SIZE
 
     # every parameter's chunks in the checkpoint's metadata
@@ -267,6 +236,7 @@ def test_dcp_records_dcp_chunks_and_loads_with_reshard_plan_reads(
         assert isinstance(md, TensorStorageMetadata)
         recorded = sorted(Chunk(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks)
         assert list(dcp_chunks(layout, params[fqn].shape, SRC_SIZES[layout.mesh])) == recorded, fqn
+    assert Chunk((3, 0), (0, 8)) in dcp_chunks(saved["gate"], (3, 8), SRC_SIZES["dense"])
 
     # every rank's reads, and their bytes
     plan = reshard_plan(saved, loaded_layouts(), params, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)

@@ -8,32 +8,26 @@ tensor it should hold (tensor parallel first, then FSDP's dim-0 chunk of that) a
 ``torch.distributed.checkpoint`` and loaded into a fresh model laid out differently
 (``tp=4``, no FSDP), whose full tensors must equal the originals bit for bit.
 
-Each rank records its failures in a file; the test asserts that every file is empty.
+Each rank returns its failures; the test asserts that every rank's list is empty.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import traceback
 from pathlib import Path
 from typing import Final
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
-from torch.multiprocessing.spawn import spawn
 
 from layout_algebra import ModulePlan, Placement, Shard, ShardingPlan, build_table
 from layout_algebra.torch_bridge import distribute, table_from_module, to_torch
 from tests.models import ToyModel
-from tests.torch_oracle import fsdp_block
+from tests.torch_oracle import fsdp_block, on_gloo
 
 WORLD_SIZE: Final = 4
 SEED: Final = 0
@@ -127,39 +121,7 @@ def scenario(rank: int, checkpoint: str) -> list[str]:
     return failures
 
 
-def worker(rank: int, port: int, out_dir: str) -> None:
-    """One rank: run the scenario and write its failures (a traceback if it raised)."""
-    failures: list[str]
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
-        )
-        failures = scenario(rank, os.path.join(out_dir, "checkpoint"))
-    except BaseException:
-        failures = [traceback.format_exc()]
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(failures))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.distributed
-def test_distribute_fully_shard_and_checkpoint_on_gloo(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the spawned ranks import this module by name: make sure they can find it
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
-    args = (free_port(), str(tmp_path))
-    spawn(worker, args=args, nprocs=WORLD_SIZE, join=True)  # type: ignore[no-untyped-call]  # torch.multiprocessing.spawn is unannotated
-    failures = {
-        rank: json.loads(Path(tmp_path, f"rank{rank}.json").read_text())
-        for rank in range(WORLD_SIZE)
-    }
-    assert failures == {rank: [] for rank in range(WORLD_SIZE)}
+def test_distribute_fully_shard_and_checkpoint_on_gloo(tmp_path: Path) -> None:
+    failures = on_gloo(scenario, str(tmp_path / "checkpoint"), world_size=WORLD_SIZE)
+    assert failures == [[]] * WORLD_SIZE

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -27,6 +28,7 @@ from tests.torch_oracle import (
     fsdp_managed,
     fully_sharded,
     layout_of,
+    on_gloo,
     rank_block,
 )
 
@@ -72,7 +74,7 @@ def test_the_blocks_are_the_ones_torch_keeps(
     # the meta-device oracle gives the placements of the real thing
     composed = layout_of(w, source.mesh)
     assert composed == layout_of(fully_sharded(mesh, source, shape, shard="dp_shard"), source.mesh)
-    assert composed == compose_fsdp(source, shard_axes=["dp_shard"], mesh_sizes=sizes)
+    assert composed == compose_fsdp(source, shard_axis="dp_shard", mesh_sizes=sizes)
 
 
 def test_indices_shape_and_offset_agree_where_the_block_is_contiguous() -> None:
@@ -91,5 +93,24 @@ def test_meshes_are_built_once(world_mesh: MeshFactory) -> None:
     assert world_mesh({"dp_shard": 2, "tp": 4}) is world_mesh({"dp_shard": 2, "tp": 4})
     assert world_mesh({"tp": 2, "dp_shard": 4}).mesh_dim_names == ("tp", "dp_shard")
     assert world_mesh.unnamed(8).mesh_dim_names is None
-    with pytest.raises(ValueError, match=r"shape \(2, 2\) holds 4 ranks, but the fake world"):
+    with pytest.raises(ValueError, match=r"shape \(2, 2\) holds 4 ranks, but the world has 8"):
         world_mesh({"dp": 2, "tp": 2})
+
+
+def summed_rank(rank: int, fail_on: int) -> int:
+    """All ranks' ranks summed by a real all-reduce; then rank ``fail_on`` raises."""
+    total = torch.tensor([rank])
+    dist.all_reduce(total)
+    if rank == fail_on:
+        msg = f"rank {rank} was told to fail (the sum was {int(total)})"
+        raise ValueError(msg)
+    return int(total)
+
+
+@pytest.mark.distributed
+def test_on_gloo_reports_the_rank_that_raised() -> None:
+    with pytest.raises(
+        AssertionError,
+        match=r"(?s)^rank 1 raised:.*ValueError: rank 1 was told to fail \(the sum was 1\)",
+    ):
+        on_gloo(summed_rank, 1, world_size=2)

@@ -12,10 +12,18 @@ per distinct (shape, names) for the whole session, on the fake 8-rank process gr
 from __future__ import annotations
 
 import itertools
+import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+import socket
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -25,6 +33,7 @@ from torch.distributed.tensor import Placement as TorchPlacement
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Shard as TorchShard
 from torch.distributed.tensor.placement_types import _StridedShard
+from torch.multiprocessing.spawn import spawn
 
 from layout_algebra import SourceLayout
 from layout_algebra.torch_bridge import from_torch, to_torch
@@ -39,6 +48,7 @@ __all__ = [
     "fsdp_managed",
     "fully_sharded",
     "layout_of",
+    "on_gloo",
     "rank_block",
     "rank_coordinates",
 ]
@@ -72,7 +82,7 @@ class MeshFactory:
         if mesh is None:
             if math.prod(shape) != self.world_size:
                 msg = (
-                    f"a mesh of shape {shape} holds {math.prod(shape)} ranks, but the fake "
+                    f"a mesh of shape {shape} holds {math.prod(shape)} ranks, but the "
                     f"world has {self.world_size}; give sizes whose product is {self.world_size}"
                 )
                 raise ValueError(msg)
@@ -228,3 +238,70 @@ def fsdp_managed(module: nn.Module) -> list[nn.Parameter]:
     group = state._fsdp_param_group
     assert group is not None
     return [fp.sharded_param for fp in group.fsdp_params]
+
+
+# ---------------------------------------------------------------------------------------
+# real ranks: gloo processes on the CPU
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def on_gloo(scenario: Callable[..., object], *args: object, world_size: int) -> list[Any]:
+    """What ``scenario(rank, *args)`` returns on each of ``world_size`` real gloo ranks.
+
+    Each rank is a process of its own (``torch.multiprocessing.spawn``) in one gloo
+    process group over TCP on this host. ``scenario`` must be a module-level function (the
+    ranks import its module by name) returning a JSON value; it comes back through JSON.
+
+    Raises:
+        AssertionError: a rank raised; the message holds every such rank's traceback.
+    """
+    added = _ROOT not in sys.path
+    if added:  # the ranks import the scenario's module (tests.*) from the repository root
+        sys.path.insert(0, _ROOT)
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            job = _Job(scenario, args, world_size, _free_port(), out)
+            spawn(_gloo_rank, args=(job,), nprocs=world_size, join=True)  # type: ignore[no-untyped-call]  # torch.multiprocessing.spawn is unannotated
+            results = [
+                json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)
+            ]
+    finally:
+        if added:
+            sys.path.remove(_ROOT)
+    raised = [
+        f"rank {r} raised:\n{res['traceback']}" for r, res in enumerate(results) if not res["ok"]
+    ]
+    assert not raised, "\n".join(raised)
+    return [result["value"] for result in results]
+
+
+class _Job(NamedTuple):
+    scenario: Callable[..., object]
+    args: tuple[object, ...]
+    world_size: int
+    port: int
+    out: str
+
+
+def _gloo_rank(rank: int, job: _Job) -> None:
+    """One rank: join the group, run the scenario, write its value (or its traceback)."""
+    result: dict[str, object]
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{job.port}", rank=rank, world_size=job.world_size
+        )
+        result = {"ok": True, "value": job.scenario(rank, *job.args)}
+    except BaseException:
+        result = {"ok": False, "traceback": traceback.format_exc()}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    Path(job.out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
