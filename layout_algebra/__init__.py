@@ -14,7 +14,7 @@ from layout_algebra.algebra import (
     resolve,
     strip,
 )
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisName
 from layout_algebra.checkpoint import Chunk, Read, ReshardPlan, dcp_chunks, reshard_plan
 from layout_algebra.errors import (
     BindError,
@@ -41,12 +41,11 @@ from layout_algebra.placements import (
     format_placement,
     parse_placement,
 )
-from layout_algebra.plan import ModulePlan, NamedPlacements, ShardingPlan
+from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 
 __all__ = [
     "FSDP_OWNED_AXES",
-    "AxisLike",
     "AxisName",
     "BindError",
     "Chunk",
@@ -57,7 +56,6 @@ __all__ = [
     "LintProblem",
     "LintReport",
     "ModulePlan",
-    "NamedPlacements",
     "OwnedAxisError",
     "ParamLayoutTable",
     "ParamShape",

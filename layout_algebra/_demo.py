@@ -206,7 +206,7 @@ def rank_coordinate(rank: int, role: str) -> dict[str, int]:
 
 def _composed(layout: SourceLayout) -> SourceLayout:
     return compose_fsdp(
-        layout, shard_axes=(FSDP_AXIS[layout.mesh],), mesh_sizes=mesh_sizes(layout.mesh)
+        layout, shard_axis=FSDP_AXIS[layout.mesh], mesh_sizes=mesh_sizes(layout.mesh)
     )
 
 

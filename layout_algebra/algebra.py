@@ -20,7 +20,7 @@ from layout_algebra.axes import (
     AxisLike,
     AxisName,
     as_axes,
-    axis_names,
+    axis_name_set,
     check_distinct_axes,
 )
 from layout_algebra.errors import (
@@ -62,10 +62,6 @@ _MAX_LISTED: Final = 50
 """How many problems a ``PlanError`` message spells out (``.problems`` holds them all)."""
 
 
-def _names(axes: Iterable[AxisLike], arg: str = "owned") -> frozenset[str]:
-    return axis_names(axes, arg)
-
-
 def _check_role(mesh: object, arg: str = "mesh") -> str:
     if not isinstance(mesh, str) or not mesh:
         msg = f"{arg} must be a mesh role, a non-empty string such as 'dense', got {quote(mesh)}"
@@ -88,7 +84,7 @@ def strip(
     >>> strip(["dp_shard", "tp", "ep"])
     (AxisName(name='tp'), AxisName(name='ep'))
     """
-    owned_names = _names(owned)
+    owned_names = axis_name_set(owned, "owned")
     return tuple(a for a in as_axes(axes) if a.name not in owned_names)
 
 
@@ -121,7 +117,7 @@ class _Mesh:
             source=source,
             index={a.name: i for i, a in enumerate(source)},
             owned=owned,
-            inactive=_names(inactive, "inactive") - present,
+            inactive=axis_name_set(inactive, "inactive") - present,
             hint=hint,
         )
 
@@ -211,7 +207,7 @@ def resolve(
     target = _Mesh.make(
         _check_role(mesh),
         axes,
-        _names(owned),
+        axis_name_set(owned, "owned"),
         inactive,
         hint="or pass it in inactive= if this run knows it",
     )
@@ -528,7 +524,7 @@ def _meshes(
     owned: Iterable[AxisLike],
 ) -> tuple[_Mesh, _Mesh | None]:
     """The run's dense and expert meshes; the run's vocabulary is every axis named."""
-    owned_names = _names(owned)
+    owned_names = axis_name_set(owned, "owned")
     dense_list = as_axes(dense_axes, "dense_axes")
     expert_list = None if expert_axes is None else as_axes(expert_axes, "expert_axes")
     vocabulary = {a.name for a in plan.mesh_axes} | owned_names

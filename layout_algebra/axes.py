@@ -82,7 +82,7 @@ def as_axes(axes: Iterable[AxisLike], arg: str = "axes") -> tuple[AxisName, ...]
         raise LayoutError(msg, axis=e.axis) from None
 
 
-def axis_names(axes: Iterable[AxisLike], arg: str) -> frozenset[str]:
+def axis_name_set(axes: Iterable[AxisLike], arg: str) -> frozenset[str]:
     """The plain names of ``axes`` as a set (owned axes, inactive axes), checked.
 
     Raises:

@@ -1,8 +1,9 @@
 """Read-only mappings: the dict-backed ``Mapping`` behind plans and tables.
 
 ``DictView`` gives any class holding a private dict in ``_items`` the whole read-only
-``Mapping`` surface at dict speed; ``FrozenMap`` is the hashable, compare-by-value
-mapping the plan types are made of.
+``Mapping`` surface at dict speed, and equality as ``types.MappingProxyType`` has it
+(equal to any ``Mapping`` with equal items) while staying hashable; ``FrozenMap`` is the
+hashable, compare-by-value mapping the plan types are made of.
 """
 
 from __future__ import annotations
@@ -27,10 +28,34 @@ class DictView(Mapping[K, V]):
 
     A subclass stores its dict in an attribute named ``_items`` and never changes it;
     every method here is one dict call (no ``Mapping`` mixin fallbacks).
+
+    Equality and hashing are written here, not by attrs: attrs compares only instances
+    of one class, and a read-only mapping should equal any ``Mapping`` with equal items
+    (``MappingProxyType`` does). The hash is of the items alone, so every two equal
+    hashable views hash equal; it is cached in a slot that pickling leaves out (string
+    hashes differ between processes).
     """
 
-    __slots__ = ()
+    __slots__ = ("_hash",)
     _items: dict[K, V]
+    _hash: int
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if isinstance(other, DictView):
+            return self._items == other._items
+        if isinstance(other, Mapping):
+            return self._items == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash  # set below, once per process
+        except AttributeError:
+            value = hash(frozenset(self._items.items()))
+            object.__setattr__(self, "_hash", value)
+            return value
 
     def __getitem__(self, key: K) -> V:
         return self._items[key]
@@ -63,11 +88,6 @@ class DictView(Mapping[K, V]):
         return self._items.items()
 
 
-def items_key(items: Mapping[K, V]) -> frozenset[tuple[K, V]]:
-    """What equality and hashing of a dict-backed value look at: its items, unordered."""
-    return frozenset(items.items())
-
-
 def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
     raw: object = items
     if not isinstance(raw, Mapping):
@@ -76,11 +96,14 @@ def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
     return dict(items)
 
 
-@attrs.frozen(cache_hash=True, repr=False)
+@attrs.frozen(eq=False, repr=False)
 class FrozenMap(DictView[K, V], Generic[K, V]):
-    """A read-only, hashable mapping that keeps insertion order and compares by value."""
+    """A read-only, hashable mapping that keeps insertion order and compares by value.
 
-    _items: dict[K, V] = attrs.field(converter=_as_dict, eq=items_key)
+    Equal to any ``Mapping`` with the same items (a ``dict`` included), order aside.
+    """
+
+    _items: dict[K, V] = attrs.field(converter=_as_dict)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._items!r})"

@@ -11,6 +11,7 @@ live ``DeviceMesh`` (and no torch) is needed.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias, assert_never
@@ -18,7 +19,15 @@ from typing import Final, TypeAlias, assert_never
 import attrs
 
 from layout_algebra._text import clip, quote
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName, as_axes, as_axis, axis_str
+from layout_algebra.axes import (
+    FSDP_OWNED_AXES,
+    AxisLike,
+    AxisName,
+    as_axes,
+    as_axis,
+    axis_name_set,
+    axis_str,
+)
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
@@ -286,10 +295,11 @@ def compose_fsdp(
         _size_of(sizes, axis, layout)
     # FSDP shards each source shard of shard_dim further: with tp=2 and ep=2 both on
     # S(0), every dp rank takes its slice of each of the 2 * 2 = 4 source shards.
-    split_factor = 1
-    for axis, p in zip(layout.axes, layout.placements, strict=True):
-        if _shards_dim(p, shard_dim):
-            split_factor *= sizes[axis.name]
+    split_factor = math.prod(
+        sizes[axis.name]
+        for axis, p in zip(layout.axes, layout.placements, strict=True)
+        if _shards_dim(p, shard_dim)
+    )
     if split_factor > MAX_SPLIT_FACTOR:
         msg = (
             f"{clip(str(layout))}: its source axes cut dim {shard_dim} into {split_factor:,} "
@@ -514,10 +524,7 @@ _MAX_LISTED: Final = 50
 
 
 def _world_size(sizes: Mapping[str, int]) -> int:
-    n = 1
-    for size in sizes.values():
-        n *= size
-    return n
+    return math.prod(sizes.values())
 
 
 def as_role_sizes(mesh_sizes: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
@@ -618,9 +625,7 @@ def as_shard_dims(
 
 
 def _owned_names(owned: Iterable[AxisLike]) -> frozenset[str]:
-    if isinstance(owned, frozenset) and all(isinstance(a, str) for a in owned):
-        return owned
-    return frozenset(axis_str(a) for a in as_axes(owned))
+    return axis_name_set(owned, "owned")
 
 
 def _with_fqn(fqn: str, error: LayoutError) -> LayoutError:

@@ -15,7 +15,7 @@ from layout_algebra._args import as_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import DictView, items_key
+from layout_algebra.frozen import DictView
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -250,7 +250,7 @@ def _as_drops(drops: Iterable[Drop]) -> tuple[Drop, ...]:
     return out
 
 
-@attrs.frozen(cache_hash=True, repr=False)
+@attrs.frozen(eq=False, repr=False)
 class ParamLayoutTable(DictView[str, SourceLayout]):
     """The source layout of every parameter, by FQN, and the groups that share storage.
 
@@ -258,10 +258,13 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
     storage (an embedding and its LM head), in a canonical order; every member has an
     entry and all members of a group have the same layout. No layout holds a ``Partial``.
     ``dropped`` records what ``build_table`` dropped on axes a mesh lacks.
+
+    Two tables are equal when their entries and tied groups are (order aside); a table
+    also equals any other ``Mapping`` with the same entries, as a read-only mapping does.
     """
 
     _items: dict[str, SourceLayout] = attrs.field(
-        alias="entries", converter=_check_entries, eq=items_key
+        alias="entries", converter=_check_entries
     )
     tied: tuple[frozenset[str], ...] = attrs.field(default=(), kw_only=True, converter=_as_groups)
     dropped: tuple[Drop, ...] = attrs.field(
@@ -302,6 +305,13 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
                     "parameters that share storage need one layout (use merge_tied)"
                 )
                 raise LayoutError(msg, fqn=members[0])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ParamLayoutTable) and self.tied != other.tied:
+            return False
+        return DictView.__eq__(self, other)
+
+    __hash__ = DictView.__hash__  # the entries' hash: equal tables, and equal mappings
 
     def __repr__(self) -> str:
         tied = f", tied={self.tied!r}" if self.tied else ""

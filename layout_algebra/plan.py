@@ -17,6 +17,7 @@ from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
 from layout_algebra.errors import LayoutError
 from layout_algebra.frozen import FrozenMap
+from layout_algebra.layout import is_fqn
 from layout_algebra.placements import Placement, is_placement
 
 __all__ = ["ModulePlan", "NamedLike", "NamedPlacements", "ShardingPlan"]
@@ -198,7 +199,7 @@ def as_pairs(
         items: tuple[object, ...] = (
             (raw,) if isinstance(raw, str) or not isinstance(raw, Iterable) else tuple(pair)
         )
-        if len(items) != 2 or not all(isinstance(x, str) and x for x in items):
+        if len(items) != 2 or not all(is_fqn(x) for x in items):
             msg = f"{arg}: a tied pair is two parameter FQNs, got {quote(raw)}"
             raise LayoutError(msg)
         out.append((str(items[0]), str(items[1])))

@@ -20,7 +20,6 @@ from layout_algebra import (
     AxisName,
     LayoutError,
     ModulePlan,
-    NamedPlacements,
     OwnedAxisError,
     ParamLayoutTable,
     Partial,
@@ -41,6 +40,7 @@ from layout_algebra import (
     resolve,
     strip,
 )
+from layout_algebra.plan import NamedPlacements
 from tests.strategies import (
     KNOWN_SOURCE_AXES,
     OWNED,

@@ -8,7 +8,6 @@ from hypothesis import given
 
 from layout_algebra import (
     FSDP_OWNED_AXES,
-    AxisLike,
     AxisName,
     LayoutError,
     ModulePlan,
@@ -23,6 +22,7 @@ from layout_algebra import (
     resolve,
     strip,
 )
+from layout_algebra.axes import AxisLike
 from tests.strategies import axis_names
 
 

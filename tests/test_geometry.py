@@ -58,7 +58,7 @@ def names(layout: SourceLayout) -> list[str]:
 
 def test_fsdp_over_tp_rows_is_strided() -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
-    composed = compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes={"dp_shard": 4, "tp": 2})
+    composed = compose_fsdp(layout, shard_axis="dp_shard", mesh_sizes={"dp_shard": 4, "tp": 2})
     assert composed == SourceLayout(
         "dense", ["dp_shard", "tp"], [StridedShard(0, split_factor=2), S0]
     )
@@ -68,7 +68,7 @@ def test_fsdp_over_tp_rows_is_strided() -> None:
 @pytest.mark.parametrize("source", [S1, R])
 def test_fsdp_over_a_dim_the_source_leaves_alone_is_a_plain_shard(source: Placement) -> None:
     layout = SourceLayout("dense", ["tp"], [source])
-    composed = compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes={"dp_shard": 4, "tp": 2})
+    composed = compose_fsdp(layout, shard_axis="dp_shard", mesh_sizes={"dp_shard": 4, "tp": 2})
     assert composed.placements == (S0, source)
 
 
@@ -77,7 +77,7 @@ def test_hsdp_of_the_reference_mesh() -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
     sizes = {"dp_replicate": 2, "dp_shard": 4, "tp": 2}
     composed = compose_fsdp(
-        layout, shard_axes=("dp_shard",), replicate_axes=("dp_replicate",), mesh_sizes=sizes
+        layout, shard_axis="dp_shard", replicate_axes=("dp_replicate",), mesh_sizes=sizes
     )
     assert str(composed) == "dense[dp_replicate=R, dp_shard=_S(0, 2), tp=S(0)]"
 
@@ -85,20 +85,20 @@ def test_hsdp_of_the_reference_mesh() -> None:
 def test_split_factor_counts_every_source_shard_of_the_dim() -> None:
     layout = SourceLayout("expert", ["ep", "tp"], [S0, S0])
     sizes = {"edp_shard": 2, "ep": 4, "tp": 2}
-    composed = compose_fsdp(layout, shard_axes=["edp_shard"], mesh_sizes=sizes)
+    composed = compose_fsdp(layout, shard_axis="edp_shard", mesh_sizes=sizes)
     assert str(composed) == "expert[edp_shard=_S(0, 8), ep=S(0), tp=S(0)]"
 
 
 def test_size_one_source_axes_do_not_stride() -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
-    composed = compose_fsdp(layout, shard_axes=["dp"], mesh_sizes={"dp": 8, "tp": 1})
+    composed = compose_fsdp(layout, shard_axis="dp", mesh_sizes={"dp": 8, "tp": 1})
     assert composed.placements == (S0, S0)
 
 
 def test_shard_dim_follows_fsdp() -> None:
     layout = SourceLayout("dense", ["tp"], [S1])
     composed = compose_fsdp(
-        layout, shard_axes=["dp_shard"], mesh_sizes={"dp_shard": 2, "tp": 4}, shard_dim=1
+        layout, shard_axis="dp_shard", mesh_sizes={"dp_shard": 2, "tp": 4}, shard_dim=1
     )
     assert str(composed) == "dense[dp_shard=_S(1, 4), tp=S(1)]"
 
@@ -106,7 +106,7 @@ def test_shard_dim_follows_fsdp() -> None:
 def test_a_layout_without_source_axes_is_plain_fsdp() -> None:
     layout = SourceLayout("dense", [], [])
     composed = compose_fsdp(
-        layout, shard_axes=["dp_shard"], replicate_axes=["dp_replicate"],
+        layout, shard_axis="dp_shard", replicate_axes=["dp_replicate"],
         mesh_sizes={"dp_replicate": 2, "dp_shard": 4},
     )  # fmt: skip
     assert str(composed) == "dense[dp_replicate=R, dp_shard=S(0)]"
@@ -115,8 +115,8 @@ def test_a_layout_without_source_axes_is_plain_fsdp() -> None:
 def test_compose_takes_axis_names_and_ignores_other_sizes() -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
     sizes = {"dp_shard": 2, "tp": 2, "pp": 4, "cp": 2}
-    assert compose_fsdp(layout, shard_axes=[AxisName("dp_shard")], mesh_sizes=sizes) == (
-        compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
+    assert compose_fsdp(layout, shard_axis=AxisName("dp_shard"), mesh_sizes=sizes) == (
+        compose_fsdp(layout, shard_axis="dp_shard", mesh_sizes=sizes)
     )
 
 
@@ -128,7 +128,7 @@ def test_more_source_axes_than_fsdp_supports() -> None:
     layout = SourceLayout("dense", ["ep", "tp", "sp"], [S0, S1, R])
     sizes = {"dp_shard": 1, "ep": 2, "tp": 2, "sp": 2}
     with pytest.raises(LayoutError, match=r"1-D TP/EP or 2-D EP\+TP") as info:
-        compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
+        compose_fsdp(layout, shard_axis="dp_shard", mesh_sizes=sizes)
     assert str(MAX_FSDP_SOURCE_AXES) in info.value.message
     assert "dense[ep=S(0), tp=S(1), sp=R]" in info.value.message
     assert (info.value.axis, info.value.placement) == ("sp", "R")
@@ -138,39 +138,59 @@ def test_more_source_axes_than_fsdp_supports() -> None:
 def test_fsdp_shards_over_exactly_one_axis(shard_axes: tuple[str, ...]) -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
     sizes = {"dp_shard": 2, "cp": 2, "tp": 2}
-    with pytest.raises(LayoutError, match="exactly one mesh axis") as info:
+    with (
+        pytest.warns(DeprecationWarning, match=r"pass it as shard_axis='dp_shard'"),
+        pytest.raises(LayoutError, match="exactly one mesh axis") as info,
+    ):
         compose_fsdp(layout, shard_axes=shard_axes, mesh_sizes=sizes)
     assert "flatten" in info.value.message
+
+
+def test_shard_axes_is_the_deprecated_spelling_of_shard_axis() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    sizes = {"dp_shard": 2, "tp": 2}
+    with pytest.warns(DeprecationWarning, match=r"compose_fsdp\(shard_axes=\.\.\.\) is deprecated"):
+        old = compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
+    assert old == compose_fsdp(layout, shard_axis="dp_shard", mesh_sizes=sizes)
+    with pytest.raises(LayoutError, match="compose_fsdp needs shard_axis"):
+        compose_fsdp(layout, mesh_sizes=sizes)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(LayoutError, match="not both"),
+    ):
+        compose_fsdp(layout, shard_axis="dp_shard", shard_axes=["dp_shard"], mesh_sizes=sizes)
+    with pytest.raises(LayoutError, match=r"shard_axis: axis name \['dp_shard'\]"):
+        compose_fsdp(layout, shard_axis=["dp_shard"], mesh_sizes=sizes)  # type: ignore[arg-type]
 
 
 def test_hsdp_replicates_over_at_most_one_axis() -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
     sizes = {"a": 2, "b": 2, "dp_shard": 2, "tp": 1}
     with pytest.raises(LayoutError, match="at most one mesh axis") as info:
-        compose_fsdp(layout, shard_axes=["dp_shard"], replicate_axes=["a", "b"], mesh_sizes=sizes)
+        compose_fsdp(layout, shard_axis="dp_shard", replicate_axes=["a", "b"], mesh_sizes=sizes)
     assert info.value.axis == "b"
 
 
 def test_an_axis_cannot_be_fsdp_and_source() -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
     with pytest.raises(LayoutError, match="'tp' is a source axis") as info:
-        compose_fsdp(layout, shard_axes=["tp"], mesh_sizes={"tp": 2})
+        compose_fsdp(layout, shard_axis="tp", mesh_sizes={"tp": 2})
     assert (info.value.axis, info.value.placement) == ("tp", "S(0)")
     with pytest.raises(LayoutError, match="both a replicate and a shard axis"):
-        compose_fsdp(layout, shard_axes=["dp"], replicate_axes=["dp"], mesh_sizes={"dp": 2})
+        compose_fsdp(layout, shard_axis="dp", replicate_axes=["dp"], mesh_sizes={"dp": 2})
 
 
 def test_a_pending_reduction_is_not_a_parameter() -> None:
     layout = SourceLayout("dense", ["tp"], [Partial()])
     with pytest.raises(LayoutError, match=r"P\(sum\) on axis 'tp'") as info:
-        compose_fsdp(layout, shard_axes=["dp"], mesh_sizes={"dp": 2, "tp": 2})
+        compose_fsdp(layout, shard_axis="dp", mesh_sizes={"dp": 2, "tp": 2})
     assert info.value.message.endswith("declare R or S(dim) on that axis")
 
 
 def test_every_axis_needs_a_size() -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
     with pytest.raises(LayoutError, match="no size for axis 'dp_shrad'") as info:
-        compose_fsdp(layout, shard_axes=["dp_shrad"], mesh_sizes={"dp_shard": 2, "tp": 2})
+        compose_fsdp(layout, shard_axis="dp_shrad", mesh_sizes={"dp_shard": 2, "tp": 2})
     assert info.value.axis == "dp_shrad"
 
 
@@ -179,7 +199,7 @@ def test_sizes_are_positive_ints(size: object) -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
     bad: dict[str, object] = {"dp": 2, "tp": size}
     with pytest.raises(LayoutError, match=r"mesh_sizes\['tp'\] must be an int from 1 to "):
-        compose_fsdp(layout, shard_axes=["dp"], mesh_sizes=bad)  # type: ignore[arg-type]  # bad input on purpose
+        compose_fsdp(layout, shard_axis="dp", mesh_sizes=bad)  # type: ignore[arg-type]  # bad input on purpose
 
 
 @pytest.mark.parametrize("shard_dim", [-1, 1.0])
@@ -187,14 +207,14 @@ def test_shard_dim_counts_from_zero(shard_dim: object) -> None:
     layout = SourceLayout("dense", ["tp"], [S0])
     with pytest.raises(LayoutError, match="shard_dim must be an int from 0 to 63"):
         compose_fsdp(
-            layout, shard_axes=["dp"], mesh_sizes={"dp": 2, "tp": 2},
+            layout, shard_axis="dp", mesh_sizes={"dp": 2, "tp": 2},
             shard_dim=shard_dim,  # type: ignore[arg-type]  # bad input on purpose
         )  # fmt: skip
 
 
 def test_compose_wants_a_layout() -> None:
     with pytest.raises(LayoutError, match="expected a SourceLayout"):
-        compose_fsdp("dense[tp=S(0)]", shard_axes=["dp"], mesh_sizes={"dp": 2})  # type: ignore[arg-type]  # bad input on purpose
+        compose_fsdp("dense[tp=S(0)]", shard_axis="dp", mesh_sizes={"dp": 2})  # type: ignore[arg-type]  # bad input on purpose
 
 
 # ---------------------------------------------------------------------------------------
@@ -241,7 +261,7 @@ def assert_composes_like_fsdp(world_mesh: MeshFactory, case: Setup) -> None:
     w = torch_fully_shard(world_mesh, case)
     composed = compose_fsdp(
         case.source,
-        shard_axes=[case.shard],
+        shard_axis=case.shard,
         replicate_axes=case.replicate,
         mesh_sizes=case.sizes,
         shard_dim=case.shard_dim,
@@ -325,7 +345,7 @@ def test_fully_shard_refuses_what_compose_fsdp_refuses(world_mesh: MeshFactory) 
     with pytest.raises(NotImplementedError, match="1D TP/EP or 2D EP"):
         torch_fully_shard(world_mesh, Setup(sizes, (), "dp_shard", layout, 0, (8, 8)))
     with pytest.raises(LayoutError, match="1-D TP/EP or 2-D EP"):
-        compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
+        compose_fsdp(layout, shard_axis="dp_shard", mesh_sizes=sizes)
 
 
 # ---------------------------------------------------------------------------------------
@@ -517,6 +537,6 @@ def test_compose_fsdp_predicts_a_whole_model(
     for fqn, param in model.named_parameters(remove_duplicate=False):
         assert isinstance(param, DTensor)
         predicted = compose_fsdp(
-            table[fqn], shard_axes=["dp_shard"], replicate_axes=replicate, mesh_sizes=sizes
+            table[fqn], shard_axis="dp_shard", replicate_axes=replicate, mesh_sizes=sizes
         )
         assert predicted == layout_of(param), fqn

@@ -59,6 +59,7 @@ from layout_algebra import (
 )
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.geometry import local_runs
+from layout_algebra.plan import NamedPlacements
 
 CORE_MODULES = ("axes", "placements", "layout", "frozen", "plan", "algebra", "geometry")
 """The pure modules whose public names the property covers, besides the top level.
@@ -83,6 +84,7 @@ PLAN = ShardingPlan(
     tied_pairs=[("attn.wq.weight", "attn.wo.weight")],
 )
 SHAPE = (16, 8)
+SHAPES = {f: layout_algebra.ParamShape(SHAPE, "float32") for f in TABLE}
 COMPOSED = SourceLayout("dense", ["dp_shard", "tp"], [StridedShard(0, split_factor=2), Shard(0)])
 
 
@@ -129,7 +131,7 @@ def _shapes() -> dict[str, Case]:
         ),
         "Drop": Case(Drop, ("w", "dense", "tp", Shard(0))),
         "FrozenMap": Case(FrozenMap, ({"tp": 2},)),
-        "NamedPlacements": Case(layout_algebra.NamedPlacements, ({"tp": Shard(0)},)),
+        "plan.NamedPlacements": Case(NamedPlacements, ({"tp": Shard(0)},)),
         "ModulePlan": Case(ModulePlan, ({"w": {"tp": Shard(0)}},), {"expert_parallel": False}),
         "ShardingPlan": Case(
             ShardingPlan,
@@ -161,7 +163,7 @@ def _shapes() -> dict[str, Case]:
             compose_fsdp,
             (LAYOUT,),
             {
-                "shard_axes": ["dp_shard"],
+                "shard_axis": "dp_shard",
                 "replicate_axes": [],
                 "mesh_sizes": {"dp_shard": 2, "tp": 2},
                 "shard_dim": 0,
@@ -178,6 +180,44 @@ def _shapes() -> dict[str, Case]:
         ),
         "ParamShape": Case(layout_algebra.ParamShape, ((4, 8), "float32")),
         "shapes_from_safetensors": Case(layout_algebra.shapes_from_safetensors, (_safetensors(),)),
+        "lint": Case(
+            layout_algebra.lint,
+            (TABLE, SHAPES),
+            {"mesh_sizes": composed, "fsdp": {"dense": "dp_shard"}, "shard_dim": 0},
+        ),
+        "LintNote": Case(layout_algebra.LintNote, ("w", "uneven"), {"padding_bytes": 0}),
+        "RankMemory": Case(
+            layout_algebra.RankMemory, ((8, 8), FrozenMap({"dense": (8, 8)}), (0, 0))
+        ),
+        "LintReport": Case(
+            layout_algebra.LintReport,
+            ((), (), layout_algebra.RankMemory((8,), FrozenMap({"dense": (8,)}), (0,))),
+        ),
+        "Chunk": Case(layout_algebra.Chunk, ((0, 0), (4, 8))),
+        "Read": Case(
+            layout_algebra.Read, ("w", layout_algebra.Chunk((0, 0), (4, 8)), (0, 0), (0, 0), (4, 8))
+        ),
+        "dcp_chunks": Case(layout_algebra.dcp_chunks, (COMPOSED, SHAPE, {"dp_shard": 2, "tp": 2})),
+        "reshard_plan": Case(
+            layout_algebra.reshard_plan,
+            (TABLE, TABLE, SHAPES),
+            {"src_sizes": composed, "dst_sizes": composed, "fsdp": {"dense": "dp_shard"}},
+        ),
+        "ReshardPlan": Case(
+            layout_algebra.ReshardPlan,
+            ((0, 0, 0, 0), FrozenMap({})),
+            {"src": TABLE, "dst": TABLE, "patterns": ()},
+        ),
+        "to_partition_spec": Case(
+            layout_algebra.to_partition_spec,
+            (LAYOUT, 2),
+            {"mesh_sizes": {"tp": 2}, "shape": SHAPE},
+        ),
+        "from_partition_spec": Case(
+            layout_algebra.from_partition_spec,
+            (("tp", None),),
+            {"mesh": "dense", "axes": ["tp"], "mesh_sizes": {"tp": 2}},
+        ),
         "geometry.split_fsdp": Case(
             geometry.split_fsdp, (COMPOSED, {"dp_shard": 2, "tp": 2}), {"owned": FSDP_OWNED_AXES}
         ),
@@ -327,15 +367,23 @@ HOSTILE = st.integers(0, len(HOSTILE_VALUES) - 1).map(_hostile)
 
 
 KNOWN_FAILURES: dict[str, str] = {
-    "compose_table": "compose_table's messages quote values with !r (a 5,000-digit int fails)",
+    "compose_table": "geometry.as_role_sizes/as_fsdp_axes quote values with !r (a 5,000-digit int)",
+    "lint": "geometry.as_role_sizes/as_fsdp_axes quote values with !r (a 5,000-digit int)",
     "shapes_from_safetensors": "a path holding a lone surrogate raises UnicodeEncodeError",
+    "reshard_plan": "its messages quote values with !r (a 5,000-digit int fails)",
+    "Chunk": "its messages quote values with !r (a 5,000-digit int fails)",
+    "Read": "its messages quote values with !r (a 5,000-digit int fails)",
+    "dcp_chunks": "its messages quote values with !r (a 5,000-digit int fails)",
+    "from_partition_spec": "its messages quote values with !r (a 5,000-digit int fails)",
+    "to_partition_spec": "its messages quote values with !r (a 5,000-digit int fails)",
 }
-"""Callables of other modules still failing the property: strict xfails, so a fix shows."""
+"""Callables of other modules still failing the property (xfails, not strict: Hypothesis
+may not meet the failing value in every run). Remove a name once its module is fixed."""
 
 
 def _param(name: str) -> object:
     reason = KNOWN_FAILURES.get(name)
-    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
     return pytest.param(name, marks=marks)
 
 
@@ -387,7 +435,7 @@ def test_hostile_arguments_give_a_layout_error_or_a_result(name: str, data: st.D
         (lambda: merge_tied(TABLE, "ab"), "pairs"),
         (lambda: strip(["tp"], owned="dp"), "owned"),
         (lambda: resolve({}, ["tp"], inactive="ep"), "inactive"),
-        (lambda: compose_fsdp(LAYOUT, shard_axes="dp", mesh_sizes={}), "shard_axes"),
+        (lambda: compose_fsdp(LAYOUT, shard_axis=["dp"], mesh_sizes={}), "shard_axis"),  # type: ignore[arg-type]
         (lambda: local_shape_and_offset((2**63,), LAYOUT, {"tp": 2}, {"tp": 0}), "global_shape"),
         (lambda: local_shape_and_offset((8,), LAYOUT, {"tp": 2**40}, {"tp": 0}), "mesh_sizes"),
     ],
@@ -623,7 +671,7 @@ def test_torchtitan_and_transformers_fsdp_axes_are_owned(axis: str) -> None:
 def test_an_fsdp_axis_in_the_source_layout_says_to_pass_owned() -> None:
     layout = SourceLayout("dense", ["fsdp_x", "tp"], [Replicate(), Shard(0)])
     with pytest.raises(LayoutError, match=r"build the table with it owned \(owned=FSDP_OWNED_AXES"):
-        compose_fsdp(layout, shard_axes=["fsdp_x"], mesh_sizes={"fsdp_x": 2, "tp": 2})
+        compose_fsdp(layout, shard_axis="fsdp_x", mesh_sizes={"fsdp_x": 2, "tp": 2})
 
 
 def test_geometry_work_is_bounded() -> None:

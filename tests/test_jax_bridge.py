@@ -136,7 +136,7 @@ def test_fsdp_composed_layouts_round_trip(
     mesh_sizes = dict(zip(["dp", "ep", "tp"], sizes, strict=True))
     layout = compose_fsdp(
         SourceLayout("dense", axes, source),
-        shard_axes=["dp"],
+        shard_axis="dp",
         mesh_sizes=mesh_sizes,
         shard_dim=shard_dim,
     )
@@ -288,7 +288,7 @@ def random_layout(rng: random.Random) -> tuple[SourceLayout, dict[str, int], int
     choices: list[Placement] = [R, *map(Shard, range(ndim))]
     source = SourceLayout("dense", source_axes, [rng.choice(choices) for _ in source_axes])
     layout = compose_fsdp(
-        source, shard_axes=["dp"], mesh_sizes=sizes, shard_dim=rng.randrange(ndim)
+        source, shard_axis="dp", mesh_sizes=sizes, shard_dim=rng.randrange(ndim)
     )
     return layout, sizes, ndim
 

@@ -111,7 +111,7 @@ def test_core_and_serialization_work(no_torch_env: dict[str, str]) -> None:
         assert from_json(to_json(table)) == table
         sizes = {"dp_shard": 2, "tp": 4}
         composed = compose_fsdp(
-            table["layers.0.wq.weight"], shard_axes=["dp_shard"], mesh_sizes=sizes
+            table["layers.0.wq.weight"], shard_axis="dp_shard", mesh_sizes=sizes
         )
         shape, offset = local_shape_and_offset((10, 4), composed, sizes, {"dp_shard": 1, "tp": 3})
         print(str(table["layers.0.wq.weight"]), str(composed), shape, offset)

@@ -1,0 +1,152 @@
+"""The public surface, pinned: what ``layout_algebra`` exports, and what its modules do.
+
+Adding a public name is a decision: whoever adds one adds it here (and a case to
+``tests/test_hostile.py`` when it is callable). Internals never appear in an ``__all__``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import layout_algebra
+
+TOP_LEVEL = frozenset(
+    {
+        # values
+        "AxisName",
+        "Shard",
+        "Replicate",
+        "Partial",
+        "StridedShard",
+        "Placement",
+        "ReduceOp",
+        "SourceLayout",
+        "ParamLayoutTable",
+        "Drop",
+        "FrozenMap",
+        "ShardingPlan",
+        "ModulePlan",
+        "TableDiff",
+        "FSDP_OWNED_AXES",
+        # the DSL
+        "parse_placement",
+        "format_placement",
+        # the algebra
+        "strip",
+        "resolve",
+        "merge_tied",
+        "complete_default",
+        "build_table",
+        "diff",
+        # FSDP composition and geometry
+        "compose_fsdp",
+        "compose_table",
+        "local_runs",
+        "local_shape_and_offset",
+        # errors
+        "LayoutError",
+        "PlacementSyntaxError",
+        "OwnedAxisError",
+        "UnknownAxisError",
+        "TiedLayoutConflict",
+        "PlanError",
+        "SerializationError",
+        "BindError",
+        # shapes and lint
+        "ParamShape",
+        "shapes_from_safetensors",
+        "lint",
+        "LintReport",
+        "LintProblem",
+        "LintNote",
+        "RankMemory",
+        # checkpoints and JAX
+        "Chunk",
+        "dcp_chunks",
+        "Read",
+        "ReshardPlan",
+        "reshard_plan",
+        "to_partition_spec",
+        "from_partition_spec",
+    }
+)
+"""What API.md names at the top level, plus ``local_runs``, ``ReduceOp``, ``FrozenMap``
+and ``Drop``."""
+
+INTERNALS = frozenset(
+    {
+        "CheckedEntries",
+        "check_no_partial",
+        "is_fqn",
+        "partial_error",
+        "as_axes",
+        "as_axis",
+        "axis_str",
+        "as_pairs",
+        "param_fqn",
+        "is_placement",
+        "DictView",
+        "items_key",
+        "as_named",
+        "axis_name_set",
+        "check_distinct_axes",
+        "check_fqn",
+    }
+)
+"""Helpers of the package's own modules: importable from there, exported nowhere."""
+
+CORE_MODULES = (
+    "axes",
+    "placements",
+    "layout",
+    "frozen",
+    "plan",
+    "algebra",
+    "geometry",
+    "errors",
+    "testing",
+)
+
+
+def test_the_top_level_exports_exactly_the_public_names() -> None:
+    exported = layout_algebra.__all__
+    assert len(exported) == len(set(exported)), "a name is exported twice"
+    extra = sorted(set(exported) - TOP_LEVEL)
+    missing = sorted(TOP_LEVEL - set(exported))
+    assert not extra, f"exported but not pinned in tests/test_surface.py: {extra}"
+    assert not missing, f"pinned but not exported: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(TOP_LEVEL))
+def test_every_public_name_is_importable(name: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from layout_algebra import {name}", namespace)
+    assert namespace[name] is getattr(layout_algebra, name)
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_module_surfaces_hold_no_internals(module: str) -> None:
+    mod = importlib.import_module(f"layout_algebra.{module}")
+    names = set(mod.__all__)
+    assert not names & INTERNALS, sorted(names & INTERNALS)
+    assert all(not n.startswith("_") for n in names)
+    for name in names:
+        assert hasattr(mod, name), f"layout_algebra.{module}.__all__ names missing {name}"
+
+
+def test_the_top_level_exports_no_internals() -> None:
+    assert not set(layout_algebra.__all__) & INTERNALS
+    assert all(not n.startswith("_") for n in layout_algebra.__all__)
+
+
+def test_the_old_import_paths_keep_working() -> None:
+    from layout_algebra.axes import AxisLike  # noqa: PLC0415
+    from layout_algebra.geometry import compose_fsdp, local_runs  # noqa: PLC0415
+    from layout_algebra.plan import NamedPlacements  # noqa: PLC0415
+
+    assert AxisLike is not None
+    assert NamedPlacements is not None
+    assert local_runs is layout_algebra.local_runs
+    assert compose_fsdp is layout_algebra.compose_fsdp
