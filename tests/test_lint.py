@@ -38,7 +38,7 @@ from layout_algebra import (
     format_placement,
     parse_placement,
 )
-from layout_algebra.geometry import FsdpAxes, Runs, fsdp_storage_runs, local_runs
+from layout_algebra.geometry import FsdpAxes, Runs, fsdp_storage_runs, local_runs, split_fsdp
 from layout_algebra.lint import lint
 from layout_algebra.shapes import ParamShape
 from layout_algebra.torch_bridge import distribute, shapes_from_module, to_torch
@@ -251,6 +251,173 @@ def test_compose_table_wants_a_table() -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# lint: every kind of problem at once, the report, composed tables
+
+F32 = "float32"
+
+
+def test_lint_reports_every_problem_at_once() -> None:
+    table = ParamLayoutTable(
+        {
+            "a": SourceLayout("dense", ["tp"], [S2]),  # a 2-D parameter has no dim 2
+            "b": SourceLayout("dense", ["tp"], [S0]),  # no shape
+            "d": SourceLayout("expert", ["ep"], [S0]),  # no FSDP axis for the expert role
+            "e": SourceLayout("dense", ["tp"], [S0]),
+        }
+    )
+    shapes = {fqn: ParamShape((8, 4), F32) for fqn in ("a", "c", "d", "e")}
+    report = lint(
+        table,
+        shapes,
+        mesh_sizes={"dense": {"dp_shard": 4, "tp": 2}, "expert": {"dp_shard": 2, "ep": 4}},
+        fsdp={"dense": "dp_shard"},
+    )
+    assert [(p.fqn, p.kind) for p in report.problems] == [
+        ("a", "shard-dim"),
+        ("b", "no-shape"),
+        ("d", "layout"),
+        ("c", "no-layout"),
+    ]
+    for problem in report.problems:
+        assert isinstance(problem, LayoutError)
+        assert problem.message.startswith(f"{problem.fqn}: ")
+    shard_dim = report.problems[0]
+    assert (shard_dim.axis, shard_dim.placement) == ("tp", "S(2)")
+    assert "shards dim 2, but the parameter is float32[8, 4] (2 dims)" in shard_dim.message
+    assert "no FSDP axis for mesh role 'expert'" in report.problems[2].message
+    assert not report.ok
+    with pytest.raises(PlanError, match="4 problems") as caught:
+        report.raise_for_problems()
+    assert caught.value.problems == report.problems
+    # only e is counted: 8 x 4 floats over tp=2 and dp_shard=4, 16 bytes a rank
+    assert report.memory.bytes_per_rank == (16,) * 8
+    assert report.memory.by_role["dense"] == (16,) * 8
+    assert report.memory.by_role["expert"] == (0,) * 8
+
+
+def test_a_tied_storage_counts_once_and_an_alias_takes_its_shape() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    tied = ParamLayoutTable(
+        {"emb.weight": layout, "head.weight": layout},
+        tied=[frozenset({"emb.weight", "head.weight"})],
+    )
+    alone = ParamLayoutTable({"emb.weight": layout})
+    shapes = {"emb.weight": ParamShape((37, 16), "bfloat16")}  # a checkpoint keeps one name
+    sizes = {"dense": {"dp_shard": 4, "tp": 2}}
+    report = lint(tied, shapes, mesh_sizes=sizes, fsdp={"dense": "dp_shard"})
+    assert report.problems == ()
+    assert report.memory == lint(alone, shapes, mesh_sizes=sizes, fsdp={"dense": "dp_shard"}).memory
+    assert [n.fqn for n in report.notes] == ["emb.weight"]  # 37 rows: uneven, noted once
+    assert "uneven shards of bfloat16[37, 16]" in report.notes[0].message
+
+
+def test_a_composed_table_lints_as_its_source_with_fsdp() -> None:
+    table = ParamLayoutTable(
+        {
+            "experts.w1": SourceLayout("expert", ["ep", "tp"], [S0, S0]),
+            "wq": SourceLayout("dense", ["tp"], [S0]),
+            "norm": SourceLayout("dense", (), ()),
+        }
+    )
+    shapes = {
+        "experts.w1": ParamShape((5, 3), F32),
+        "wq": ParamShape((7, 4), F32),
+        "norm": ParamShape((7,), F32),
+    }
+    sizes = {"dense": {"dp_shard": 4, "tp": 2}, "expert": {"dp_shard": 2, "ep": 2, "tp": 2}}
+    fsdp: dict[str, FsdpAxes] = {"dense": "dp_shard", "expert": "dp_shard"}
+    source = lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp)
+    composed = compose_table(table, fsdp=fsdp, mesh_sizes=sizes)
+    read = lint(composed, shapes, mesh_sizes=sizes)
+    assert read.memory == source.memory
+    assert [(p.fqn, p.kind, p.ranks) for p in read.problems] == [
+        (p.fqn, p.kind, p.ranks) for p in source.problems
+    ]
+    assert [p.kind for p in read.problems] == ["storage"]
+    with pytest.raises(LayoutError, match="shard_dim applies with fsdp"):
+        lint(composed, shapes, mesh_sizes=sizes, shard_dim=1)
+
+
+def test_a_composed_layout_fully_shard_does_not_make_is_a_problem() -> None:
+    # fully_shard makes _S(0, 2) on dp_shard when tp shards the same dim
+    wrong = SourceLayout("dense", ["dp_shard", "tp"], [S0, S0])
+    report = lint(
+        ParamLayoutTable({"w": wrong}),
+        {"w": ParamShape((8, 4), F32)},
+        mesh_sizes={"dense": {"dp_shard": 4, "tp": 2}},
+    )
+    (problem,) = report.problems
+    assert problem.kind == "layout"
+    assert "is not what fully_shard makes of dense[tp=S(0)]" in problem.message
+    assert "dense[dp_shard=_S(0, 2), tp=S(0)]" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("layout", "match"),
+    [
+        (
+            SourceLayout("dense", ["dp_replicate", "dp_shard", "cp", "tp"], [R, S0, R, R]),
+            "3 leading FSDP axes",
+        ),
+        (SourceLayout("dense", ["tp", "dp_shard"], [R, S0]), "owned axis 'dp_shard' .* after"),
+        (SourceLayout("dense", ["dp_replicate", "dp_shard"], [S0, S0]), "not what fully_shard"),
+    ],
+)
+def test_split_fsdp_refuses_what_fully_shard_does_not_make(
+    layout: SourceLayout, match: str
+) -> None:
+    sizes = {"dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 2}
+    with pytest.raises(LayoutError, match=match):
+        split_fsdp(layout, sizes)
+
+
+def test_the_report_reads_and_serialises() -> None:
+    case_table = ParamLayoutTable({"experts.w1": SourceLayout("expert", ["ep", "tp"], [S0, S0])})
+    report = lint(
+        case_table,
+        {"experts.w1": ParamShape((5, 3), "bfloat16")},
+        mesh_sizes={"expert": {"dp_shard": 2, "ep": 2, "tp": 2}},
+        fsdp={"expert": "dp_shard"},
+    )
+    text = str(report)
+    assert text.splitlines()[0] == "1 problem, 1 note, 8 ranks"
+    assert "  - experts.w1: FSDP2 keeps other indices of dim 0" in text
+    assert "parameter bytes per rank after FSDP:" in text
+    assert "largest: rank 0, 6 B (6 B); smallest: rank 5, 0 B (0 B)" in text
+    doc = report.to_dict()
+    assert json.loads(json.dumps(doc)) == doc
+    problems = doc["problems"]
+    assert isinstance(problems, list)
+    assert problems[0]["ranks"] == [2, 3, 6]
+    memory = doc["memory"]
+    assert isinstance(memory, dict)
+    assert memory["bytes_per_rank"] == list(report.memory.bytes_per_rank)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ({"table": {"w": SourceLayout("dense", (), ())}}, "table must be a ParamLayoutTable"),
+        ({"shapes": [("w", ParamShape((2,), F32))]}, "shapes must map parameter FQN"),
+        ({"shapes": {"w": (2,)}}, r"shapes\['w'\] must be a ParamShape"),
+        ({"shapes": {"v": (2,)}}, r"shapes\['v'\] must be a ParamShape"),
+        ({"mesh_sizes": {}}, "mesh_sizes names no mesh role"),
+        ({"fsdp": "dp_shard"}, "fsdp must map each mesh role"),
+    ],
+)
+def test_lint_arguments(args: dict[str, object], match: str) -> None:
+    kwargs: dict[str, object] = {
+        "table": ParamLayoutTable({"w": SourceLayout("dense", (), ())}),
+        "shapes": {"w": ParamShape((2,), F32)},
+        "mesh_sizes": {"dense": {"dp_shard": 8}},
+        "fsdp": {"dense": "dp_shard"},
+        **args,
+    }
+    with pytest.raises(LayoutError, match=match):
+        lint(**kwargs)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------
 # FSDP2's real storage and the lint, against the values torch really keeps
 #
 # The fake process group moves no data, but neither ``distribute_tensor(...,
@@ -277,7 +444,7 @@ class StorageCase(NamedTuple):
     def composed(self) -> SourceLayout:
         return compose_fsdp(
             self.source,
-            shard_axis=self.shard,
+            shard_axes=[self.shard],
             replicate_axes=self.replicate,
             mesh_sizes=self.sizes,
             shard_dim=self.shard_dim,
@@ -363,10 +530,13 @@ def _kept_on_this_rank(doc: dict[str, Any], meshes: dict[str, DeviceMesh]) -> di
     assert coordinate is not None
     at = dict(zip(sizes, coordinate, strict=True))
     composed = layout_of(w, source.mesh)
+    state = fully_shard.state(module)  # type: ignore[attr-defined]  # set by torch's contract
+    (fsdp_param,) = state._fsdp_param_group.fsdp_params
     return {
         "kept": kept if local.numel() else None,
         "local_shape": list(local.shape),
         "element_size": local.element_size(),
+        "padded_numel": fsdp_param._sharded_param_data.numel(),
         "composed": [format_placement(p) for p in composed.placements],
         "read": [list(ix) for ix in dtensor_indices(shape, composed, sizes, at)],
     }
@@ -468,6 +638,11 @@ def test_lint_flags_exactly_where_torch_misreads_or_refuses(
         if "refused" not in s:
             held = math.prod(s["local_shape"]) * s["element_size"]
             assert report.memory.bytes_per_rank[rank] == held, (name, rank)
+            padded = s["padded_numel"] * s["element_size"]  # what FSDP2 allocates
+            assert report.memory.padded_bytes_per_rank[rank] == padded, (name, rank)
+    if not refused:
+        padding = sum(report.memory.padded_bytes_per_rank) - report.memory.total
+        assert sum(n.padding_bytes for n in report.notes) == padding
 
 
 def test_the_uneven_multi_axis_case_names_ranks_and_rows(
