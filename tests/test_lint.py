@@ -444,7 +444,7 @@ class StorageCase(NamedTuple):
     def composed(self) -> SourceLayout:
         return compose_fsdp(
             self.source,
-            shard_axes=[self.shard],
+            shard_axis=self.shard,
             replicate_axes=self.replicate,
             mesh_sizes=self.sizes,
             shard_dim=self.shard_dim,
