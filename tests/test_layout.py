@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import types
 from collections.abc import Mapping
 
 import attrs
@@ -20,6 +21,7 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
 )
+from layout_algebra.frozen import FrozenMap
 from tests.strategies import source_layouts, tables
 
 TP, EP = AxisName("tp"), AxisName("ep")
@@ -70,7 +72,10 @@ def test_a_layout_needs_as_many_placements_as_axes(
 
 
 def test_a_layout_names_each_axis_once() -> None:
-    with pytest.raises(LayoutError, match=r"the dense layout names axis 'tp' twice: \['tp', 'ep', 'tp'\]; give each axis once") as e:
+    with pytest.raises(
+        LayoutError,
+        match=r"the dense layout names axis 'tp' twice: \['tp', 'ep', 'tp'\]; give each axis once",
+    ) as e:
         SourceLayout("dense", ["tp", "ep", "tp"], [Shard(0), Replicate(), Replicate()])
     assert e.value.axis == "tp"
 
@@ -300,3 +305,37 @@ def test_drawn_tables_keep_their_invariants(table: ParamLayoutTable) -> None:
         assert len({table[fqn] for fqn in group}) == 1
     for layout in table.values():
         assert not any(isinstance(p, Partial) for p in layout.placements)
+
+
+# --- read-only mappings compare as mappings -------------------------------------------
+
+
+def test_a_table_equals_any_mapping_with_its_entries() -> None:
+    entries = {"a": W, "b": X}
+    table = ParamLayoutTable(entries)
+    assert table == entries
+    assert entries == table
+    assert table == types.MappingProxyType(entries)
+    assert table == FrozenMap(entries)
+    assert hash(table) == hash(FrozenMap(entries))
+    assert table != {"a": W}
+    assert table != {"a": W, "b": W}
+    assert table != [("a", W), ("b", X)]
+
+
+def test_tables_also_compare_their_tied_groups() -> None:
+    entries = {"a": W, "b": W}
+    tied = ParamLayoutTable(entries, tied=[("a", "b")])
+    assert tied != ParamLayoutTable(entries)
+    assert tied == entries  # as a plain mapping, only the entries count
+    assert hash(tied) == hash(ParamLayoutTable(entries))
+
+
+def test_a_frozen_map_equals_any_mapping_with_its_items() -> None:
+    m = FrozenMap({"tp": 2, "ep": 4})
+    assert m == {"ep": 4, "tp": 2}
+    assert m == {"ep": 4, "tp": 2}
+    assert m == types.MappingProxyType({"tp": 2, "ep": 4})
+    assert m != {"tp": 2}
+    assert hash(m) == hash(FrozenMap({"ep": 4, "tp": 2}))
+    assert len({m, FrozenMap({"ep": 4, "tp": 2})}) == 1
