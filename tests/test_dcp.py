@@ -1,12 +1,13 @@
 """Checkpoints on real collectives: 4 gloo ranks save with DCP and load under another layout.
 
 A model with an embedding tied to its head (17 rows: an uneven vocabulary), linears with
-biases, a plain norm, a 3-row gate (one rank's saved shard is empty) and 3-D experts is laid out on a dense ``(dp_shard=2, tp=2)`` mesh
-and an expert ``(edp_shard=2, ep=2)`` mesh, wrapped by torch's ``fully_shard`` (experts
-over ``edp_shard``, the rest over ``dp_shard``) and saved with
-``torch.distributed.checkpoint``. A fresh model is laid out otherwise (dense ``tp=4``
-without FSDP, experts on an ``(ep=2, edp_shard=2)`` mesh, FSDP on their dim 1) and loads
-the checkpoint with a ``DefaultLoadPlanner`` that records the local plan it makes.
+biases, a plain norm, a 3-row gate (one rank's saved shard is empty) and 3-D experts is
+laid out on a dense ``(dp_shard=2, tp=2)`` mesh and an expert ``(edp_shard=2, ep=2)``
+mesh, wrapped by torch's ``fully_shard`` (experts over ``edp_shard``, the rest over
+``dp_shard``) and saved with ``torch.distributed.checkpoint``. A fresh model is laid out
+otherwise (dense ``tp=4`` without FSDP, experts on an ``(ep=2, edp_shard=2)`` mesh, FSDP
+on their dim 1) and loads the checkpoint with a ``DefaultLoadPlanner`` that records the
+local plan it makes.
 
 The test then holds, from one spawn: the chunks the checkpoint's metadata records for
 every parameter (``dcp_chunks`` must give them), every rank's read items (``reshard_plan``
@@ -22,6 +23,7 @@ from typing import Final, NamedTuple
 
 import pytest
 import torch
+from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -56,8 +58,11 @@ DST_SIZES: Final = {"dense": {"tp": 4}, "expert": {"ep": 2, "edp_shard": 2}}
 
 
 def make_model() -> TiedTP:
-    """A tied embedding and head, TP linears with biases, a plain norm and 4 experts."""
-    return TiedTP(vocab=VOCAB, hidden=12, norm=True, experts=4)
+    """A tied embedding and head, TP linears with biases, a plain norm, 4 experts, and a
+    3-row gate: over tp=2 and FSDP's dp_shard=2, one rank's shard of it is empty."""
+    model = TiedTP(vocab=VOCAB, hidden=12, norm=True, experts=4)
+    model.register_parameter("gate", nn.Parameter(torch.randn(3, 8)))
+    return model
 
 
 TIED: Final = [frozenset({"emb.weight", "head.weight"})]
