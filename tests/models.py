@@ -18,7 +18,7 @@ meta device when no data is needed (``with torch.device("meta"): TinyMoE()``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -308,47 +308,51 @@ def moe_plan(
 # transformers' own models, tiny, on the meta device
 
 
-def hf_llama(sizes: Sizes | None = None) -> PreTrainedModel:
+def hf_llama(sizes: Sizes | None = None, **config: Any) -> PreTrainedModel:
     """transformers' ``LlamaForCausalLM`` at these sizes (``dim // kv_dim`` query heads and
-    one key/value head, each ``kv_dim`` wide), on the meta device, LM head untied."""
+    one key/value head, each ``kv_dim`` wide), on the meta device, LM head untied.
+
+    ``config`` overrides or adds ``LlamaConfig`` fields (``num_key_value_heads=2``).
+    """
     from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - slow import
 
     sizes = sizes or Sizes()
-    config = LlamaConfig(
-        vocab_size=sizes.vocab,
-        hidden_size=sizes.dim,
-        intermediate_size=sizes.hidden,
-        num_hidden_layers=sizes.layers,
-        num_attention_heads=sizes.dim // sizes.kv_dim,
-        num_key_value_heads=1,
-        tie_word_embeddings=False,
-    )
+    fields: dict[str, Any] = {
+        "vocab_size": sizes.vocab,
+        "hidden_size": sizes.dim,
+        "intermediate_size": sizes.hidden,
+        "num_hidden_layers": sizes.layers,
+        "num_attention_heads": sizes.dim // sizes.kv_dim,
+        "num_key_value_heads": 1,
+        "tie_word_embeddings": False,
+    }
     with torch.device("meta"):
-        return LlamaForCausalLM(config)
+        return LlamaForCausalLM(LlamaConfig(**(fields | config)))
 
 
-def hf_moe(sizes: Sizes | None = None) -> PreTrainedModel:
+def hf_moe(sizes: Sizes | None = None, **config: Any) -> PreTrainedModel:
     """transformers' ``Qwen3MoeForCausalLM`` at these sizes, every layer sparse (2 of
     ``experts`` per token), on the meta device, the LM head tied to the embedding.
 
     Its experts are 3-D: ``mlp.experts.gate_up_proj`` (experts, 2 * hidden, dim) and
-    ``mlp.experts.down_proj`` (experts, dim, hidden).
+    ``mlp.experts.down_proj`` (experts, dim, hidden). ``config`` overrides or adds
+    ``Qwen3MoeConfig`` fields (``mlp_only_layers=[0]``).
     """
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: PLC0415 - slow import
 
     sizes = sizes or Sizes()
-    config = Qwen3MoeConfig(
-        vocab_size=sizes.vocab,
-        hidden_size=sizes.dim,
-        intermediate_size=sizes.hidden,
-        moe_intermediate_size=sizes.hidden,
-        num_hidden_layers=sizes.layers,
-        num_attention_heads=sizes.dim // sizes.kv_dim,
-        num_key_value_heads=1,
-        num_experts=sizes.experts,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        tie_word_embeddings=True,
-    )
+    fields: dict[str, Any] = {
+        "vocab_size": sizes.vocab,
+        "hidden_size": sizes.dim,
+        "intermediate_size": sizes.hidden,
+        "moe_intermediate_size": sizes.hidden,
+        "num_hidden_layers": sizes.layers,
+        "num_attention_heads": sizes.dim // sizes.kv_dim,
+        "num_key_value_heads": 1,
+        "num_experts": sizes.experts,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "tie_word_embeddings": True,
+    }
     with torch.device("meta"):
-        return Qwen3MoeForCausalLM(config)
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(**(fields | config)))
