@@ -38,6 +38,7 @@ from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
 from layout_algebra.shapes import DTYPE_BYTES, as_dtype
 
 __all__ = [
+    "MAX_RANKS",
     "Chunk",
     "HasShape",
     "Read",
@@ -45,6 +46,10 @@ __all__ = [
     "dcp_chunks",
     "reshard_plan",
 ]
+
+MAX_RANKS: Final = 2**20
+"""The most ranks a world (and the shards of one tensor dim) may have here: enough for any
+real run, and a bound on the work (``dcp_chunks`` and ``reshard_plan`` visit each)."""
 
 # ---------------------------------------------------------------------------------------
 # values
@@ -179,6 +184,13 @@ def _dim_extents(
     sharding each dim give it: 2 dims sharded over 2 and 4 ranks are 2 x 4 boxes, found
     from 2 + 4 coordinates.
     """
+    ranks = math.prod(sizes[a.name] for a in layout.axes)
+    if ranks > MAX_RANKS:
+        msg = (
+            f"{layout}: its mesh has {ranks:,} ranks, more than the {MAX_RANKS:,} a world has "
+            "here; check the mesh sizes"
+        )
+        raise LayoutError(msg)
     by_dim: dict[int, list[AxisName]] = {}
     for axis, p in zip(layout.axes, layout.placements, strict=True):
         dim = _sharded_dim(p)
@@ -713,6 +725,12 @@ def reshard_plan(
         src = compose_table(src, fsdp=fsdp, mesh_sizes=src_roles, shard_dim=shard_dim)
         dst = compose_table(dst, fsdp=fsdp, mesh_sizes=dst_roles, shard_dim=shard_dim)
     world_size = math.prod(next(iter(dst_roles.values())).values())
+    if world_size > MAX_RANKS:
+        msg = (
+            f"dst_sizes lay out {world_size:,} ranks, more than the {MAX_RANKS:,} this plans "
+            "for; check the mesh sizes"
+        )
+        raise LayoutError(msg)
     planner = _Planner(src_roles, dst_roles, world_size)
     patterns, problems = _plan_all(planner, src, dst, shapes)
     if problems:

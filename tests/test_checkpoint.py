@@ -567,3 +567,19 @@ def test_the_command_line_names_what_is_missing(
     assert err.startswith("layout-algebra: the reshard has 6 problems:\n")
     assert "mesh_sizes has no size for axis 'dp'" in err
     assert main(["reshard", train, serve, "--mesh", "tp=4", "--to-mesh", "tp=4"]) == 2
+
+
+def test_work_is_bounded_by_the_ranks_a_world_has() -> None:
+    huge = {"a": 2**20, "b": 2**20}
+    layout = SourceLayout("dense", ["a", "b"], [S0, S1])
+    with pytest.raises(LayoutError, match="more than the 1,048,576"):
+        dcp_chunks(layout, (4, 4), huge)
+    table = ParamLayoutTable({"w": SourceLayout("dense", ["a"], [S0])})
+    with pytest.raises(LayoutError, match="dst_sizes lay out 1,099,511,627,776 ranks"):
+        reshard_plan(
+            table,
+            table,
+            {"w": Shape((4,), "float32")},
+            src_sizes={"dense": {"a": 2}},
+            dst_sizes={"dense": huge},
+        )
