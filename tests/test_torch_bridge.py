@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Final
 
 import pytest
 import torch
@@ -586,3 +587,224 @@ def test_table_from_module_plain_parameter() -> None:
     assert str(info.value).startswith(
         "emb.weight: a plain tensor of shape (32, 8), not a DTensor, so it has no layout to read"
     )
+
+
+# ---------------------------------------------------------------------------------------
+# hostile input: every public name, given values of the wrong type, raises a BindError
+# that names the argument
+
+
+class Calls:
+    """A valid call of every public function and constructor of the bridge, by name.
+
+    ``Calls.kwargs(name)`` gives fresh keyword arguments for one call that succeeds;
+    the tests replace one argument at a time with a wrong value.
+    """
+
+    def __init__(self, world: DeviceMesh, dense: DeviceMesh, meshes: dict[str, DeviceMesh]):
+        self.world, self.dense, self.meshes = world, dense, meshes
+        self.table = build_table(make_plan(), DENSE, expert_axes=WORLD)
+        self.model = make_model()
+        self.bindings = bind(self.table, self.model, meshes)
+        self.distributed = make_model()
+        distribute(self.distributed, self.table, meshes)
+        self.linear = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4))
+
+    def kwargs(self, name: str) -> dict[str, object]:
+        from torch.distributed.tensor.parallel import ColwiseParallel  # noqa: PLC0415
+
+        param = as_param(self.model.emb.weight)
+        valid: dict[str, Callable[[], dict[str, object]]] = {
+            "to_torch": lambda: {"p": Shard(0)},
+            "from_torch": lambda: {"p": tpt.Shard(0)},
+            "Binding": lambda: {
+                "fqn": "w",
+                "mesh": self.dense["tp"],
+                "placements": (tpt.Shard(0),),
+            },
+            "ParamBindings": lambda: {"items": [(param, self.bindings[param])]},
+            "bind": lambda: {"table": self.table, "module": make_model(), "meshes": self.meshes},
+            "default_binding": lambda: {"mesh": self.world, "owned": ("dp_shard",)},
+            "managed_bindings": lambda: {
+                "bindings": self.bindings,
+                "owner": self.model,
+                "default": default_binding(self.world),
+                "ignored_params": [param],
+            },
+            "distribute": lambda: {
+                "module": make_model(),
+                "table": self.table,
+                "meshes": self.meshes,
+                "src_data_rank": 0,
+            },
+            "table_from_module": lambda: {
+                "module": self.distributed,
+                "roles": roles_of(self.meshes),
+                "owned": ("dp_shard",),
+            },
+            "shapes_from_module": lambda: {"module": self.model},
+            "plan_from_parallelize": lambda: {
+                "module": self.linear,
+                "plan": {"0": ColwiseParallel()},
+                "axis": "tp",
+                "mesh_axes": DENSE,
+            },
+            # refused, as it should be: not a transformers model (its own tests build them)
+            "plan_from_hf": lambda: {"model": self.linear, "mesh_axes": DENSE},
+        }
+        return valid[name]()
+
+
+@pytest.fixture(scope="module")
+def calls(world: DeviceMesh, dense: DeviceMesh, meshes: dict[str, DeviceMesh]) -> Calls:
+    return Calls(world, dense, meshes)
+
+
+def public_callables() -> list[str]:
+    import layout_algebra.torch_bridge as bridge  # noqa: PLC0415
+
+    return [n for n in bridge.__all__ if callable(getattr(bridge, n)) and n != "TorchPlacement"]
+
+
+def call(name: str, kwargs: Mapping[str, object]) -> object:
+    import layout_algebra.torch_bridge as bridge  # noqa: PLC0415
+
+    return getattr(bridge, name)(**kwargs)
+
+
+def test_every_public_callable_has_a_valid_call(calls: Calls) -> None:
+    for name in public_callables():
+        kwargs = calls.kwargs(name)
+        if name == "plan_from_hf":
+            with pytest.raises(LayoutError, match="not a transformers model"):
+                call(name, kwargs)
+        else:
+            call(name, kwargs)
+
+
+# (function, argument, wrong value, what the message says the argument must be)
+WRONG: list[tuple[str, str, object, str]] = [
+    ("to_torch", "p", None, "a layout_algebra placement"),
+    ("to_torch", "p", tpt.Shard(0), "a layout_algebra placement"),
+    ("to_torch", "p", [Shard(0)], "a layout_algebra placement"),
+    ("from_torch", "p", None, "a torch placement"),
+    ("from_torch", "p", Shard(0), "a torch placement"),
+    ("from_torch", "p", "S(0)", "a torch placement"),
+    ("Binding", "fqn", None, "a str"),
+    ("Binding", "fqn", 5, "a str"),
+    ("Binding", "mesh", "tp", "a DeviceMesh or None"),
+    ("Binding", "placements", None, "a tuple of torch placements"),
+    ("Binding", "placements", "S(0)", "a tuple of torch placements"),
+    ("Binding", "placements", (Shard(0),), "a torch placement"),
+    ("Binding", "placements", (), "one torch placement per mesh dim"),
+    ("ParamBindings", "items", 5, "an iterable of (nn.Parameter, Binding) pairs"),
+    ("ParamBindings", "items", {"a": 1}, "an iterable of (nn.Parameter, Binding) pairs"),
+    ("ParamBindings", "items", [None], "an (nn.Parameter, Binding) pair"),
+    ("ParamBindings", "items", [("w", None)], "an (nn.Parameter, Binding) pair"),
+    ("bind", "table", None, "a ParamLayoutTable"),
+    ("bind", "table", {"w": SourceLayout("dense", (), ())}, "a ParamLayoutTable"),
+    ("bind", "module", None, "a torch.nn.Module"),
+    ("bind", "module", "model", "a torch.nn.Module"),
+    ("bind", "meshes", 5, "a mapping of mesh roles to DeviceMesh"),
+    ("bind", "meshes", None, "a mapping of mesh roles to DeviceMesh"),
+    ("bind", "meshes", {"dense": 5}, "a DeviceMesh"),
+    ("bind", "meshes", {1: None}, "a mesh role must be a str"),
+    ("default_binding", "mesh", None, "a DeviceMesh"),
+    ("default_binding", "mesh", {"tp": 2}, "a DeviceMesh"),
+    ("default_binding", "owned", "dp_shard", "must be a collection"),
+    ("default_binding", "owned", None, "must be a collection"),
+    ("default_binding", "owned", 5, "must be a collection"),
+    ("managed_bindings", "bindings", None, "a mapping of nn.Parameter to Binding"),
+    ("managed_bindings", "bindings", [1, 2], "a mapping of nn.Parameter to Binding"),
+    ("managed_bindings", "owner", None, "a torch.nn.Module"),
+    ("managed_bindings", "default", "R", "a Binding or None"),
+    ("managed_bindings", "ignored_params", 5, "a collection of nn.Parameter"),
+    ("managed_bindings", "ignored_params", "emb.weight", "a collection of nn.Parameter"),
+    ("managed_bindings", "ignored_params", ["emb.weight"], "an nn.Parameter"),
+    ("distribute", "module", None, "a torch.nn.Module"),
+    ("distribute", "table", [], "a ParamLayoutTable"),
+    ("distribute", "meshes", 8, "a mapping of mesh roles to DeviceMesh"),
+    ("distribute", "src_data_rank", "0", "a rank (an int >= 0) or None"),
+    ("distribute", "src_data_rank", -1, "a rank (an int >= 0) or None"),
+    ("distribute", "src_data_rank", True, "a rank (an int >= 0) or None"),
+    ("table_from_module", "module", None, "a torch.nn.Module"),
+    ("table_from_module", "roles", 5, "a mapping of DeviceMesh to mesh role"),
+    ("table_from_module", "roles", {"dense": "dense"}, "a DeviceMesh"),
+    ("table_from_module", "owned", "dp_shard", "must be a collection"),
+    ("table_from_module", "owned", 3, "must be a collection"),
+    ("shapes_from_module", "module", None, "a torch.nn.Module"),
+]
+
+
+@pytest.mark.parametrize(("name", "arg", "value", "must"), WRONG)
+def test_wrong_types_are_bind_errors_naming_the_argument(
+    calls: Calls, name: str, arg: str, value: object, must: str
+) -> None:
+    kwargs = calls.kwargs(name)
+    kwargs[arg] = value
+    with pytest.raises(BindError) as info:
+        call(name, kwargs)
+    message = str(info.value)
+    assert message.startswith(f"{name}({arg}=...)"), message
+    assert must in message
+    assert len(message) < 600
+
+
+def test_the_table_of_wrong_types_covers_every_argument(calls: Calls) -> None:
+    covered = {(name, arg) for name, arg, _, _ in WRONG}
+    for name in public_callables():
+        if name in {"plan_from_parallelize", "plan_from_hf"}:
+            continue  # their plans are checked by their own tests (PlanError, by key)
+        for arg in calls.kwargs(name):
+            assert (name, arg) in covered, (name, arg)
+
+
+def test_a_tensor_is_not_a_collection_of_ignored_params(calls: Calls) -> None:
+    # a tensor iterates by rows: ignored_params=param would silently mean its rows
+    kwargs = calls.kwargs("managed_bindings")
+    kwargs["ignored_params"] = calls.model.emb.weight
+    with pytest.raises(BindError, match=r"^managed_bindings\(ignored_params=\.\.\.\): must be a"):
+        call("managed_bindings", kwargs)
+
+
+def test_param_bindings_lookups_are_bind_errors_and_key_errors(calls: Calls) -> None:
+    bindings = calls.bindings
+    for key in (None, "emb.weight", 5, torch.zeros(2)):
+        assert key not in bindings
+        assert bindings.get(key) is None  # type: ignore[call-overload]
+        with pytest.raises(BindError, match=r"^no binding for .*, which is not an nn\.Parameter"):
+            bindings[key]  # type: ignore[index]
+    with pytest.raises(KeyError):
+        bindings[nn.Parameter(torch.zeros(2))]
+    with pytest.raises(BindError, match=r"^ParamBindings.by_fqn\(fqn=\.\.\.\): must be a str"):
+        bindings.by_fqn(None)  # type: ignore[arg-type]
+    with pytest.raises(KeyError) as info:
+        bindings.by_fqn("emb.wieght")
+    assert isinstance(info.value, BindError)
+    assert str(info.value).startswith(
+        "emb.wieght: no live parameter is bound under this FQN (did you mean 'emb.weight'?)"
+    )
+    with pytest.raises(BindError, match=r"^Binding\(fqn=\.\.\.\): must be a str"):
+        bindings.by_fqn("emb.weight")[1].with_fqn(None)  # type: ignore[arg-type]
+
+
+JUNK: Final = st.one_of(
+    st.sampled_from(
+        [None, 0, -1, 2**70, True, 1.5, "", "dp", b"x", [], [1], ("tp",), {}, {1: 2}, object()]
+    ),
+    st.builds(torch.zeros, st.integers(0, 3)),
+    st.text(max_size=5),
+    st.lists(st.none() | st.integers(), max_size=3),
+)
+
+
+@given(st.data())
+def test_any_wrong_value_is_a_layout_error_or_works(calls: Calls, data: st.DataObject) -> None:
+    name = data.draw(st.sampled_from(public_callables()), label="name")
+    kwargs = calls.kwargs(name)
+    arg = data.draw(st.sampled_from(sorted(kwargs)), label="arg")
+    kwargs[arg] = data.draw(JUNK, label="value")
+    try:
+        call(name, kwargs)
+    except LayoutError as e:
+        assert len(str(e)) < 1000

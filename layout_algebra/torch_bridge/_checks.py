@@ -7,22 +7,26 @@ be rather than failing with an ``AttributeError`` deep inside torch.
 
 from __future__ import annotations
 
-import reprlib
+from collections.abc import Iterable, Mapping
 
-from layout_algebra.errors import BindError
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["check_type", "kind", "quote"]
+from layout_algebra._text import quote
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, as_axes
+from layout_algebra.errors import BindError, LayoutError
+from layout_algebra.layout import ParamLayoutTable
 
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 120
-
-
-def quote(value: object) -> str:
-    """A bounded ``repr`` of ``value``: an argument of the wrong type may be anything."""
-    try:
-        return _REPR.repr(value)
-    except Exception:  # a failing repr still gives a message
-        return f"<a {kind(value)} that cannot be shown>"
+__all__ = [
+    "check_meshes",
+    "check_module",
+    "check_table",
+    "check_type",
+    "kind",
+    "owned_names",
+    "parameters",
+]
 
 
 def kind(value: object) -> str:
@@ -31,19 +35,77 @@ def kind(value: object) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def check_type(value: object, expected: type | tuple[type, ...], arg: str, what: str) -> None:
+def check_type(
+    value: object, expected: type | tuple[type, ...], arg: str, what: str, remedy: str = ""
+) -> None:
     """Refuse ``value`` unless it is an instance of ``expected``.
 
     Args:
         value: the argument given.
         expected: the type(s) it must have.
-        arg: where it was given, e.g. ``"bind(module=...)"``.
-        what: what it must be, ending with the remedy, e.g. ``"a torch.nn.Module (the
-            model the table names)"``.
+        arg: the argument as the message names it, e.g. ``"bind(module=...)"``.
+        what: what it must be, e.g. ``"a torch.nn.Module"``.
+        remedy: what to do, e.g. ``"pass the model the table names"`` (by default: pass
+            ``what``).
 
     Raises:
-        BindError: ``"{arg}: must be {what}, got {type} {value!r}"``.
+        BindError: ``"{arg}: must be {what}, got {type} {value}; {remedy}"``.
     """
     if not isinstance(value, expected):
-        msg = f"{arg}: must be {what}, got {kind(value)} {quote(value)}"
+        msg = f"{arg}: must be {what}, got {kind(value)} {quote(value)}; {remedy or 'pass ' + what}"
         raise BindError(msg)
+
+
+def check_module(module: object, arg: str) -> None:
+    """Refuse anything but an ``nn.Module`` for ``arg``."""
+    check_type(module, nn.Module, arg, "a torch.nn.Module", "pass the model itself")
+
+
+def check_table(table: object, arg: str) -> None:
+    """Refuse anything but a ``ParamLayoutTable`` for ``arg``."""
+    check_type(
+        table,
+        ParamLayoutTable,
+        arg,
+        "a ParamLayoutTable",
+        "build one with build_table or read one with serialization.from_json",
+    )
+
+
+def check_meshes(meshes: object, arg: str) -> None:
+    """Refuse anything but a mapping of mesh roles (str) to ``DeviceMesh`` for ``arg``."""
+    remedy = "pass e.g. {'dense': world_mesh, 'expert': expert_mesh}"
+    check_type(meshes, Mapping, arg, "a mapping of mesh roles to DeviceMesh", remedy)
+    assert isinstance(meshes, Mapping)
+    for role, mesh in meshes.items():
+        if not isinstance(role, str):
+            msg = f"{arg}: a mesh role must be a str, got {kind(role)} {quote(role)}; {remedy}"
+            raise BindError(msg)
+        check_type(mesh, DeviceMesh, f"{arg}[{quote(role)}]", "a DeviceMesh", remedy)
+
+
+def owned_names(owned: Iterable[AxisLike], arg: str) -> frozenset[str]:
+    """The names of the owned axes ``owned``, checked (a bare str is refused)."""
+    if owned is FSDP_OWNED_AXES:
+        return FSDP_OWNED_AXES
+    try:
+        return frozenset(a.name for a in as_axes(owned, arg))
+    except LayoutError as e:
+        raise BindError(e.message, axis=e.axis) from None
+
+
+def parameters(params: object, arg: str) -> list[nn.Parameter]:
+    """``params`` as a list of ``nn.Parameter``: a collection, never a tensor or a str.
+
+    A tensor is iterable (by rows), so ``ignored_params=param`` would silently mean its
+    rows; it is refused with the remedy.
+    """
+    remedy = "pass a collection such as {model.pos_emb} or list(module.parameters())"
+    if isinstance(params, torch.Tensor | str | bytes | Mapping) or not isinstance(params, Iterable):
+        check_type(params, (), arg, "a collection of nn.Parameter", remedy)
+    assert isinstance(params, Iterable)
+    out: list[nn.Parameter] = []
+    for p in params:
+        check_type(p, nn.Parameter, f"{arg} item {len(out)}", "an nn.Parameter", remedy)
+        out.append(p)
+    return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import difflib
 import gc
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
@@ -13,10 +12,19 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import placement_types as tpt
 
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_str
+from layout_algebra._text import clip, did_you_mean
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Replicate, Shard, StridedShard, format_placement
+from layout_algebra.torch_bridge._checks import (
+    check_meshes,
+    check_module,
+    check_table,
+    check_type,
+    owned_names,
+    parameters,
+)
 from layout_algebra.torch_bridge.convert import from_torch, to_torch
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings, _Slot
 
@@ -25,7 +33,6 @@ __all__ = ["bind", "default_binding", "managed_bindings"]
 DEFAULT_FQN: Final = "<default>"
 """The ``fqn`` of a ``default_binding`` before ``managed_bindings`` names its parameter."""
 
-_MAX_SUGGESTIONS: Final = 3
 _MAX_LISTED: Final = 5
 _END: Final[tuple[None, SourceLayout]] = (None, SourceLayout("<end>", (), ()))
 """Past the table's last entry: no FQN matches ``None``."""
@@ -145,11 +152,10 @@ class _Binder:
 
 
 def _unknown_fqn(fqn: str, module: nn.Module, names: Iterable[str]) -> BindError:
-    close = difflib.get_close_matches(fqn, list(names), n=_MAX_SUGGESTIONS)
-    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
     msg = (
-        f"{fqn}: unknown parameter FQN, {type(module).__name__} has no such parameter"
-        f"{hint}; fix the table's FQN or bind the module the table was built for"
+        f"{clip(fqn)}: unknown parameter FQN, {type(module).__name__} has no such parameter"
+        f"{did_you_mean(fqn, names)}; fix the table's FQN or bind the module the table was "
+        "built for"
     )
     return BindError(msg, fqn=fqn)
 
@@ -192,11 +198,15 @@ def bind(
             slice ``mesh[axes]`` of its role's mesh.
 
     Raises:
-        BindError: an FQN the module does not have (with close names suggested), a role
-            with no mesh, a mesh without dim names, an axis the mesh lacks, a shard dim
-            beyond the parameter's dims, or two aliases of one Parameter with different
-            layouts. Nothing is bound unless everything binds.
+        BindError: an argument of the wrong type, an FQN the module does not have (with
+            a close name suggested), a role with no mesh, a mesh without dim names, an
+            axis the mesh lacks, a shard dim beyond the parameter's dims, or two aliases
+            of one Parameter with different layouts. Nothing is bound unless everything
+            binds.
     """
+    check_table(table, "bind(table=...)")
+    check_module(module, "bind(module=...)")
+    check_meshes(meshes, "bind(meshes=...)")
     binder = _Binder(meshes)
 
     def conflict(first: str, fqn: str) -> BindError:
@@ -253,8 +263,17 @@ def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_
     ``"<default>"`` until ``managed_bindings`` gives it a parameter's name.
 
     Raises:
-        BindError: the mesh has no dim names, or every one of its axes is owned.
+        BindError: ``mesh`` is not a ``DeviceMesh`` or has no dim names, ``owned`` is not
+            a collection of axis names, or every axis of the mesh is owned.
     """
+    check_type(
+        mesh,
+        DeviceMesh,
+        "default_binding(mesh=...)",
+        "a DeviceMesh",
+        "pass the world mesh, e.g. init_device_mesh('cuda', (2, 4), mesh_dim_names=(...))",
+    )
+    owned_axes = owned_names(owned, "default_binding(owned=...)")
     names = mesh.mesh_dim_names
     if not names:
         msg = (
@@ -263,8 +282,7 @@ def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_
             "init_device_mesh(..., mesh_dim_names=(...))"
         )
         raise BindError(msg)
-    owned_names = {axis_str(a) for a in owned}
-    source = tuple(n for n in names if n not in owned_names)
+    source = tuple(n for n in names if n not in owned_axes)
     if not source:
         msg = (
             f"default binding: every dim of the mesh {list(names)} is FSDP-owned, so there "
@@ -328,16 +346,44 @@ def managed_bindings(
         ignored_params: the parameters ``fully_shard`` will be told to ignore.
 
     Raises:
-        BindError: a managed parameter has no binding and there is no ``default``, or
-            the default shards a dim the parameter does not have.
+        BindError: an argument of the wrong type, a managed parameter with no binding
+            and no ``default``, or a default that shards a dim the parameter lacks.
     """
-    ignored = {id(p) for p in ignored_params} if ignored_params is not None else set()
+    check_type(
+        bindings,
+        Mapping,
+        "managed_bindings(bindings=...)",
+        "a mapping of nn.Parameter to Binding",
+        "pass what bind returned",
+    )
+    check_module(owner, "managed_bindings(owner=...)")
+    if default is not None:
+        check_type(
+            default,
+            Binding,
+            "managed_bindings(default=...)",
+            "a Binding or None",
+            "pass default_binding(world_mesh)",
+        )
+    ignored: set[int] = set()
+    if ignored_params is not None:
+        ignored = {
+            id(p) for p in parameters(ignored_params, "managed_bindings(ignored_params=...)")
+        }
     managed = _managed_params(owner, ignored)
     pairs: list[tuple[nn.Parameter, Binding]] = []
     missing: list[str] = []
     for fqn, param in managed:
         binding = bindings.get(param)
-        if binding is None:
+        if binding is not None:
+            check_type(
+                binding,
+                Binding,
+                f"managed_bindings(bindings=...)[{fqn}]",
+                "a Binding",
+                "pass what bind returned",
+            )
+        else:
             if default is None:
                 missing.append(fqn)
                 continue

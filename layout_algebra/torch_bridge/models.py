@@ -9,10 +9,17 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_str
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Partial, Placement, format_placement
+from layout_algebra.torch_bridge._checks import (
+    check_meshes,
+    check_module,
+    check_table,
+    check_type,
+    owned_names,
+)
 from layout_algebra.torch_bridge.binding import _slice, bind
 from layout_algebra.torch_bridge.convert import from_torch
 
@@ -42,8 +49,20 @@ def distribute(
             scattered (``None``: every rank splits its own full tensor).
 
     Raises:
-        BindError: as ``bind``, or a parameter that is already a DTensor.
+        BindError: as ``bind``, an argument of the wrong type, or a parameter that is
+            already a DTensor.
     """
+    check_module(module, "distribute(module=...)")
+    check_table(table, "distribute(table=...)")
+    check_meshes(meshes, "distribute(meshes=...)")
+    if src_data_rank is not None and (type(src_data_rank) is not int or src_data_rank < 0):
+        check_type(
+            src_data_rank,
+            (),
+            "distribute(src_data_rank=...)",
+            "a rank (an int >= 0) or None",
+            "pass 0, or None to have every rank split its own full tensor",
+        )
     bindings = bind(table, module, meshes)
     for param, binding in bindings.items():
         if isinstance(param, DTensor):
@@ -125,10 +144,14 @@ def table_from_module(
         owned: the axes FSDP and pipelining own.
 
     Raises:
+        BindError: an argument of the wrong type.
         LayoutError: a parameter that is not a DTensor, a mesh without dim names, a
             torch placement with no equivalent, or a ``Partial`` placement.
     """
-    owned_names = {axis_str(a) for a in owned}
+    check_module(module, "table_from_module(module=...)")
+    if roles is not None:
+        _check_roles(roles)
+    owned_axes = owned_names(owned, "table_from_module(owned=...)")
     role_of = _Roles(roles)
     entries: dict[str, SourceLayout] = {}
     aliases: dict[int, list[str]] = {}
@@ -141,7 +164,7 @@ def table_from_module(
             entries[fqn] = known
             aliases[pid].append(fqn)
             continue
-        layout = _layout_of(fqn, param, owned_names, role_of)
+        layout = _layout_of(fqn, param, owned_axes, role_of)
         layout = interned.setdefault(layout, layout)
         layouts[pid] = entries[fqn] = layout
         aliases[pid] = [fqn]
@@ -149,7 +172,19 @@ def table_from_module(
     return ParamLayoutTable(entries, tied=tied)
 
 
-def _layout_of(fqn: str, param: nn.Parameter, owned: set[str], role_of: _Roles) -> SourceLayout:
+def _check_roles(roles: object) -> None:
+    remedy = "pass e.g. {world_mesh: 'dense', expert_mesh: 'expert'}"
+    arg = "table_from_module(roles=...)"
+    check_type(roles, Mapping, arg, "a mapping of DeviceMesh to mesh role (str)", remedy)
+    assert isinstance(roles, Mapping)
+    for mesh, role in roles.items():
+        check_type(mesh, DeviceMesh, f"{arg} key", "a DeviceMesh", remedy)
+        check_type(role, str, f"{arg}[{mesh}]", "a mesh role (str)", remedy)
+
+
+def _layout_of(
+    fqn: str, param: nn.Parameter, owned: frozenset[str], role_of: _Roles
+) -> SourceLayout:
     if not isinstance(param, DTensor):
         msg = (
             f"{fqn}: a plain tensor of shape {tuple(param.shape)}, not a DTensor, so it has "

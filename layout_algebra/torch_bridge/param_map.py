@@ -9,12 +9,48 @@ import attrs
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.errors import BindError
 from layout_algebra.placements import format_placement
-from layout_algebra.torch_bridge._checks import kind, quote
+from layout_algebra.torch_bridge._checks import check_type, kind
 from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch
 
 __all__ = ["Binding", "ParamBindings"]
+
+
+class _MissingBinding(BindError, KeyError):
+    """A lookup in ``ParamBindings`` that finds no binding: a ``BindError`` and a ``KeyError``.
+
+    It is a ``KeyError`` as a ``Mapping`` lookup must raise (so ``bindings.get(param)``
+    and ``param in bindings`` work), and a ``BindError`` like every error of the bridge.
+    """
+
+    __str__ = BindError.__str__  # the message as given, not quoted as KeyError quotes it
+
+
+def _check_fqn(value: object) -> None:
+    check_type(value, str, "Binding(fqn=...)", "a str", "give the parameter's FQN")
+
+
+def _check_mesh(value: object) -> None:
+    if value is not None:
+        check_type(
+            value, DeviceMesh, "Binding(mesh=...)", "a DeviceMesh or None", "pass a mesh slice"
+        )
+
+
+def _as_placements(value: Iterable[TorchPlacement]) -> tuple[TorchPlacement, ...]:
+    """``value`` as a tuple of torch placements, each checked."""
+    remedy = "give one torch placement per mesh dim, e.g. (Shard(0),)"
+    raw: object = value
+    if isinstance(raw, str | bytes | TorchPlacement) or not isinstance(raw, Iterable):
+        check_type(raw, (), "Binding(placements=...)", "a tuple of torch placements", remedy)
+    out = tuple(value)
+    for i, p in enumerate(out):
+        check_type(
+            p, TorchPlacement, f"Binding(placements=...) item {i}", "a torch placement", remedy
+        )
+    return out
 
 
 @attrs.frozen
@@ -29,9 +65,20 @@ class Binding:
     plain tensor.
     """
 
-    fqn: str
-    mesh: DeviceMesh | None
-    placements: tuple[TorchPlacement, ...]
+    fqn: str = attrs.field(validator=lambda _, __, v: _check_fqn(v))
+    mesh: DeviceMesh | None = attrs.field(validator=lambda _, __, v: _check_mesh(v))
+    placements: tuple[TorchPlacement, ...] = attrs.field(converter=_as_placements)
+
+    @placements.validator
+    def _check_placements(self, _: attrs.Attribute[object], value: tuple[object, ...]) -> None:
+        ndim = 0 if self.mesh is None else self.mesh.ndim
+        if len(value) != ndim:
+            where = "no mesh" if self.mesh is None else f"a {ndim}-dim mesh"
+            msg = (
+                f"Binding(placements=...): {self.fqn}: {len(value)} placements for {where}; "
+                "give one torch placement per mesh dim (none when mesh is None)"
+            )
+            raise BindError(msg, fqn=self.fqn)
 
     def __str__(self) -> str:
         if self.mesh is None:
@@ -44,8 +91,13 @@ class Binding:
         return f"{self.fqn}: [{inner}] on {tuple(self.mesh.mesh.shape)} ranks"
 
     def with_fqn(self, fqn: str) -> Binding:
-        """This binding under another name (same mesh object, same placements)."""
-        return attrs.evolve(self, fqn=fqn)
+        """This binding under another name (same mesh object, same placements).
+
+        Raises:
+            BindError: ``fqn`` is not a str.
+        """
+        _check_fqn(fqn)
+        return Binding(fqn, self.mesh, self.placements)
 
 
 @attrs.frozen
@@ -184,8 +236,17 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
     def __getitem__(self, param: nn.Parameter) -> Binding:
         ref = self._refs.get(id(param))
         if ref is None or ref() is not param:
-            msg = f"no binding for this parameter (shape {tuple(param.shape)})"
-            raise KeyError(msg)
+            raw: object = param
+            shown = (
+                f"this parameter (shape {tuple(param.shape)})"
+                if isinstance(raw, nn.Parameter)
+                else f"{kind(raw)} {quote(raw)}, which is not an nn.Parameter"
+            )
+            msg = (
+                f"no binding for {shown}; give it a table entry before bind, or complete "
+                "the bindings with managed_bindings(..., default=...)"
+            )
+            raise _MissingBinding(msg)
         return self._binding(ref)
 
     def __iter__(self) -> Iterator[nn.Parameter]:
@@ -208,8 +269,10 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         """The live parameter bound under ``fqn``, and its binding.
 
         Raises:
-            KeyError: no live parameter is bound under that name.
+            BindError: no live parameter is bound under that name (also a ``KeyError``).
+            BindError: ``fqn`` is not a str.
         """
+        check_type(fqn, str, "ParamBindings.by_fqn(fqn=...)", "a str", "give a parameter's FQN")
         if self._fqn_index is None:
             # entries are only ever removed, never added, so the index never goes stale:
             # a removed entry's id is simply no longer found
@@ -218,8 +281,12 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         ref = None if pid is None else self._refs.get(pid)
         param = None if ref is None else ref()
         if ref is None or param is None:
-            msg = f"{fqn}: no live parameter is bound under this FQN"
-            raise KeyError(msg)
+            close = did_you_mean(fqn, self._fqn_index)
+            msg = (
+                f"{clip(fqn)}: no live parameter is bound under this FQN{close}; bind the "
+                "parameter first (a table entry), or look it up by the FQN it was bound under"
+            )
+            raise _MissingBinding(msg, fqn=fqn)
         return param, self._binding(ref)
 
     def fqns(self) -> dict[str, Binding]:
