@@ -12,8 +12,11 @@ Subcommands:
 - ``reshard SRC.json DST.json --shapes FILE --mesh dp_shard=2,tp=2 --to-mesh tp=4
   [--fsdp dp_shard]``: what loading a checkpoint saved under one table costs each rank
   under another (bytes per rank, total, largest, the parameters that move most).
+- ``lint TABLE_OR_PLAN.json --shapes FILE --mesh dp_shard=8,tp=4 [--expert-mesh ...]
+  [--fsdp dp_shard] [--json]``: every problem torch would raise, the checkpoint hazard of
+  uneven strided shards, the padding they cost, and the parameter bytes of every rank.
 
-Commands that strip FSDP's axes (``check``, ``draw``) take ``--owned AXIS,...`` (replace
+Commands that strip FSDP's axes (``check``, ``draw``, ``lint``) take ``--owned AXIS,...`` (replace
 ``FSDP_OWNED_AXES``) and ``--also-owned AXIS,...`` (add to it).
 
 Exit status: 0 on success, 1 on a layout problem (a bad plan, table or file, or output
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import math
 import os
 import re
@@ -44,6 +48,7 @@ from layout_algebra.draw import MAX_DRAW_DIMS, MAX_SIZE, columns, draw, escape, 
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.geometry import MAX_MESH_SIZE, compose_table
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.lint import lint
 from layout_algebra.placements import format_placement
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json
@@ -288,6 +293,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_owned_arguments(drw)
     _add_reshard(sub)
+    _add_lint(sub)
     return parser
 
 
@@ -637,6 +643,173 @@ def _meshes_str(sizes: Mapping[str, Mapping[str, int]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# lint
+
+
+def _fsdp_arg(text: str) -> str | tuple[str, str]:
+    """``AXIS`` (FSDP) or ``REPLICATE,SHARD`` (HSDP)."""
+    names = [part.strip() for part in text.split(",")]
+    if len(names) > 2:
+        msg = f"{clip(text)!r}: give FSDP's shard axis, or REPLICATE,SHARD for HSDP"
+        raise argparse.ArgumentTypeError(msg)
+    axes = [_axis_arg(name) for name in names]
+    return axes[0] if len(axes) == 1 else (axes[0], axes[1])
+
+
+def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lnt = sub.add_parser(
+        "lint",
+        help="check a table or plan against the model's shapes; each rank's bytes",
+        description=(
+            "Lint TABLE_OR_PLAN.json against the parameters' shapes on the world of --mesh "
+            "(and --expert-mesh, over the same ranks; rank = row-major index over a mesh's "
+            "axes, in order): shard dims a parameter lacks, FQNs in one but not the other, "
+            "FSDP2's uneven shards on a dim > 0 (which torch refuses), layouts whose DTensor "
+            "metadata differs from the rows FSDP2 keeps (checkpoints break), the padding "
+            "uneven shards cost, and the parameter bytes of every rank. With --fsdp the "
+            "layouts are composed with FSDP2 first; without it a table is read as composed. "
+            "A plan's parameters that no module names stay plain tensors until FSDP. "
+            "Exit 1 when there are problems."
+        ),
+    )
+    lnt.add_argument(
+        "table", metavar="TABLE_OR_PLAN.json", help="a table or a plan file ('-' for stdin)"
+    )
+    lnt.add_argument(
+        "--shapes",
+        required=True,
+        metavar="FILE",
+        help="shapes.json, a .safetensors file or a model.safetensors.index.json",
+    )
+    lnt.add_argument(
+        "--mesh",
+        type=mesh_spec,
+        required=True,
+        metavar="AXIS=N,...",
+        help="the dense mesh, FSDP's axes included, e.g. dp_shard=8,tp=4",
+    )
+    lnt.add_argument(
+        "--expert-mesh",
+        type=mesh_spec,
+        default=None,
+        metavar="AXIS=N,...",
+        help="the expert mesh, over the same ranks, e.g. dp_shard=4,ep=8",
+    )
+    lnt.add_argument(
+        "--fsdp",
+        type=_fsdp_arg,
+        default=None,
+        metavar="AXIS",
+        help="the axis FSDP2 shards over (REPLICATE,SHARD for HSDP)",
+    )
+    lnt.add_argument(
+        "--expert-fsdp",
+        type=_fsdp_arg,
+        default=None,
+        metavar="AXIS",
+        help="the axis FSDP2 shards the experts over (default: --fsdp)",
+    )
+    lnt.add_argument(
+        "--shard-dim",
+        type=lambda text: _bounded_int(text, 63, "--shard-dim"),
+        default=0,
+        metavar="N",
+        help="the dim FSDP2 shards (shard_placement_fn), default 0",
+    )
+    lnt.add_argument(
+        "--expert-shard-dim",
+        type=lambda text: _bounded_int(text, 63, "--expert-shard-dim"),
+        default=None,
+        metavar="N",
+        help="the dim FSDP2 shards of expert parameters (default: --shard-dim)",
+    )
+    lnt.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_owned_arguments(lnt)
+
+
+def _lint_table(
+    path: str, shapes: Mapping[str, ParamShape], args: argparse.Namespace
+) -> ParamLayoutTable:
+    """The table in ``path``, or the table of the plan in it (unplanned shapes plain)."""
+    text = _read(path)
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        doc = None
+    if not (isinstance(doc, dict) and "modules" in doc):
+        try:
+            return from_json(text)
+        except LayoutError as e:
+            raise _Problem(f"{path}: {e.message}") from None
+    try:
+        plan = plan_from_json(text)
+    except LayoutError as e:
+        raise _Problem(f"{path}: {e.message}") from None
+    expert = args.expert_mesh
+    table = build_table(
+        plan,
+        list(args.mesh),
+        expert_axes=None if expert is None else list(expert),
+        owned=owned_axes(args),
+    )
+    plain = SourceLayout("dense", (), ())
+    aliases = {fqn for group in table.tied for fqn in group}
+    missing = {fqn: plain for fqn in shapes if fqn not in table and fqn not in aliases}
+    return table.with_entries(missing) if missing else table
+
+
+def _lint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    shapes = _load_shapes(args.shapes)
+    table = _lint_table(args.table, shapes, args)
+    dense: dict[str, int] = args.mesh
+    expert: dict[str, int] | None = args.expert_mesh
+    sizes = {"dense": dense} if expert is None else {"dense": dense, "expert": expert}
+    fsdp: dict[str, str | tuple[str, str]] | None = None
+    shard_dim: int | dict[str, int] = args.shard_dim
+    if args.fsdp is not None or args.expert_fsdp is not None:
+        fsdp = {}
+        if args.fsdp is not None:
+            fsdp["dense"] = args.fsdp
+        if expert is not None and (args.expert_fsdp or args.fsdp) is not None:
+            fsdp["expert"] = args.expert_fsdp or args.fsdp
+        if args.expert_shard_dim is not None:
+            shard_dim = {
+                fqn: args.expert_shard_dim if layout.mesh == "expert" else args.shard_dim
+                for fqn, layout in table.items()
+            }
+    report = lint(
+        table,
+        shapes,
+        mesh_sizes=sizes,
+        fsdp=fsdp,
+        shard_dim=shard_dim if fsdp is not None else 0,
+        owned=owned_axes(args),
+    )
+    if args.json:
+        out.write(json.dumps(report.to_dict(), indent=1) + "\n")
+    else:
+        where = f"FSDP over {_fsdp_str(fsdp)}" if fsdp else "read as composed (no --fsdp)"
+        out.write(
+            f"{escape(clip(args.table))}: {_plural(len(table), 'parameter')} on "
+            f"{_meshes_str(sizes)}; {where}\n"
+        )
+        for line in str(report).splitlines():
+            out.write(escape(line) + "\n")
+    if report.problems:
+        count = len(report.problems)
+        shown = escape(clip(args.table))
+        _say(err, f"{PROG}: {shown}: {_plural(count, 'problem')} (see the report)")
+        return 1
+    return 0
+
+
+def _fsdp_str(fsdp: Mapping[str, str | tuple[str, str]]) -> str:
+    return "; ".join(
+        f"{role} {axes if isinstance(axes, str) else ','.join(axes)}" for role, axes in fsdp.items()
+    )
+
+
+# ---------------------------------------------------------------------------------------
 # draw
 
 
@@ -737,6 +910,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
         "diff": lambda: _diff(args, out),
         "check": lambda: _check(args, out, err),
         "draw": lambda: _draw(args, out),
+        "lint": lambda: _lint(args, out, err),
         "reshard": lambda: _reshard(args, out, err),
         "demo": lambda: _demo(args, out),
     }

@@ -38,12 +38,14 @@ from layout_algebra import (
     format_placement,
     parse_placement,
 )
+from layout_algebra.cli import main
 from layout_algebra.geometry import FsdpAxes, Runs, fsdp_storage_runs, local_runs, split_fsdp
 from layout_algebra.lint import lint
-from layout_algebra.shapes import ParamShape
+from layout_algebra.serialization import plan_from_json, plan_to_json, shapes_to_json, to_json
+from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.torch_bridge import distribute, shapes_from_module, to_torch
 from layout_algebra.torch_bridge.transformers import plan_from_hf
-from tests.models import OneParam, hf_llama, hf_moe
+from tests.models import OneParam, Sizes, hf_llama, hf_moe
 from tests.torch_oracle import MeshFactory, coordinates, dtensor_indices, layout_of
 
 S0, S1, S2, R = Shard(0), Shard(1), Shard(2), Replicate()
@@ -415,6 +417,118 @@ def test_lint_arguments(args: dict[str, object], match: str) -> None:
     }
     with pytest.raises(LayoutError, match=match):
         lint(**kwargs)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------
+# the command line: layout-algebra lint
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """transformers' tiny Llama saved by ``save_pretrained`` in shards, its plan beside."""
+    where = tmp_path_factory.mktemp("llama")
+    model = hf_llama(Sizes(layers=2))
+    module: nn.Module = model
+    module.to_empty(device="cpu").to(torch.bfloat16)  # both in place
+    model.save_pretrained(where, max_shard_size="8KB", safe_serialization=True)
+    plan = plan_from_hf(model, mesh_axes=["dp_shard", "tp"])
+    (where / "plan.json").write_text(plan_to_json(plan))
+    return where
+
+
+def test_lint_reads_a_plan_and_a_sharded_checkpoint(
+    hf_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    index = str(hf_checkpoint / "model.safetensors.index.json")
+    plan = str(hf_checkpoint / "plan.json")
+    argv = ["lint", plan, "--shapes", index, "--mesh", "dp_shard=4,tp=2", "--fsdp", "dp_shard"]
+    code, out, err = run_cli(argv, capsys)
+    assert (code, err) == (0, "")
+    shapes = shapes_from_safetensors(index)
+    assert out.splitlines()[0].endswith(
+        f"plan.json: {len(shapes)} parameters on dense (dp_shard=4, tp=2); FSDP over dense dp_shard"
+    )
+    assert "parameter bytes per rank after FSDP:" in out
+    # the same as the API on the same plan, with the unplanned parameters plain
+    table = build_table(plan_from_json(Path(plan).read_text()), ["dp_shard", "tp"])
+    table = table.with_entries(
+        {fqn: SourceLayout("dense", (), ()) for fqn in shapes if fqn not in table}
+    )
+    sizes = {"dense": {"dp_shard": 4, "tp": 2}}
+    expected = lint(table, shapes, mesh_sizes=sizes, fsdp={"dense": "dp_shard"})
+    code, out, _ = run_cli([*argv, "--json"], capsys)
+    assert code == 0
+    assert json.loads(out) == expected.to_dict()
+
+
+def test_lint_exits_1_on_the_checkpoint_hazard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = ParamLayoutTable(
+        {
+            "experts.w1": SourceLayout("expert", ["ep", "tp"], [S0, S0]),
+            "wq.weight": SourceLayout("dense", ["tp"], [S0]),
+        }
+    )
+    (tmp_path / "table.json").write_text(to_json(table))
+    shapes = {"experts.w1": ParamShape((5, 3), "bfloat16"), "wq.weight": ParamShape((8, 8), F32)}
+    (tmp_path / "shapes.json").write_text(shapes_to_json(shapes))
+    argv = [
+        "lint",
+        str(tmp_path / "table.json"),
+        "--shapes",
+        str(tmp_path / "shapes.json"),
+        "--mesh",
+        "dp_shard=4,tp=2",
+        "--expert-mesh",
+        "dp_shard=2,ep=2,tp=2",
+        "--fsdp",
+        "dp_shard",
+    ]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 1
+    assert err == f"layout-algebra: {tmp_path / 'table.json'}: 1 problem (see the report)\n"
+    assert "experts.w1: FSDP2 keeps other indices of dim 0" in out
+    assert "on ranks 2, 3, 6" in out
+    code, out, _ = run_cli([*argv, "--json"], capsys)
+    assert code == 1
+    (problem,) = json.loads(out)["problems"]
+    assert (problem["fqn"], problem["kind"], problem["ranks"]) == (
+        "experts.w1",
+        "storage",
+        [2, 3, 6],
+    )
+    # without --fsdp the source table is read as composed: nothing is FSDP-sharded
+    code, out, _ = run_cli(argv[:-2], capsys)
+    assert code == 0
+    assert "read as composed (no --fsdp)" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "code"),
+    [
+        (["--fsdp", "a,b,c"], 2),
+        (["--shard-dim", "-1"], 2),
+        (["--fsdp", "dp_replicate,dp_shard"], 1),  # the dense mesh has no dp_replicate
+    ],
+)
+def test_lint_usage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], code: int
+) -> None:
+    (tmp_path / "t.json").write_text(
+        to_json(ParamLayoutTable({"w": SourceLayout("dense", (), ())}))
+    )
+    (tmp_path / "s.json").write_text(shapes_to_json({"w": ParamShape((4,), F32)}))
+    argv = ["lint", str(tmp_path / "t.json"), "--shapes", str(tmp_path / "s.json")]
+    got, _, err = run_cli([*argv, "--mesh", "dp_shard=8", *extra], capsys)
+    assert got == code
+    assert err.count("\n") == 1 or code == 2
 
 
 # ---------------------------------------------------------------------------------------
