@@ -9,7 +9,7 @@ from torch import nn
 from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.shapes import ParamShape
-from layout_algebra.torch_bridge._checks import check_type
+from layout_algebra.torch_bridge._checks import check_module
 
 __all__ = ["shapes_from_module"]
 
@@ -26,7 +26,7 @@ def shapes_from_module(module: nn.Module) -> Mapping[str, ParamShape]:
         BindError: ``module`` is not an ``nn.Module``, or a parameter has a dtype the
             package does not know (naming the FQN).
     """
-    check_type(module, nn.Module, "shapes_from_module(module=...)", "a torch.nn.Module")
+    check_module(module, "shapes_from_module(module=...)")
     shapes: dict[str, ParamShape] = {}
     seen: dict[int, ParamShape] = {}
     for fqn, param in module.named_parameters(remove_duplicate=False):
