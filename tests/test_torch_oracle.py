@@ -1,9 +1,10 @@
-"""The test kit's oracles against torch moving real data (rank 0 of the fake process group).
+"""The test kit's oracles against torch moving real data, on every rank of a fake world.
 
-``distribute_tensor(..., src_data_rank=None)`` and ``fully_shard`` cut this rank's block
-out of the local tensor without communicating, so on the fake process group rank 0 holds
-real data: the blocks the oracles name must be the ones torch keeps. The gloo test checks
-every rank of a real world.
+``distribute_tensor(..., src_data_rank=None)`` and ``fully_shard`` cut a rank's block out
+of its own full tensor without communicating, so on the fake process group every rank
+holds real data: the blocks the oracles name must be the ones torch keeps there, and the
+coordinates they number ranks by must be the mesh's own. ``on_gloo`` must report a rank
+that raised.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from tests.torch_oracle import (
     fsdp_managed,
     fully_sharded,
     layout_of,
+    on_fake_ranks,
     on_gloo,
     rank_block,
+    rank_coordinates,
 )
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
-RANK0 = {"dp_shard": 0, "ep": 0, "tp": 0}
 
 CASES = {
     "tp-rows-uneven": ({"dp_shard": 2, "tp": 4}, SourceLayout("dense", ["tp"], [S0]), (10, 3)),
@@ -47,34 +49,50 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize(("sizes", "source", "shape"), CASES.values(), ids=CASES)
-def test_the_blocks_are_the_ones_torch_keeps(
-    world_mesh: MeshFactory,
-    sizes: dict[str, int],
-    source: SourceLayout,
-    shape: tuple[int, ...],
-) -> None:
-    torch.manual_seed(0)
-    mesh = world_mesh(sizes)
-    module = OneParam(shape)
-    full = module.w.detach().clone()
-    if source.axes:
-        sub = mesh[tuple(a.name for a in source.axes)]
-        dt = distribute_tensor(
-            full, sub, [to_torch(p) for p in source.placements], src_data_rank=None
-        )
-        assert torch.equal(dt.to_local(), dtensor_block(full, source, sizes, RANK0))
-        assert torch.equal(dt.to_local(), rank_block(full, dt))
-        module.w = nn.Parameter(dt)
-    fully_shard(module, mesh=mesh["dp_shard"])
-    w = module.w
-    assert isinstance(w, DTensor)
-    assert torch.equal(w.to_local(), fsdp_block(full, source, sizes, RANK0, shard="dp_shard"))
-    assert fsdp_managed(module) == [w]
-    # the meta-device oracle gives the placements of the real thing
-    composed = layout_of(w, source.mesh)
-    assert composed == layout_of(fully_sharded(mesh, source, shape, shard="dp_shard"), source.mesh)
-    assert composed == compose_fsdp(source, shard_axis="dp_shard", mesh_sizes=sizes)
+def blocks_on_rank(rank: int) -> dict[str, list[str]]:
+    """Per case, what differs on this rank between torch and the oracles (nothing, we hope)."""
+    meshes = MeshFactory(8)
+    out: dict[str, list[str]] = {}
+    for name, (sizes, source, shape) in CASES.items():
+        problems: list[str] = []
+        mesh = meshes(sizes)
+        coordinate = mesh.get_coordinate()
+        assert coordinate is not None
+        at = dict(zip(sizes, coordinate, strict=True))
+        if at != list(rank_coordinates(sizes))[rank]:
+            problems.append(f"the mesh puts rank {rank} at {at}")
+        torch.manual_seed(0)
+        module = OneParam(shape)
+        full = module.w.detach().clone()
+        if source.axes:
+            sub = mesh[tuple(a.name for a in source.axes)]
+            placements = [to_torch(p) for p in source.placements]
+            dt = distribute_tensor(full, sub, placements, src_data_rank=None)
+            if not torch.equal(dt.to_local(), dtensor_block(full, source, sizes, at)):
+                problems.append("distribute_tensor keeps another block than dtensor_block")
+            if not torch.equal(dt.to_local(), rank_block(full, dt)):
+                problems.append("distribute_tensor keeps another block than rank_block")
+            module.w = nn.Parameter(dt)
+        fully_shard(module, mesh=mesh["dp_shard"])
+        w = module.w
+        assert isinstance(w, DTensor)
+        if not torch.equal(w.to_local(), fsdp_block(full, source, sizes, at, shard="dp_shard")):
+            problems.append("fully_shard keeps another block than fsdp_block")
+        if fsdp_managed(module) != [w]:
+            problems.append("fsdp_managed is not the sharded parameter")
+        # the meta-device oracle gives the placements of the real thing, as composed
+        composed = layout_of(w, source.mesh)
+        if composed != layout_of(fully_sharded(mesh, source, shape, shard="dp_shard"), source.mesh):
+            problems.append("fully_sharded on the meta device gives other placements")
+        if composed != compose_fsdp(source, shard_axis="dp_shard", mesh_sizes=sizes):
+            problems.append(f"compose_fsdp differs from {composed}")
+        out[name] = problems
+    return out
+
+
+def test_the_blocks_are_the_ones_torch_keeps_on_every_rank() -> None:
+    by_rank = on_fake_ranks(blocks_on_rank)
+    assert by_rank == [{name: [] for name in CASES}] * 8
 
 
 def test_indices_shape_and_offset_agree_where_the_block_is_contiguous() -> None:

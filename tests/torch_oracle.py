@@ -48,6 +48,7 @@ __all__ = [
     "fsdp_managed",
     "fully_sharded",
     "layout_of",
+    "on_fake_ranks",
     "on_gloo",
     "rank_block",
     "rank_coordinates",
@@ -241,9 +242,70 @@ def fsdp_managed(module: nn.Module) -> list[nn.Parameter]:
 
 
 # ---------------------------------------------------------------------------------------
-# real ranks: gloo processes on the CPU
+# every rank of a fake world, one after the other
+
+
+def on_fake_ranks(scenario: Callable[..., object], *args: object, world_size: int = 8) -> list[Any]:
+    """What ``scenario(rank, *args)`` returns on each rank of a fake world, in rank order.
+
+    The fake process group moves no data, but neither ``distribute_tensor(...,
+    src_data_rank=None)`` (each rank cuts its own full tensor) nor ``fully_shard``'s
+    initialisation (each rank chunks its local tensor) needs to: what a rank keeps is real.
+    One child process (the session's own fake world is left alone) plays every rank in
+    turn, the fake group created anew as each; ``scenario`` builds its meshes afresh on
+    each rank (``MeshFactory(world_size)``), must be a module-level function and returns
+    a JSON value.
+
+    Raises:
+        torch.multiprocessing.ProcessRaisedException: ``scenario`` raised; its traceback
+            is in the message.
+    """
+    with tempfile.TemporaryDirectory() as out:
+        job = _Job(scenario, args, world_size, 0, out)
+        _spawn(_fake_ranks, job, nprocs=1)
+        values: list[Any] = json.loads(Path(out, "ranks.json").read_text())
+    return values
+
+
+def _fake_ranks(_: int, job: _Job) -> None:
+    """The child: every rank of the fake world in turn; the values to a file."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: PLC0415
+
+    values = []
+    for rank in range(job.world_size):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=job.world_size)
+        try:
+            values.append(job.scenario(rank, *job.args))
+        finally:
+            dist.destroy_process_group()
+    Path(job.out, "ranks.json").write_text(json.dumps(values))
+
+
+def _spawn(fn: Callable[[int, _Job], None], job: _Job, *, nprocs: int) -> None:
+    """``fn(i, job)`` in ``nprocs`` fresh processes, which import ``tests.*`` by name."""
+    added = _ROOT not in sys.path
+    if added:  # the children import the scenario's module from the repository root
+        sys.path.insert(0, _ROOT)
+    try:
+        spawn(fn, args=(job,), nprocs=nprocs, join=True)  # type: ignore[no-untyped-call]  # torch.multiprocessing.spawn is unannotated
+    finally:
+        if added:
+            sys.path.remove(_ROOT)
+
+
+class _Job(NamedTuple):
+    scenario: Callable[..., object]
+    args: tuple[object, ...]
+    world_size: int
+    port: int
+    out: str
+
 
 _ROOT = str(Path(__file__).resolve().parents[1])
+
+
+# ---------------------------------------------------------------------------------------
+# real ranks: gloo processes on the CPU
 
 
 def on_gloo(scenario: Callable[..., object], *args: object, world_size: int) -> list[Any]:
@@ -256,32 +318,14 @@ def on_gloo(scenario: Callable[..., object], *args: object, world_size: int) -> 
     Raises:
         AssertionError: a rank raised; the message holds every such rank's traceback.
     """
-    added = _ROOT not in sys.path
-    if added:  # the ranks import the scenario's module (tests.*) from the repository root
-        sys.path.insert(0, _ROOT)
-    try:
-        with tempfile.TemporaryDirectory() as out:
-            job = _Job(scenario, args, world_size, _free_port(), out)
-            spawn(_gloo_rank, args=(job,), nprocs=world_size, join=True)  # type: ignore[no-untyped-call]  # torch.multiprocessing.spawn is unannotated
-            results = [
-                json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)
-            ]
-    finally:
-        if added:
-            sys.path.remove(_ROOT)
+    with tempfile.TemporaryDirectory() as out:
+        _spawn(_gloo_rank, _Job(scenario, args, world_size, _free_port(), out), nprocs=world_size)
+        results = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)]
     raised = [
         f"rank {r} raised:\n{res['traceback']}" for r, res in enumerate(results) if not res["ok"]
     ]
     assert not raised, "\n".join(raised)
     return [result["value"] for result in results]
-
-
-class _Job(NamedTuple):
-    scenario: Callable[..., object]
-    args: tuple[object, ...]
-    world_size: int
-    port: int
-    out: str
 
 
 def _gloo_rank(rank: int, job: _Job) -> None:
