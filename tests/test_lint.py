@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,7 +18,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor import Shard as TorchShard
@@ -39,6 +38,7 @@ from layout_algebra import (
     parse_placement,
 )
 from layout_algebra.cli import main
+from layout_algebra.draw import draw
 from layout_algebra.geometry import FsdpAxes, Runs, fsdp_storage_runs, local_runs, split_fsdp
 from layout_algebra.lint import lint
 from layout_algebra.serialization import plan_from_json, plan_to_json, shapes_to_json, to_json
@@ -46,7 +46,13 @@ from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.torch_bridge import distribute, shapes_from_module, to_torch
 from layout_algebra.torch_bridge.transformers import plan_from_hf
 from tests.models import OneParam, Sizes, hf_llama, hf_moe
-from tests.torch_oracle import MeshFactory, coordinates, dtensor_indices, layout_of
+from tests.torch_oracle import (
+    MeshFactory,
+    coordinates,
+    dtensor_indices,
+    layout_of,
+    on_fake_ranks,
+)
 
 S0, S1, S2, R = Shard(0), Shard(1), Shard(2), Replicate()
 
@@ -612,15 +618,10 @@ def _case_doc(case: StorageCase) -> dict[str, object]:
     }
 
 
-def _kept_on_this_rank(doc: dict[str, Any], meshes: dict[str, DeviceMesh]) -> dict[str, object]:
+def _kept_on_this_rank(doc: dict[str, Any], meshes: MeshFactory) -> dict[str, object]:
     """What torch keeps of one case's parameter on this process's rank (see below)."""
     sizes = dict(doc["sizes"])
-    key = json.dumps(doc["sizes"])
-    mesh = meshes.get(key)
-    if mesh is None:
-        mesh = meshes[key] = init_device_mesh(
-            "cpu", tuple(sizes.values()), mesh_dim_names=tuple(sizes)
-        )
+    mesh = meshes(sizes)
     shape = tuple(doc["shape"])
     source = SourceLayout(doc["mesh"], doc["axes"], [parse_placement(p) for p in doc["placements"]])
     module = OneParam(shape)
@@ -656,19 +657,10 @@ def _kept_on_this_rank(doc: dict[str, Any], meshes: dict[str, DeviceMesh]) -> di
     }
 
 
-def storage_worker() -> None:
-    """Play every rank of the fake world in turn; print what each keeps of each case."""
-    import torch.distributed as dist  # noqa: PLC0415 - only in the child process
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: PLC0415
-
-    docs = json.loads(sys.stdin.read())
-    out: list[list[dict[str, object]]] = []
-    for rank in range(8):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
-        meshes: dict[str, DeviceMesh] = {}
-        out.append([_kept_on_this_rank(doc, meshes) for doc in docs])
-        dist.destroy_process_group()
-    print(json.dumps(out))
+def kept_on_rank(rank: int, docs: list[dict[str, Any]]) -> list[dict[str, object]]:
+    """What this rank of the fake world keeps of each case (``on_fake_ranks`` plays it)."""
+    meshes = MeshFactory(8)
+    return [_kept_on_this_rank(doc, meshes) for doc in docs]
 
 
 @pytest.fixture(scope="module")
@@ -676,16 +668,7 @@ def kept_by_torch() -> dict[str, list[dict[str, Any]]]:
     """For each storage case, by global rank, what torch really keeps (from the child)."""
     names = list(STORAGE_CASES)
     docs = [_case_doc(STORAGE_CASES[name]) for name in names]
-    child = subprocess.run(
-        [sys.executable, "-m", "tests.test_lint"],
-        input=json.dumps(docs),
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).parent.parent,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    by_rank = json.loads(child.stdout)
+    by_rank = on_fake_ranks(kept_on_rank, docs)
     return {name: [by_rank[r][i] for r in range(8)] for i, name in enumerate(names)}
 
 
@@ -787,6 +770,26 @@ def test_the_uneven_multi_axis_case_names_ranks_and_rows(
     assert caught.value.problems == (problem,)
 
 
+def test_draw_marks_the_ranks_where_fsdp2_keeps_other_rows(
+    kept_by_torch: dict[str, list[dict[str, Any]]],
+) -> None:
+    case = STORAGE_CASES["ep-tp-rows-9x2"]
+    out = draw(case.source, case.shape, case.sizes, fqn="w", fsdp=case.shard)
+    report = lint(
+        ParamLayoutTable({"w": case.source}),
+        {"w": ParamShape(case.shape, F32)},
+        mesh_sizes={case.source.mesh: case.sizes},
+        fsdp={case.source.mesh: case.fsdp},
+    )
+    (problem,) = report.problems
+    marked = re.findall(r"^(\d+) \*\s+(.*)$", out, re.MULTILINE)
+    assert [int(rank) for rank, _ in marked] == list(problem.ranks)
+    for rank, kept in marked:
+        rows = kept_by_torch["ep-tp-rows-9x2"][int(rank)]["kept"]
+        expected = "[]" if rows is None else f"[{rows[0][0]}:{rows[0][-1] + 1}]"
+        assert kept == f"{expected} x [0:2]"
+
+
 # ---------------------------------------------------------------------------------------
 # per-rank memory of real transformers models, against the bytes torch really holds
 
@@ -820,14 +823,11 @@ def hf_model_and_table(kind: str) -> tuple[nn.Module, ParamLayoutTable]:
     return model, table.with_entries(plain)
 
 
-def _bytes_on_this_rank(kind: str) -> dict[str, int]:
+def _bytes_on_this_rank(kind: str, factory: MeshFactory) -> dict[str, int]:
     """Parameter bytes by mesh role on this rank after the plan and ``fully_shard``."""
     model, table = hf_model_and_table(kind)
     _, sizes, fsdp = HF_WORLDS[kind]
-    meshes = {
-        role: init_device_mesh("cpu", tuple(s.values()), mesh_dim_names=tuple(s))
-        for role, s in sizes.items()
-    }
+    meshes = {role: factory(s) for role, s in sizes.items()}
     distribute(model, table, meshes, src_data_rank=None)
     for name, module in model.named_modules():
         if name.endswith("mlp.experts"):
@@ -841,33 +841,17 @@ def _bytes_on_this_rank(kind: str) -> dict[str, int]:
     return held
 
 
-def memory_worker() -> None:
-    """Play every rank of the fake world in turn; print each one's bytes by role."""
-    import torch.distributed as dist  # noqa: PLC0415 - only in the child process
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: PLC0415
-
-    out: dict[str, list[dict[str, int]]] = {kind: [] for kind in HF_WORLDS}
-    for rank in range(8):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=8)
-        for kind, ranks in out.items():
-            ranks.append(_bytes_on_this_rank(kind))
-        dist.destroy_process_group()
-    print(json.dumps(out))
+def held_on_rank(rank: int) -> dict[str, dict[str, int]]:
+    """Per model, the bytes by role this rank of the fake world holds (``on_fake_ranks``)."""
+    factory = MeshFactory(8)
+    return {kind: _bytes_on_this_rank(kind, factory) for kind in HF_WORLDS}
 
 
 @pytest.fixture(scope="module")
 def held_by_torch() -> dict[str, list[dict[str, int]]]:
     """For each transformers model, by global rank, the bytes torch holds by role."""
-    child = subprocess.run(
-        [sys.executable, "-m", "tests.test_lint", "memory"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).parent.parent,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    held: dict[str, list[dict[str, int]]] = json.loads(child.stdout)
-    return held
+    by_rank = on_fake_ranks(held_on_rank)
+    return {kind: [held[kind] for held in by_rank] for kind in HF_WORLDS}
 
 
 @pytest.mark.parametrize("kind", list(HF_WORLDS))
@@ -885,10 +869,3 @@ def test_memory_per_rank_is_what_torch_holds(
     most = max(sum(h.values()) for h in held)
     assert report.memory.largest == (report.memory.bytes_per_rank.index(most), most)
     assert len(set(report.memory.bytes_per_rank)) > 1  # uneven vocabulary: ranks differ
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["memory"]:
-        memory_worker()
-    else:
-        storage_worker()
