@@ -22,11 +22,14 @@ from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
 
+from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.draw import escape
 from layout_algebra.errors import LayoutError
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.geometry import (
+    MAX_NDIM,
+    MAX_TENSOR_SIZE,
     FsdpAxes,
     as_role_sizes,
     compose_table,
@@ -58,11 +61,11 @@ real run, and a bound on the work (``dcp_chunks`` and ``reshard_plan`` visit eac
 def _as_ints(values: Iterable[int]) -> tuple[int, ...]:
     raw: object = values
     if isinstance(raw, str) or not isinstance(raw, Iterable):
-        msg = f"expected a sequence of ints such as (0, 4), got {values!r:.200}"
+        msg = f"expected a sequence of ints such as (0, 4), got {quote(values)}"
         raise LayoutError(msg)
     out = tuple(values)
-    if any(type(v) is not int or v < 0 for v in out):
-        msg = f"expected ints >= 0, got {values!r:.200}"
+    if len(out) > MAX_NDIM or any(type(v) is not int or not 0 <= v <= MAX_TENSOR_SIZE for v in out):
+        msg = f"expected at most {MAX_NDIM} ints from 0 to 2**63 - 1, got {quote(values)}"
         raise LayoutError(msg)
     return out
 
@@ -141,9 +144,9 @@ class HasShape(Protocol):
 
 def _check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
     raw: object = layout
-    who = f"{fqn}: " if fqn else ""
+    who = f"{clip(fqn)}: " if fqn else ""
     if not isinstance(raw, SourceLayout):
-        msg = f"{who}expected a SourceLayout such as dense[tp=S(0)], got {layout!r:.200}"
+        msg = f"{who}expected a SourceLayout such as dense[tp=S(0)], got {quote(layout)}"
         raise LayoutError(msg, fqn=fqn)
     error = partial_error(layout, fqn)
     if error is not None:
@@ -155,7 +158,7 @@ def _check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
 def _check_table(table: ParamLayoutTable, name: str) -> None:
     raw: object = table
     if not isinstance(raw, ParamLayoutTable):
-        msg = f"{name} must be a ParamLayoutTable, got {type(raw).__name__} {table!r:.200}"
+        msg = f"{name} must be a ParamLayoutTable, got {type(raw).__name__} {quote(table)}"
         raise LayoutError(msg)
 
 
@@ -219,13 +222,18 @@ def _dim_extents(
 
 def _check_shape(global_shape: Sequence[int], fqn: str | None = None) -> tuple[int, ...]:
     raw: object = global_shape
-    who = f"{fqn}: " if fqn else ""
+    who = f"{clip(fqn)}: " if fqn else ""
     if isinstance(raw, str) or not isinstance(raw, Sequence):
-        msg = f"{who}a shape is a sequence of sizes such as (16, 8), got {global_shape!r:.200}"
+        msg = f"{who}a shape is a sequence of sizes such as (16, 8), got {quote(global_shape)}"
         raise LayoutError(msg, fqn=fqn)
     shape = tuple(global_shape)
-    if any(type(n) is not int or n < 0 for n in shape):
-        msg = f"{who}a shape holds ints >= 0, got {global_shape!r:.200}"
+    if len(shape) > MAX_NDIM or any(
+        type(n) is not int or not 0 <= n <= MAX_TENSOR_SIZE for n in shape
+    ):
+        msg = (
+            f"{who}a shape holds at most {MAX_NDIM} ints from 0 to 2**63 - 1 (int64), got "
+            f"{quote(global_shape)}"
+        )
         raise LayoutError(msg, fqn=fqn)
     return shape
 
@@ -233,16 +241,17 @@ def _check_shape(global_shape: Sequence[int], fqn: str | None = None) -> tuple[i
 def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None) -> None:
     raw: object = sizes
     if not isinstance(raw, Mapping):
-        msg = f"mesh_sizes must map axis name to int, such as {{'tp': 2}}, got {sizes!r:.200}"
+        msg = f"mesh_sizes must map axis name to int, such as {{'tp': 2}}, got {quote(sizes)}"
         raise LayoutError(msg, fqn=fqn)
     for axis in layout.axes:
         size = sizes.get(axis.name)
         if type(size) is not int or size < 1:
-            who = f"{fqn}: " if fqn else ""
-            shown = "no size" if size is None else f"size {size!r:.50}"
+            who = f"{clip(fqn)}: " if fqn else ""
+            shown = "no size" if size is None else f"size {quote(size)}"
             msg = (
-                f"{who}{layout}: mesh_sizes has {shown} for axis {axis.name!r} (it has "
-                f"{sorted(map(str, sizes))[:20]}); give {{{axis.name!r}: n, ...}} with n >= 1"
+                f"{who}{layout}: mesh_sizes has {shown} for axis {quote(axis.name)} (it has "
+                f"{quote(sorted(map(str, sizes)))}); give {{{quote(axis.name)}: n, ...}} "
+                "with n >= 1"
             )
             raise LayoutError(msg, fqn=fqn, axis=axis.name)
 
@@ -367,8 +376,9 @@ def _role_sizes(
     role = sizes.get(layout.mesh)
     if role is None:
         msg = (
-            f"{fqn}: {layout} is on mesh role {layout.mesh!r}, which {which} has no sizes for "
-            f"(it has {sorted(sizes)}); give {which}={{{layout.mesh!r}: {{axis: n, ...}}, ...}}"
+            f"{clip(fqn)}: {layout} is on mesh role {quote(layout.mesh)}, which {which} has no "
+            f"sizes for (it has {quote(sorted(sizes))}); give "
+            f"{which}={{{quote(layout.mesh)}: {{axis: n, ...}}, ...}}"
         )
         raise LayoutError(msg, fqn=fqn)
     _check_sizes(layout, role, fqn)
@@ -504,7 +514,7 @@ class ReshardPlan:
         if type(rank) is not int or not 0 <= rank < len(self.bytes_read):
             msg = (
                 f"rank must be an int in [0, {len(self.bytes_read)}) (the destination ranks), "
-                f"got {rank!r:.50}"
+                f"got {quote(rank)}"
             )
             raise LayoutError(msg)
         return tuple(
@@ -522,7 +532,7 @@ class ReshardPlan:
         for name, pattern in self._patterns:
             if name == fqn:
                 return sum(map(len, pattern.pieces))
-        msg = f"{fqn!r:.200} is not a parameter of the destination table; check the spelling"
+        msg = f"{quote(fqn)} is not a parameter of the destination table; check the spelling"
         raise LayoutError(msg, fqn=str(fqn))
 
     def __str__(self) -> str:
@@ -540,7 +550,7 @@ class ReshardPlan:
             LayoutError: ``top`` is not an int >= 0.
         """
         if type(top) is not int or top < 0:
-            msg = f"top must be an int >= 0 (how many parameters to name), got {top!r:.50}"
+            msg = f"top must be an int >= 0 (how many parameters to name), got {quote(top)}"
             raise LayoutError(msg)
         n = len(self.bytes_read)
         lines = [
@@ -591,8 +601,8 @@ def _find_shape(fqn: str, shapes: ShapesLike, table: ParamLayoutTable) -> HasSha
         found = next((shapes[m] for m in sorted(group) if m in shapes), None)
     if found is None:
         msg = (
-            f"{fqn}: no shape given for it (shapes has {len(shapes)} entries); give its shape "
-            "and dtype (shapes_from_module, shapes_from_safetensors)"
+            f"{clip(fqn)}: no shape given for it (shapes has {len(shapes)} entries); give its "
+            "shape and dtype (shapes_from_module, shapes_from_safetensors)"
         )
         raise LayoutError(msg, fqn=fqn)
     return found
@@ -603,13 +613,13 @@ def _read_shape(fqn: str, found: HasShape) -> tuple[tuple[int, ...], int]:
     shape: object = getattr(found, "shape", None)
     dtype: object = getattr(found, "dtype", None)
     if shape is None or dtype is None:
-        msg = f"{fqn}: its shape {found!r:.200} has no .shape and .dtype; give a ParamShape"
+        msg = f"{clip(fqn)}: its shape {quote(found)} has no .shape and .dtype; give a ParamShape"
         raise LayoutError(msg, fqn=fqn)
     checked = _check_shape(shape, fqn)  # type: ignore[arg-type]  # checked at run time
     try:
         name = as_dtype(dtype)
     except LayoutError as error:
-        raise LayoutError(f"{fqn}: {error.message}", fqn=fqn) from None
+        raise LayoutError(f"{clip(fqn)}: {error.message}", fqn=fqn) from None
     return checked, DTYPE_BYTES[name]
 
 
@@ -637,7 +647,7 @@ def _plan_all(
         try:
             if old is None:
                 msg = (
-                    f"{fqn}: loaded under {layout} but not in the checkpoint's table; torch "
+                    f"{clip(fqn)}: loaded under {layout} but not in the checkpoint's table; torch "
                     "refuses a missing key: add it to src, or leave it out of dst"
                 )
                 raise LayoutError(msg, fqn=fqn)
@@ -653,7 +663,10 @@ def _plan_all(
         except LayoutError as error:
             if error.fqn != fqn:
                 error = LayoutError(
-                    f"{fqn}: {error.message}", fqn=fqn, axis=error.axis, placement=error.placement
+                    f"{clip(fqn)}: {error.message}",
+                    fqn=fqn,
+                    axis=error.axis,
+                    placement=error.placement,
                 )
             problems.append(error)
     return patterns, problems
@@ -714,7 +727,7 @@ def reshard_plan(
     _check_table(dst, "dst")
     raw: object = shapes
     if not isinstance(raw, Mapping):
-        msg = f"shapes must map parameter FQN to its shape and dtype, got {shapes!r:.200}"
+        msg = f"shapes must map parameter FQN to its shape and dtype, got {quote(shapes)}"
         raise LayoutError(msg)
     src_roles = as_role_sizes(src_sizes)
     dst_roles = as_role_sizes(dst_sizes)

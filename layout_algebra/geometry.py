@@ -538,16 +538,16 @@ def as_role_sizes(mesh_sizes: Mapping[str, Mapping[str, int]]) -> dict[str, dict
     if not isinstance(raw, Mapping):
         msg = (
             "mesh_sizes must map each mesh role to its sizes by axis, such as "
-            f"{{'dense': {{'dp_shard': 4, 'tp': 2}}}}, got {mesh_sizes!r}"
+            f"{{'dense': {{'dp_shard': 4, 'tp': 2}}}}, got {quote(mesh_sizes)}"
         )
         raise LayoutError(msg)
     out: dict[str, dict[str, int]] = {}
     for role, sizes in mesh_sizes.items():
         key: object = role
         if not isinstance(key, str) or not key:
-            msg = f"mesh_sizes keys are mesh roles such as 'dense', got {role!r}"
+            msg = f"mesh_sizes keys are mesh roles such as 'dense', got {quote(role)}"
             raise LayoutError(msg)
-        out[role] = _as_sizes(sizes, f"mesh_sizes[{role!r}]", floor=1)
+        out[role] = _as_sizes(sizes, f"mesh_sizes[{quote(role)}]", floor=1)
     worlds = {role: _world_size(sizes) for role, sizes in out.items()}
     if len(set(worlds.values())) > 1:
         shown = ", ".join(f"{role}: {n} ranks" for role, n in worlds.items())
@@ -571,7 +571,7 @@ def as_fsdp_axes(
     if not isinstance(raw, Mapping):
         msg = (
             "fsdp must map each mesh role to FSDP's axis (or a (replicate, shard) pair for "
-            f"HSDP), such as {{'dense': 'dp_shard'}}, got {fsdp!r}"
+            f"HSDP), such as {{'dense': 'dp_shard'}}, got {quote(fsdp)}"
         )
         raise LayoutError(msg)
     out: dict[str, tuple[tuple[AxisName, ...], AxisName]] = {}
@@ -583,15 +583,15 @@ def as_fsdp_axes(
             replicate, shard = as_axes(item)
             if replicate == shard:
                 msg = (
-                    f"fsdp[{role!r}] = {value!r} replicates and shards over one axis; give "
-                    "(replicate, shard) as two different axes"
+                    f"fsdp[{quote(role)}] = {quote(value)} replicates and shards over one axis; "
+                    "give (replicate, shard) as two different axes"
                 )
                 raise LayoutError(msg, axis=shard.name)
             out[role] = ((replicate,), shard)
         else:
             msg = (
-                f"fsdp[{role!r}] must be FSDP's shard axis such as 'dp_shard', or a "
-                f"(replicate, shard) pair such as ('dp_replicate', 'dp_shard'), got {value!r}"
+                f"fsdp[{quote(role)}] must be FSDP's shard axis such as 'dp_shard', or a "
+                f"(replicate, shard) pair such as ('dp_replicate', 'dp_shard'), got {quote(value)}"
             )
             raise LayoutError(msg)
     return out

@@ -19,8 +19,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias, assert_never
 
+from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
+from layout_algebra.geometry import MAX_TENSOR_SIZE
 from layout_algebra.layout import SourceLayout
 from layout_algebra.placements import (
     Partial,
@@ -43,13 +45,13 @@ _MAX_SHOWN: Final = 200
 def _check_layout(layout: SourceLayout) -> None:
     raw: object = layout
     if not isinstance(raw, SourceLayout):
-        msg = f"expected a SourceLayout such as dense[tp=S(0)], got {layout!r:.{_MAX_SHOWN}}"
+        msg = f"expected a SourceLayout such as dense[tp=S(0)], got {quote(layout)}"
         raise LayoutError(msg)
 
 
 def _check_ndim(ndim: int) -> None:
     if type(ndim) is not int or not 0 <= ndim < 64:
-        msg = f"ndim must be an int in [0, 64) (the tensor's rank), got {ndim!r:.50}"
+        msg = f"ndim must be an int in [0, 64) (the tensor's rank), got {quote(ndim)}"
         raise LayoutError(msg)
 
 
@@ -58,13 +60,13 @@ def _sizes(mesh_sizes: Mapping[str, int] | None, what: str) -> dict[str, int] | 
         return None
     raw: object = mesh_sizes
     if not isinstance(raw, Mapping):
-        msg = f"{what} must map axis name to int, such as {{'tp': 2}}, got {mesh_sizes!r:.200}"
+        msg = f"{what} must map axis name to int, such as {{'tp': 2}}, got {quote(mesh_sizes)}"
         raise LayoutError(msg)
     out: dict[str, int] = {}
     for key, value in mesh_sizes.items():
         name = as_axis(key).name
         if type(value) is not int or value < 1:
-            msg = f"{what}[{name!r}] must be an int >= 1, got {value!r:.50}"
+            msg = f"{what}[{quote(name)}] must be an int >= 1, got {quote(value)}"
             raise LayoutError(msg, axis=name)
         out[name] = value
     return out
@@ -74,8 +76,8 @@ def _size(sizes: Mapping[str, int], axis: AxisName, layout: SourceLayout) -> int
     size = sizes.get(axis.name)
     if size is None:
         msg = (
-            f"{layout}: mesh_sizes has no size for axis {axis.name!r} (it has {sorted(sizes)}); "
-            f"give mesh_sizes={{{axis.name!r}: n, ...}}"
+            f"{layout}: mesh_sizes has no size for axis {quote(axis.name)} (it has "
+            f"{quote(sorted(sizes))}); give mesh_sizes={{{quote(axis.name)}: n, ...}}"
         )
         raise LayoutError(msg, axis=axis.name)
     return size
@@ -135,7 +137,7 @@ def _order(
         shown = format_placement(StridedShard(dim, split_factor=k))
         if sizes is None:
             msg = (
-                f"{layout}: {shown} on axis {axis.name!r} needs the mesh's sizes to find the "
+                f"{layout}: {shown} on axis {quote(axis.name)} needs the mesh's sizes to find the "
                 "more major axes its split factor counts; give mesh_sizes="
             )
             raise LayoutError(msg, axis=axis.name, placement=shown)
@@ -143,7 +145,7 @@ def _order(
         if position is None:
             later_axes = ", ".join(f"{a.name}={_size(sizes, a, layout)}" for a in entry)
             msg = (
-                f"{layout}: {shown} on axis {axis.name!r} is not the product of the sizes of "
+                f"{layout}: {shown} on axis {quote(axis.name)} is not the product of the sizes of "
                 f"more major axes sharding dim {dim} after it ({later_axes or 'none'}), so "
                 "its blocks are not one JAX entry; JAX has no spelling for it"
             )
@@ -192,7 +194,7 @@ def to_partition_spec(
         shown = format_placement(p)
         if isinstance(p, Partial):
             msg = (
-                f"{layout}: {shown} on axis {axis.name!r} is a pending reduction, and a "
+                f"{layout}: {shown} on axis {quote(axis.name)} is a pending reduction, and a "
                 "PartitionSpec says how dims are split, not which sums are pending; reduce "
                 "it first (R) or shard a dim (S(dim))"
             )
@@ -203,7 +205,7 @@ def to_partition_spec(
         dim, k = split
         if dim >= ndim:
             msg = (
-                f"{layout}: {shown} on axis {axis.name!r} shards dim {dim} but the tensor has "
+                f"{layout}: {shown} on axis {quote(axis.name)} shards dim {dim} but the tensor has "
                 f"{ndim} dim{'s' if ndim != 1 else ''}; shard a dim below {ndim}"
             )
             raise LayoutError(msg, axis=axis.name, placement=shown)
@@ -229,8 +231,13 @@ def _check_even(
     sizes: Mapping[str, int] | None,
 ) -> None:
     raw: object = shape
-    if isinstance(raw, str) or not isinstance(raw, Sequence) or len(shape) != ndim:
-        msg = f"shape must be a sequence of {ndim} sizes, got {shape!r:.{_MAX_SHOWN}}"
+    if (
+        isinstance(raw, str | bytes)
+        or not isinstance(raw, Sequence)
+        or len(shape) != ndim
+        or any(type(n) is not int or not 0 <= n <= MAX_TENSOR_SIZE for n in shape)
+    ):
+        msg = f"shape must be a sequence of {ndim} ints from 0 to 2**63 - 1, got {quote(shape)}"
         raise LayoutError(msg)
     for dim, (n, entry) in enumerate(zip(shape, entries, strict=True)):
         if entry is None:
@@ -242,9 +249,9 @@ def _check_even(
         parts = math.prod(_size(sizes, as_axis(a), layout) for a in names)
         if type(n) is not int or n % parts:
             msg = (
-                f"{layout}: dim {dim} of shape {tuple(shape)} is {n!r:.50} long, which "
-                f"{' x '.join(names)} = {parts} ranks do not split evenly, and JAX shards "
-                "evenly only; pad the dim or shard another"
+                f"{layout}: dim {dim} of shape {tuple(shape)} is {quote(n)} long, which "
+                f"{clip(' x '.join(names))} = {parts} ranks do not split evenly, and JAX "
+                "shards evenly only; pad the dim or shard another"
             )
             raise LayoutError(msg, axis=names[0])
 
@@ -261,7 +268,7 @@ def _entry_axes(entry: object, dim: int) -> tuple[AxisName, ...]:
     if isinstance(entry, tuple | list) and all(isinstance(a, str) for a in entry):
         return as_axes(entry)
     msg = (
-        f"PartitionSpec entry {dim} is {entry!r:.{_MAX_SHOWN}}, which names no axes (JAX's "
+        f"PartitionSpec entry {dim} is {quote(entry)}, which names no axes (JAX's "
         "UNCONSTRAINED leaves the split to the compiler); give None, an axis name or a "
         "tuple of axis names"
     )
@@ -278,7 +285,7 @@ def _check_reductions(spec: object) -> None:
         ):
             names = sorted(map(str, pending))
             msg = (
-                f"PartitionSpec has {field} axes {names}: pending reductions, which a "
+                f"PartitionSpec has {field} axes {quote(names)}: pending reductions, which a "
                 "parameter's layout cannot hold (Partial); reduce them in JAX first"
             )
             raise LayoutError(msg, axis=names[0], placement="P(sum)")
@@ -315,7 +322,7 @@ def from_partition_spec(
     if isinstance(raw, str) or not isinstance(raw, Iterable):
         msg = (
             "spec must be a PartitionSpec or a sequence of entries such as ('tp', None), "
-            f"got {spec!r:.{_MAX_SHOWN}}"
+            f"got {quote(spec)}"
         )
         raise LayoutError(msg)
     _check_reductions(spec)
@@ -330,13 +337,13 @@ def from_partition_spec(
         for i, axis in enumerate(names):
             if axis in placements or axis in names[:i]:
                 msg = (
-                    f"PartitionSpec {tuple(spec)!r:.{_MAX_SHOWN}} names axis {axis.name!r} "
+                    f"PartitionSpec {quote(tuple(spec))} names axis {quote(axis.name)} "
                     "twice; an axis splits at most one dim once"
                 )
                 raise LayoutError(msg, axis=axis.name)
             if axis not in layout_axes:
                 msg = (
-                    f"PartitionSpec entry {dim} names axis {axis.name!r}, which is not one of "
+                    f"PartitionSpec entry {dim} names axis {quote(axis.name)}, which is not one of "
                     f"the layout's axes {[a.name for a in layout_axes]}; add it to axes="
                 )
                 raise LayoutError(msg, axis=axis.name)
@@ -349,8 +356,9 @@ def from_partition_spec(
                     size = sizes.get(major.name)
                     if size is None:
                         msg = (
-                            f"mesh_sizes has no size for axis {major.name!r} (it has "
-                            f"{sorted(sizes)}); give mesh_sizes={{{major.name!r}: n, ...}}"
+                            f"mesh_sizes has no size for axis {quote(major.name)} (it has "
+                            f"{quote(sorted(sizes))}); give "
+                            f"mesh_sizes={{{quote(major.name)}: n, ...}}"
                         )
                         raise LayoutError(msg, axis=major.name)
                     k *= size

@@ -370,12 +370,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "compose_table": "geometry.as_role_sizes/as_fsdp_axes quote values with !r (a 5,000-digit int)",
     "lint": "geometry.as_role_sizes/as_fsdp_axes quote values with !r (a 5,000-digit int)",
     "shapes_from_safetensors": "a path holding a lone surrogate raises UnicodeEncodeError",
-    "reshard_plan": "its messages quote values with !r (a 5,000-digit int fails)",
-    "Chunk": "its messages quote values with !r (a 5,000-digit int fails)",
-    "Read": "its messages quote values with !r (a 5,000-digit int fails)",
-    "dcp_chunks": "its messages quote values with !r (a 5,000-digit int fails)",
-    "from_partition_spec": "its messages quote values with !r (a 5,000-digit int fails)",
-    "to_partition_spec": "its messages quote values with !r (a 5,000-digit int fails)",
 }
 """Callables of other modules still failing the property (xfails, not strict: Hypothesis
 may not meet the failing value in every run). Remove a name once its module is fixed."""

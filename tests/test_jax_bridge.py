@@ -178,7 +178,7 @@ def test_uneven_shapes_are_refused_when_given() -> None:
     assert to_partition_spec(layout, 2, mesh_sizes=sizes, shape=(4, 8)) == ("dp", "tp")
     with pytest.raises(LayoutError, match=r"dim 1 of shape \(4, 6\) is 6 long, which tp = 4"):
         to_partition_spec(layout, 2, mesh_sizes=sizes, shape=(4, 6))
-    with pytest.raises(LayoutError, match="sequence of 2 sizes"):
+    with pytest.raises(LayoutError, match="sequence of 2 ints"):
         to_partition_spec(layout, 2, mesh_sizes=sizes, shape=(4,))
 
 
