@@ -20,8 +20,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
 from layout_algebra._text import quote
+from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import compose_fsdp, local_runs
+from layout_algebra.geometry import Runs, compose_fsdp, fsdp_storage_runs, local_runs, split_fsdp
 from layout_algebra.layout import SourceLayout
 from layout_algebra.placements import MAX_DIM, Shard, StridedShard, format_placement
 
@@ -312,7 +313,9 @@ def draw(
     more dims (a 3-D expert weight) by its sharded dims, at most two, the others held
     whole by every rank. Ranks whose shard is empty are not drawn but named below the
     picture (2 rows ``S(0)`` over 4 ranks: ranks 2 and 3 hold nothing), followed by every
-    rank's local shape, offset and the runs it holds of every dim.
+    rank's local shape, offset and the runs it holds of every dim, as DTensor reads the
+    layout. Where FSDP2 really keeps other indices (source axes sharding FSDP's dim
+    unevenly, ``geometry.fsdp_storage_runs``), those ranks follow, marked, with what it keeps.
 
     >>> from layout_algebra import Shard
     >>> print(draw(SourceLayout("dense", ["tp"], [Shard(0)]), (4,), {"tp": 2}, fqn="w"))
@@ -427,7 +430,47 @@ def draw(
         for r, c in enumerate(coords)
     ]
     lines.extend(columns([header, *table_rows]))
+    lines.extend(_storage_lines(_fsdp_kept(drawn, shape, sizes, coords, fsdp), held))
     return "\n".join(lines)
+
+
+def _storage_lines(
+    kept: Sequence[tuple[Runs, ...]] | None, held: Sequence[tuple[Runs, ...]]
+) -> list[str]:
+    """FSDP2's real storage beside DTensor's reading, on the ranks where they differ
+    (nothing when they agree everywhere, as they do unless source axes shard FSDP's dim
+    unevenly)."""
+    if kept is None:
+        return []
+    differ = [r for r, (k, h) in enumerate(zip(kept, held, strict=True)) if k != h]
+    if not differ:
+        return []
+    rows = [[f"{r} *", " x ".join(_runs_str(runs) or "[]" for runs in kept[r])] for r in differ]
+    return [
+        "",
+        f"* FSDP2 keeps other indices than DTensor's reading above on rank"
+        f"{'s' if len(differ) != 1 else ''} {_ranks_str(differ)}: training is right, a "
+        "distributed checkpoint of it is not (`lint` explains)",
+        *columns([["rank", "FSDP2 keeps"], *rows]),
+    ]
+
+
+def _fsdp_kept(
+    drawn: SourceLayout,
+    shape: tuple[int, ...],
+    sizes: Mapping[str, int],
+    coords: Sequence[Mapping[str, int]],
+    fsdp: str | None,
+) -> list[tuple[Runs, ...]] | None:
+    """What FSDP2 really keeps on each rank (``fsdp_storage_runs``), or ``None`` when
+    FSDP does not shard the drawn layout (or it is not one ``fully_shard`` makes)."""
+    owned = FSDP_OWNED_AXES if fsdp is None else FSDP_OWNED_AXES | {fsdp}
+    try:
+        if split_fsdp(drawn, sizes, owned=owned).shard is None:
+            return None
+        return [fsdp_storage_runs(shape, drawn, sizes, c, owned=owned) for c in coords]
+    except LayoutError:
+        return None
 
 
 def _picture(
