@@ -287,9 +287,7 @@ def random_layout(rng: random.Random) -> tuple[SourceLayout, dict[str, int], int
     sizes = random_mesh(rng, ["dp", *source_axes])
     choices: list[Placement] = [R, *map(Shard, range(ndim))]
     source = SourceLayout("dense", source_axes, [rng.choice(choices) for _ in source_axes])
-    layout = compose_fsdp(
-        source, shard_axis="dp", mesh_sizes=sizes, shard_dim=rng.randrange(ndim)
-    )
+    layout = compose_fsdp(source, shard_axis="dp", mesh_sizes=sizes, shard_dim=rng.randrange(ndim))
     return layout, sizes, ndim
 
 
