@@ -45,7 +45,7 @@ from layout_algebra.serialization import plan_from_json, plan_to_json, shapes_to
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.torch_bridge import distribute, shapes_from_module, to_torch
 from layout_algebra.torch_bridge.transformers import plan_from_hf
-from tests.models import OneParam, Sizes, hf_llama, hf_moe
+from tests.models import OneParam, Sizes, TiedTP, hf_llama, hf_moe
 from tests.torch_oracle import (
     MeshFactory,
     coordinates,
@@ -71,25 +71,9 @@ def lay_out(param: nn.Parameter, layout: SourceLayout, mesh: DeviceMesh) -> nn.P
 # compose_table against fully_shard
 
 
-class Experts(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w1 = nn.Parameter(torch.randn(4, 16, 6))
-        self.w2 = nn.Parameter(torch.randn(4, 6, 16))
-
-
-class MoE(nn.Module):
+def moe() -> TiedTP:
     """A tied embedding and head, TP linears, a plain norm and a block of experts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(12, 8)
-        self.up = nn.Linear(8, 10)
-        self.down = nn.Linear(10, 8)
-        self.norm = nn.LayerNorm(8)
-        self.experts = Experts()
-        self.head = nn.Linear(8, 12, bias=False)
-        self.head.weight = self.emb.weight
+    return TiedTP(hidden=10, norm=True, experts=4)
 
 
 MOE_TABLE = ParamLayoutTable(
@@ -99,8 +83,7 @@ MOE_TABLE = ParamLayoutTable(
         "up.bias": SourceLayout("dense", ["tp"], [S0]),
         "down.weight": SourceLayout("dense", ["tp"], [S1]),
         "down.bias": SourceLayout("dense", ["tp"], [R]),
-        "norm.weight": SourceLayout("dense", (), ()),
-        "norm.bias": SourceLayout("dense", (), ()),
+        "norm": SourceLayout("dense", (), ()),
         "experts.w1": SourceLayout("expert", ["ep", "tp"], [S0, S1]),
         "experts.w2": SourceLayout("expert", ["ep", "tp"], [S0, S2]),
         "head.weight": SourceLayout("dense", ["tp"], [S0]),
@@ -129,7 +112,7 @@ def test_compose_table_predicts_fully_shard(
     expert_dim: int,
 ) -> None:
     meshes = {"dense": world_mesh(dense_sizes), "expert": world_mesh(EXPERT)}
-    model = MoE()
+    model = moe()
     for fqn, layout in MOE_TABLE.items():
         module_name, _, name = fqn.rpartition(".")
         module = model.get_submodule(module_name)
