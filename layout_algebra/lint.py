@@ -49,7 +49,16 @@ from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard, format_placement
 from layout_algebra.shapes import ParamShape
 
-__all__ = ["LintNote", "LintProblem", "LintReport", "RankMemory", "human_bytes", "lint", "runs_str"]
+__all__ = [
+    "LintNote",
+    "LintProblem",
+    "LintReport",
+    "RankMemory",
+    "exact_bytes",
+    "human_bytes",
+    "lint",
+    "runs_str",
+]
 
 _MAX_LISTED: Final = 50
 """How many problems and notes ``str(report)`` spells out (the report holds them all)."""
@@ -155,6 +164,16 @@ def human_bytes(n: int) -> str:
     return f"{value:.2f} {unit}"
 
 
+def exact_bytes(n: int) -> str:
+    """``human_bytes(n)`` with the exact count beside it once they differ.
+
+    >>> exact_bytes(1572864), exact_bytes(12)
+    ('1.50 MiB (1,572,864 B)', '12 B')
+    """
+    shown = human_bytes(n)
+    return shown if n < 1024 else f"{shown} ({n:,} B)"
+
+
 def _rank_groups(values: Sequence[tuple[int, ...]]) -> list[tuple[range, tuple[int, ...]]]:
     """Consecutive ranks with equal rows, as (ranks, row)."""
     out: list[tuple[range, tuple[int, ...]]] = []
@@ -242,12 +261,12 @@ class LintReport:
         rank_max, most = memory.largest
         rank_min, least = memory.smallest
         lines.append(
-            f"largest: rank {rank_max}, {human_bytes(most)} ({most:,} B); "
-            f"smallest: rank {rank_min}, {human_bytes(least)} ({least:,} B)"
+            f"largest: rank {rank_max}, {exact_bytes(most)}; "
+            f"smallest: rank {rank_min}, {exact_bytes(least)}"
         )
         padded = sum(memory.padded_bytes_per_rank) - memory.total
         if padded:
-            lines.append(f"FSDP padding: {human_bytes(padded)} ({padded:,} B) over all ranks")
+            lines.append(f"FSDP padding: {exact_bytes(padded)} over all ranks")
         return lines
 
     def to_dict(self) -> dict[str, object]:
@@ -511,11 +530,11 @@ def _uneven_note(
         parts.append(
             f"uneven shards of {shape}: ranks hold {human_bytes(min(per_rank))} to "
             f"{human_bytes(max(per_rank))} of it"
-            + (f" ({empty} rank{'s' if empty != 1 else ''} nothing)" if empty else "")
+            + (f" ({empty} rank{'s hold' if empty != 1 else ' holds'} nothing)" if empty else "")
         )
     if padding:
         parts.append(
-            f"FSDP pads the shards to the largest: {human_bytes(padding)} ({padding:,} B) "
+            f"FSDP pads the shards to the largest: {exact_bytes(padding)} "
             "allocated beyond the data over all ranks"
         )
     return ("; ".join(parts), padding)
