@@ -51,8 +51,8 @@ __all__ = [
 ]
 
 MAX_RANKS: Final = 2**20
-"""The most ranks a world (and the shards of one tensor dim) may have here: enough for any
-real run, and a bound on the work (``dcp_chunks`` and ``reshard_plan`` visit each)."""
+"""The most ranks a layout's mesh or a destination world may have here: enough for any
+real run, and a bound on the work (``dcp_chunks`` and ``reshard_plan`` visit each rank)."""
 
 # ---------------------------------------------------------------------------------------
 # values
