@@ -19,6 +19,7 @@ from torch import nn
 
 from layout_algebra import LayoutError, ParamShape, SerializationError, shapes_from_safetensors
 from layout_algebra.errors import BindError
+from layout_algebra.serialization import converter, shapes_from_json, shapes_to_json
 from layout_algebra.shapes import DTYPE_BYTES, MAX_HEADER_BYTES
 from layout_algebra.torch_bridge import shapes_from_module
 from tests.models import Sizes, hf_llama, hf_moe
@@ -161,6 +162,10 @@ def test_a_sharded_checkpoint_is_read_through_its_index(tmp_path: Path) -> None:
     shapes = shapes_from_safetensors(index)
     assert list(shapes) == list(weight_map)
     assert dict(shapes) == dict(shapes_from_module(model))
+    # and the same shapes through shapes.json and the converter
+    assert shapes_from_json(shapes_to_json(shapes)) == shapes
+    for shape in shapes.values():
+        assert converter.structure(converter.unstructure(shape), ParamShape) == shape
 
 
 def test_only_headers_are_read(tmp_path: Path) -> None:
