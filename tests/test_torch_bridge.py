@@ -34,7 +34,9 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
     build_table,
+    compose_fsdp,
     format_placement,
+    local_shape_and_offset,
 )
 from layout_algebra.torch_bridge import (
     Binding,
@@ -45,11 +47,19 @@ from layout_algebra.torch_bridge import (
     from_torch,
     managed_bindings,
     table_from_module,
+    tied_pairs_from_module,
     to_torch,
 )
 from tests.models import ToyModel
 from tests.strategies import placements
-from tests.torch_oracle import MeshFactory, fsdp_managed, rank_block
+from tests.torch_oracle import (
+    MeshFactory,
+    dtensor_shape_and_offset,
+    fsdp_managed,
+    layout_of,
+    rank_block,
+    rank_coordinates,
+)
 
 # ---------------------------------------------------------------------------------------
 # a small model (ToyModel): tied embedding and head, attention-like linears, experts on
@@ -580,13 +590,158 @@ def test_table_from_module_after_fully_shard(
     assert table_from_module(model, roles=roles_of(meshes)) == table
 
 
-def test_table_from_module_plain_parameter() -> None:
-    with pytest.raises(LayoutError) as info:
-        table_from_module(make_model())
-    assert info.value.fqn == "emb.weight"
-    assert str(info.value).startswith(
-        "emb.weight: a plain tensor of shape (32, 8), not a DTensor, so it has no layout to read"
+# ---------------------------------------------------------------------------------------
+# plain parameters: no source axes, a plain tensor until FSDP
+
+PLAIN: Final = SourceLayout("dense", (), ())
+
+
+def with_plain(table: ParamLayoutTable, *plain: str) -> ParamLayoutTable:
+    """``table`` with the FQNs ending in one of ``plain`` made plain parameters."""
+    return ParamLayoutTable(
+        {fqn: PLAIN if fqn.endswith(plain) else lay for fqn, lay in table.items()},
+        tied=table.tied,
     )
+
+
+def test_bind_plain_parameters_need_no_mesh(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    model = make_model()
+    bindings = bind(with_plain(table, "norm"), model, meshes)
+    assert bindings[model.block(0).norm] == Binding("layers.0.norm", None, ())
+    assert bindings[as_param(model.block(0).attn.wq.weight)].mesh is not None
+    # a table of plain parameters binds with no mesh at all, whatever their role
+    only = ParamLayoutTable(
+        {"layers.0.norm": PLAIN, "layers.1.norm": SourceLayout("expert", (), ())}
+    )
+    assert [b.mesh for b in bind(only, model, {}).values()] == [None, None]
+
+
+def test_table_from_module_reads_plain_tensors_back_as_plain(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
+) -> None:
+    assert table_from_module(nn.Linear(4, 2)) == ParamLayoutTable({"weight": PLAIN, "bias": PLAIN})
+    model = make_model()
+    plain = with_plain(table, "norm")
+    distribute(model, plain, meshes)
+    norm = model.block(0).norm
+    assert not isinstance(norm, DTensor)
+    assert isinstance(model.block(0).attn.wq.weight, DTensor)
+    assert table_from_module(model, roles=roles_of(meshes)) == plain
+    # whatever role a plain layout had, it reads back "dense": no mesh can tell its role
+    expert_plain = ParamLayoutTable({**plain, "layers.0.norm": SourceLayout("expert", (), ())})
+    fresh = make_model()
+    distribute(fresh, expert_plain, meshes)
+    assert table_from_module(fresh, roles=roles_of(meshes))["layers.0.norm"] == PLAIN
+
+
+def test_plain_parameters_under_fully_shard(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh], dense: DeviceMesh, world: DeviceMesh
+) -> None:
+    torch.manual_seed(0)
+    model = ToyModel(vocab=5)  # 5 rows over dp_shard=2: an uneven FSDP shard, 3 and 2
+    plain = with_plain(table, "norm", "emb.weight", "head.weight")
+    distribute(model, plain, meshes)
+    bindings = bind(plain, model, meshes)
+    for i in range(2):
+        fully_shard(model.block(i).experts, mesh=world["dp_shard"])
+    managed = managed_bindings(bindings, model)  # every managed parameter is bound
+    assert managed[as_param(model.emb.weight)] == Binding("emb.weight", None, ())
+    assert managed[as_param(model.block(1).norm)] == Binding("layers.1.norm", None, ())
+    fully_shard(model, mesh=dense["dp_shard"])
+
+    sizes = {"dp_shard": 2, "tp": 4}
+    composed = compose_fsdp(PLAIN, shard_axis="dp_shard", mesh_sizes=sizes)
+    assert str(composed) == "dense[dp_shard=S(0)]"
+    for fqn in ("emb.weight", "layers.0.norm", "layers.1.norm"):
+        param = as_dtensor(model.get_parameter(fqn))
+        # FSDP's own placement only: the plain parameter had no source axis
+        assert param.device_mesh.mesh_dim_names == ("dp_shard",)
+        assert tuple(param.placements) == tuple(to_torch(p) for p in composed.placements)
+        shape = tuple(param.shape)
+        for at in rank_coordinates({"dp_shard": 2}):
+            assert local_shape_and_offset(shape, composed, sizes, at) == (
+                dtensor_shape_and_offset(shape, layout_of(param), sizes, at)
+            )
+        ours, _ = local_shape_and_offset(shape, composed, sizes, {"dp_shard": 0})
+        assert tuple(param.to_local().shape) == ours  # this process is rank 0
+    assert table_from_module(model, roles=roles_of(meshes)) == plain
+
+
+# ---------------------------------------------------------------------------------------
+# tied pairs and buffers
+
+
+def test_tied_pairs_from_module() -> None:
+    model = make_model()
+    assert tied_pairs_from_module(model) == (("emb.weight", "head.weight"),)
+    assert tied_pairs_from_module(nn.Linear(2, 2)) == ()
+    # one parameter under three names: every pair, in the module's order
+    model.block(1).norm = model.block(0).norm
+    extra = nn.Module()
+    extra.scale = model.block(0).norm
+    model.block(1).extra = extra
+    pairs = tied_pairs_from_module(model)
+    assert pairs == (
+        ("emb.weight", "head.weight"),
+        ("layers.0.norm", "layers.1.norm"),
+        ("layers.0.norm", "layers.1.extra.scale"),
+        ("layers.1.norm", "layers.1.extra.scale"),
+    )
+    # torch's named_parameters() keeps each parameter's first FQN: the others are aliases
+    every = {fqn for fqn, _ in model.named_parameters(remove_duplicate=False)}
+    first = {fqn for fqn, _ in model.named_parameters()}
+    assert {b for _, b in pairs} == every - first
+    for a, b in pairs:
+        assert model.get_parameter(a) is model.get_parameter(b)
+
+
+def test_tied_pairs_from_module_tie_the_plan_as_the_model_ties(
+    meshes: dict[str, DeviceMesh],
+) -> None:
+    model = make_model()
+    modules = dict(make_plan().modules)
+    plan = ShardingPlan(modules, mesh_axes=WORLD, tied_pairs=tied_pairs_from_module(model))
+    built = build_table(plan, DENSE, expert_axes=WORLD)
+    distribute(model, built, meshes)
+    assert table_from_module(model, roles=roles_of(meshes)).tied == built.tied
+
+
+def test_bind_names_a_buffer_as_a_buffer(meshes: dict[str, DeviceMesh]) -> None:
+    model = make_model()
+    model.block(0).register_buffer("scale", torch.ones(8))
+    buffered = ParamLayoutTable({"layers.0.scale": layout("dense", tp=Shard(0))})
+    with pytest.raises(BindError) as info:
+        bind(buffered, model, meshes)
+    assert info.value.fqn == "layers.0.scale"
+    assert str(info.value).startswith("layers.0.scale: is a buffer of ToyModel, not a parameter; ")
+    assert "unknown parameter FQN" not in str(info.value)
+    with pytest.raises(BindError, match="is a buffer of ToyModel, not a parameter"):
+        distribute(model, buffered, meshes)
+
+
+def test_the_bridge_surface() -> None:
+    import layout_algebra.torch_bridge as bridge  # noqa: PLC0415
+
+    assert sorted(bridge.__all__) == [
+        "Binding",
+        "ParamBindings",
+        "TorchPlacement",
+        "bind",
+        "default_binding",
+        "distribute",
+        "from_torch",
+        "managed_bindings",
+        "plan_from_hf",
+        "plan_from_parallelize",
+        "shapes_from_module",
+        "table_from_module",
+        "tied_pairs_from_module",
+        "to_torch",
+    ]
+    for name in bridge.__all__:
+        assert getattr(bridge, name) is not None
 
 
 # ---------------------------------------------------------------------------------------
@@ -643,6 +798,7 @@ class Calls:
                 "owned": ("dp_shard",),
             },
             "shapes_from_module": lambda: {"module": self.model},
+            "tied_pairs_from_module": lambda: {"module": self.model},
             "plan_from_parallelize": lambda: {
                 "module": self.linear,
                 "plan": {"0": ColwiseParallel()},
@@ -733,6 +889,8 @@ WRONG: list[tuple[str, str, object, str]] = [
     ("table_from_module", "owned", "dp_shard", "must be a collection"),
     ("table_from_module", "owned", 3, "must be a collection"),
     ("shapes_from_module", "module", None, "a torch.nn.Module"),
+    ("tied_pairs_from_module", "module", None, "a torch.nn.Module"),
+    ("tied_pairs_from_module", "module", {"emb": 1}, "a torch.nn.Module"),
 ]
 
 

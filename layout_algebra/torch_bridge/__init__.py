@@ -13,8 +13,9 @@ This package is the only part of layout_algebra that imports torch (install it w
   source sub-mesh, one slice object per distinct mesh and axes, and the torch
   placements), ``default_binding`` and ``managed_bindings`` complete them for one
   ``fully_shard`` call;
-- ``models``: ``distribute`` turns the parameters into DTensors, and
-  ``table_from_module`` reads the table back off such a model;
+- ``models``: ``distribute`` turns the parameters into DTensors (plain parameters stay
+  plain tensors), ``table_from_module`` reads the table back off such a model, and
+  ``tied_pairs_from_module`` lists the FQN pairs that name one parameter;
 - ``shapes``: ``shapes_from_module`` reads every parameter's global shape and dtype
   (meta-device models welcome), for the lint;
 - ``parallelize`` and ``transformers``: ``plan_from_parallelize`` and ``plan_from_hf``
@@ -35,7 +36,11 @@ except ModuleNotFoundError as e:  # pragma: no cover - exercised in a subprocess
 
 from layout_algebra.torch_bridge.binding import bind, default_binding, managed_bindings
 from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch, to_torch
-from layout_algebra.torch_bridge.models import distribute, table_from_module
+from layout_algebra.torch_bridge.models import (
+    distribute,
+    table_from_module,
+    tied_pairs_from_module,
+)
 from layout_algebra.torch_bridge.parallelize import plan_from_parallelize
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 from layout_algebra.torch_bridge.shapes import shapes_from_module
@@ -54,5 +59,6 @@ __all__ = [
     "plan_from_parallelize",
     "shapes_from_module",
     "table_from_module",
+    "tied_pairs_from_module",
     "to_torch",
 ]

@@ -83,9 +83,12 @@ class _Binder:
         return found
 
     def _prepare(self, fqn: str, layout: SourceLayout) -> _Slot:
+        if not layout.axes:
+            # a plain parameter (no source axes) stays a plain tensor: no mesh is needed
+            return _Slot(None, (), 0)
         mesh = self.meshes.get(layout.mesh)
         if mesh is None:
-            given = sorted(self.meshes)
+            given = [clip(role) for role in self.meshes]
             msg = (
                 f"{fqn}: {layout} is on the {layout.mesh!r} mesh, but no mesh was given for "
                 f"that role (given: {given}); pass meshes={{{layout.mesh!r}: mesh, ...}}"
@@ -97,8 +100,6 @@ class _Binder:
         for p in layout.placements:
             if isinstance(p, Shard | StridedShard):
                 min_ndim = max(min_ndim, p.dim + 1)
-        if not axes:
-            return _Slot(None, (), 0)
         key = (layout.mesh, axes)
         sub = self.slices.get(key)
         if sub is None:
@@ -152,6 +153,14 @@ class _Binder:
 
 
 def _unknown_fqn(fqn: str, module: nn.Module, names: Iterable[str]) -> BindError:
+    buffers = {name for name, _ in module.named_buffers(remove_duplicate=False)}
+    if fqn in buffers:
+        msg = (
+            f"{clip(fqn)}: is a buffer of {type(module).__name__}, not a parameter; tables "
+            "lay out parameters only (torch's parallel styles leave buffers alone): remove "
+            "it from the table or plan, or register it as an nn.Parameter"
+        )
+        return BindError(msg, fqn=fqn)
     msg = (
         f"{clip(fqn)}: unknown parameter FQN, {type(module).__name__} has no such parameter"
         f"{did_you_mean(fqn, names)}; fix the table's FQN or bind the module the table was "
@@ -188,7 +197,9 @@ def bind(
     FQNs (in the module's order) that the table mentions; aliases the table does not
     mention change nothing, and parameters it does not mention at all get no binding
     (``managed_bindings`` completes them).
-    Bindings of equal ``(mesh role, axes)`` share one ``DeviceMesh`` slice object.
+    Bindings of equal ``(mesh role, axes)`` share one ``DeviceMesh`` slice object. A plain
+    parameter (a layout with no source axes, ``SourceLayout("dense", (), ())``) gets
+    ``Binding(fqn, None, ())``: it stays a plain tensor until FSDP, and needs no mesh.
 
     Args:
         table: the source layout of each parameter, by FQN.
@@ -199,7 +210,8 @@ def bind(
 
     Raises:
         BindError: an argument of the wrong type, an FQN the module does not have (with
-            a close name suggested), a role with no mesh, a mesh without dim names, an
+            a close name suggested; a buffer's FQN is named as a buffer), a role with no
+            mesh, a mesh without dim names, an
             axis the mesh lacks, a shard dim beyond the parameter's dims, or two aliases
             of one Parameter with different layouts. Nothing is bound unless everything
             binds.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 import torch
 from torch import nn
@@ -23,7 +24,10 @@ from layout_algebra.torch_bridge._checks import (
 from layout_algebra.torch_bridge.binding import _slice, bind
 from layout_algebra.torch_bridge.convert import from_torch
 
-__all__ = ["distribute", "table_from_module"]
+__all__ = ["distribute", "table_from_module", "tied_pairs_from_module"]
+
+_PLAIN: Final = SourceLayout("dense", (), ())
+"""The layout a plain parameter reads back as (see ``table_from_module``)."""
 
 
 def distribute(
@@ -110,8 +114,6 @@ class _Roles:
         role = self.roles.get(mesh)  # a dict finds a mesh by identity, then equality
         if role is not None:
             return role
-        if not source:
-            return "dense"
         mine = _slice(mesh, source)
         for candidate, role in self.roles.items():
             names = candidate.mesh_dim_names or ()
@@ -126,14 +128,23 @@ def table_from_module(
     roles: Mapping[DeviceMesh, str] | None = None,
     owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
 ) -> ParamLayoutTable:
-    """The table of a model whose parameters are all DTensors, read off the DTensors.
+    """The table of a model, read off its parameters: DTensors and plain tensors.
 
-    Each parameter's layout has the non-owned dims of its DTensor's mesh as axes and the
+    A DTensor parameter's layout has the non-owned dims of its mesh as axes and the
     placements torch reports on them. Dims of owned axes (``dp_shard``, ...) are dropped:
     their sharding is FSDP's own (``Shard``/``_StridedShard`` after ``fully_shard``,
     ``Replicate`` for HSDP replication), never part of a source layout; a ``Partial``
-    there is refused. So the table of a model after ``distribute`` and after
-    ``fully_shard`` is the same. Aliases of one Parameter form a tied group.
+    there is refused. A plain tensor reads back as a plain parameter,
+    ``SourceLayout("dense", (), ())`` (what ``distribute`` leaves plain), and so does a
+    DTensor all of whose mesh dims are owned (a plain parameter after ``fully_shard``).
+    So the table of a model after ``distribute`` and after ``fully_shard`` is the same.
+    Aliases of one Parameter form a tied group.
+
+    A plain parameter's role is always ``"dense"``: it has no source axis, so no mesh can
+    tell its role (a plain tensor has no mesh at all, and FSDP's mesh for it spans owned
+    axes only, which the dense and expert meshes of one world often share). ``"dense"`` is
+    also the role ``complete_default`` gives by default, so a table completed with plain
+    layouts reads back equal; and the role of a layout with no axes decides no slice.
 
     Args:
         module: the model.
@@ -145,8 +156,8 @@ def table_from_module(
 
     Raises:
         BindError: an argument of the wrong type.
-        LayoutError: a parameter that is not a DTensor, a mesh without dim names, a
-            torch placement with no equivalent, or a ``Partial`` placement.
+        LayoutError: a DTensor on a mesh without dim names, a torch placement with no
+            equivalent, or a ``Partial`` placement on an owned axis.
     """
     check_module(module, "table_from_module(module=...)")
     if roles is not None:
@@ -186,12 +197,7 @@ def _layout_of(
     fqn: str, param: nn.Parameter, owned: frozenset[str], role_of: _Roles
 ) -> SourceLayout:
     if not isinstance(param, DTensor):
-        msg = (
-            f"{fqn}: a plain tensor of shape {tuple(param.shape)}, not a DTensor, so it has "
-            "no layout to read; distribute the model first (torch_bridge.distribute) or "
-            "build the table from the plan (build_table)"
-        )
-        raise LayoutError(msg, fqn=fqn)
+        return _PLAIN
     mesh = param.device_mesh
     names = mesh.mesh_dim_names
     if not names:
@@ -219,5 +225,37 @@ def _layout_of(
             continue
         axes.append(axis)
         placements.append(p)
+    if not axes:
+        return _PLAIN
     source = tuple(axes)
     return SourceLayout(role_of.of(mesh, source), source, placements)
+
+
+def tied_pairs_from_module(module: nn.Module) -> tuple[tuple[str, str], ...]:
+    """Every pair of FQNs that name one ``nn.Parameter`` of ``module``: its tied pairs.
+
+    FQNs are those of ``module.named_parameters(remove_duplicate=False)``, so every alias
+    is seen; a parameter named ``k`` times gives its ``k * (k - 1) / 2`` pairs. Each pair
+    is in the module's order (the first-named FQN first), and so are the pairs. The
+    result is what ``ShardingPlan(..., tied_pairs=...)`` takes.
+
+    >>> from torch import nn
+    >>> model = nn.ModuleDict({"emb": nn.Embedding(8, 4), "head": nn.Linear(4, 8)})
+    >>> model["head"].weight = model["emb"].weight
+    >>> tied_pairs_from_module(model)
+    (('emb.weight', 'head.weight'),)
+
+    Raises:
+        BindError: ``module`` is not an ``nn.Module``.
+    """
+    check_module(module, "tied_pairs_from_module(module=...)")
+    names: dict[int, list[str]] = {}
+    for fqn, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(fqn)
+    return tuple(
+        (group[i], later)
+        for group in names.values()
+        if len(group) > 1
+        for i in range(len(group))
+        for later in group[i + 1 :]
+    )
