@@ -8,12 +8,13 @@ arguments alone. ``build_table`` composes the others into the plan → table pip
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias
 
 import attrs
 
 from layout_algebra._args import as_items
+from layout_algebra._patterns import Matcher, Rule, is_pattern
 from layout_algebra._text import clip, quote, suggest
 from layout_algebra.axes import (
     FSDP_OWNED_AXES,
@@ -45,7 +46,7 @@ from layout_algebra.placements import (
     Shard,
     format_placement,
 )
-from layout_algebra.plan import NamedLike, ShardingPlan, as_named, as_pairs
+from layout_algebra.plan import NamedLike, NamedPlacements, ShardingPlan, as_named, as_pairs
 
 __all__ = [
     "TableDiff",
@@ -286,6 +287,12 @@ def _join_group(
         layout = entries[fqn]
         if layout is joined or layout == joined:
             continue
+        if layout.mesh == joined.mesh and not (layout.axes and joined.axes):
+            # A plain member (no source axes) takes the other's layout: once one alias is
+            # distributed, the one Parameter they share is that DTensor.
+            if not joined.axes:
+                first, joined, source = fqn, layout, [fqn] * len(layout.placements)
+            continue
         if layout.mesh != joined.mesh or layout.axes != joined.axes:
             why = (
                 "storage-sharing parameters must live on one mesh with the same axes; "
@@ -338,9 +345,11 @@ def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> Param
 
     Pairs are closed transitively (``a~b, b~c`` make one group, together with the groups
     already in ``table.tied``); per axis the finer sharding wins (``R ⊔ x = x``,
-    ``S(d) ⊔ S(d) = S(d)``). A member missing from the table takes the group's layout; a
-    group with no member in the table is ignored. The result does not depend on the
-    order of the pairs or of their members.
+    ``S(d) ⊔ S(d) = S(d)``), and a plain member (no source axes) takes the layout of a
+    member on the same mesh role that has axes (once one alias is distributed, the
+    Parameter they share is that DTensor). A member missing from the table takes the
+    group's layout; a group with no member in the table is ignored. The result does not
+    depend on the order of the pairs or of their members.
 
     Raises:
         TiedLayoutConflict: ``S(d)`` against ``S(e)``, or members on different meshes or
@@ -361,22 +370,33 @@ def complete_default(
     *,
     mesh: str = "dense",
     owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+    plain: bool = False,
 ) -> ParamLayoutTable:
     """``table`` with an all-``Replicate`` layout over ``strip(axes)`` for each FQN it lacks.
 
-    Existing entries (and ``tied``) are kept as they are.
+    With ``plain=True`` the FQNs it lacks get the plain layout ``SourceLayout(mesh, (),
+    ())`` instead: parameters that stay plain tensors until FSDP, as torch's
+    ``parallelize_module`` and transformers leave the parameters their plan does not
+    name (FSDP then gives them its own placements only). Existing entries (and ``tied``)
+    are kept as they are.
 
     Raises:
-        LayoutError: every axis of ``axes`` is owned, so there is no source axis to
-            replicate over.
+        LayoutError: every axis of ``axes`` is owned (and ``plain`` is false), so there is
+            no source axis to replicate over.
     """
     _check_table(table, "table")
     _check_role(mesh)
+    raw_plain: object = plain
+    if not isinstance(raw_plain, bool):
+        msg = f"plain must be True or False, got {quote(raw_plain)}"
+        raise LayoutError(msg)
     names = as_items(fqns, "fqns", "('layers.0.wq.weight', 'norm.weight')")
     all_axes = as_axes(axes)
     check_distinct_axes(all_axes, f"the {clip(mesh)} mesh")
     source = strip(all_axes, owned=owned)
-    if not source:
+    if plain:
+        source = ()
+    elif not source:
         msg = (
             f"the {clip(mesh)} mesh {clip(str([a.name for a in all_axes]))} has no source axis "
             "(all are owned by FSDP/pipelining), so there is no default layout; give a mesh "
@@ -407,6 +427,82 @@ _Resolved: TypeAlias = tuple[SourceLayout, str, tuple[tuple[str, Placement], ...
 """A parameter's layout, its mesh role, and the placements resolving it dropped."""
 
 
+class _Builder:
+    """The entries of one ``build_table`` call, parameter by parameter, and its problems.
+
+    Equal named placements resolve once and equal layouts are one shared object, so a
+    million parameters cost a dict insertion each. Memo: id of the named placements ->
+    (them, what they resolved to), one memo per kind of module (the route depends only
+    on the placements and whether the module is expert-parallel). Each entry holds the
+    object its id belongs to, so ids stay unique while the memo lives; a value memo
+    catches equal placements held in different objects. Placements with a problem are
+    never memoised, so every parameter holding them is reported.
+    """
+
+    def __init__(self, dense: _Mesh, expert: _Mesh | None) -> None:
+        self.dense, self.expert = dense, expert
+        self.problems: list[LayoutError] = []
+        self.entries = CheckedEntries()
+        self.drops: list[Drop] = []
+        # Which source axes some parameter is sharded on, per mesh role.
+        self.placed: dict[str, set[str]] = {"dense": set(), "expert": set()}
+        self._by_id: tuple[dict[int, tuple[object, _Resolved]], ...] = ({}, {})
+        self._by_value: dict[tuple[Mapping[str, Placement], bool], _Resolved] = {}
+        self._interned: dict[SourceLayout, SourceLayout] = {}
+
+    def add(self, fqn: str, module: str, ep_module: bool, named: Mapping[str, Placement]) -> None:
+        """Resolve one parameter and enter it (or record why it cannot be)."""
+        by_id = self._by_id[ep_module]
+        hit = by_id.get(id(named))
+        if hit is not None and hit[0] is named:
+            resolved = hit[1]
+        else:
+            to_expert = ep_module and isinstance(named.get("ep"), Shard)
+            found = self._by_value.get((named, to_expert))
+            if found is None:
+                result = _resolve_one(
+                    fqn,
+                    module=module,
+                    named=named,
+                    target=self.expert if to_expert else self.dense,
+                    to_expert=to_expert,
+                    problems=self.problems,
+                )
+                if result is None:
+                    return
+                fresh = self._interned.setdefault(result[0], result[0])
+                self.placed[fresh.mesh].update(
+                    a.name
+                    for a, p in zip(fresh.axes, fresh.placements, strict=True)
+                    if not isinstance(p, Replicate)
+                )
+                found = self._by_value[named, to_expert] = (fresh, fresh.mesh, result[1])
+            resolved = found
+            by_id[id(named)] = (named, resolved)
+        layout, role, dropped = resolved
+        if dropped:
+            self.drops.extend(Drop(fqn, role, axis, p) for axis, p in dropped)
+        previous = self.entries.setdefault(fqn, layout)
+        if previous is not layout:
+            msg = (
+                f"{clip(fqn)}: declared twice, as {previous} and as {layout} (a parameter "
+                "path of one module spells a submodule's parameter); declare it once"
+            )
+            self.problems.append(LayoutError(msg, fqn=fqn))
+
+    def table(self, pairs: Iterable[Iterable[str]]) -> ParamLayoutTable:
+        """The table of every parameter added, tied ones merged, or every problem."""
+        if self.drops:
+            for mesh in (self.dense, self.expert):
+                if mesh is not None:
+                    self.problems.extend(_misspelt_axes(mesh, self.placed[mesh.role], self.drops))
+        groups, conflicts = _merge_into(self.entries, (), pairs, "tied_pairs")
+        self.problems.extend(conflicts)
+        if self.problems:
+            raise PlanError(_problem_report(self.problems), problems=self.problems)
+        return ParamLayoutTable(self.entries, tied=groups, dropped=self.drops)
+
+
 def build_table(
     plan: ShardingPlan,
     dense_axes: Iterable[AxisLike],
@@ -414,6 +510,7 @@ def build_table(
     expert_axes: Iterable[AxisLike] | None = None,
     tied_pairs: Iterable[Iterable[str]] | None = None,
     owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+    fqns: Iterable[str] | None = None,
 ) -> ParamLayoutTable:
     """The checked table of every parameter of ``plan``.
 
@@ -423,19 +520,31 @@ def build_table(
     dropped; any other axis is a typo); then tied parameters are merged (``tied_pairs``,
     by default ``plan.tied_pairs``; pass ``()`` to merge none).
 
+    With ``fqns`` (the model's parameter FQNs, in the order the table should have), the
+    plan's keys are matched against them: a ``*`` segment of a module or parameter key
+    matches any one segment, and each FQN takes the rule of its most specific matching
+    key (an exact key beats a pattern; among patterns, more literal segments win). FQNs
+    no key matches are left out (``complete_default`` completes them). A plan with
+    patterns needs ``fqns``.
+
     Every non-Replicate placement dropped so is recorded in ``table.dropped``. When a
     mesh has a source axis no parameter is sharded on while placements were dropped on
     an axis that mesh lacks, the mesh most likely misspells that axis (``tpp`` for
     ``tp``): that is a problem of the plan.
 
-    Equal named placements resolve once and equal layouts are one shared object, so a
-    million parameters cost a dict insertion each.
+    >>> from layout_algebra import ModulePlan
+    >>> plan = ShardingPlan({"layers.*.attn": ModulePlan({"wq.weight": {"tp": Shard(0)}})},
+    ...                     mesh_axes=["tp"])
+    >>> print(build_table(plan, ["tp"], fqns=["layers.0.attn.wq.weight", "norm.weight"]))
+    layers.0.attn.wq.weight  dense[tp=S(0)]
 
     Raises:
         PlanError: every problem of the plan at once (``.problems``): owned-axis
             conflicts, typos, ``Partial`` placements, experts with no expert mesh,
             tied conflicts, an FQN declared twice with different layouts, a mesh axis
-            that looks like a misspelling of an axis whose placements were dropped.
+            that looks like a misspelling of an axis whose placements were dropped;
+            with ``fqns``, two equally specific keys with different placements for one
+            FQN and a key that matches no FQN; without, a plan with patterns.
         LayoutError: an argument of the wrong type, naming it.
     """
     plan_obj: object = plan
@@ -444,77 +553,102 @@ def build_table(
         raise LayoutError(msg)
     dense, expert = _meshes(plan, dense_axes, expert_axes, owned)
     pairs = plan.tied_pairs if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
+    names = (
+        None if fqns is None else as_items(fqns, "fqns", "[n for n, _ in model.named_parameters()]")
+    )
+    builder = _Builder(dense, expert)
+    if names is not None:
+        _add_matched(builder, plan, names)
+    elif plan.has_patterns:
+        keys = [k for k in _plan_keys(plan) if is_pattern(k)]
+        shown = clip(", ".join(repr(k) for k in keys[:5]))
+        msg = (
+            f"the plan has {len(keys)} key{'s' if len(keys) != 1 else ''} with '*' ({shown}), "
+            "which only the model's parameter FQNs can resolve; pass them as "
+            "build_table(..., fqns=[n for n, _ in model.named_parameters()])"
+        )
+        raise PlanError(_problem_report([LayoutError(msg)]), problems=[LayoutError(msg)])
+    else:
+        add = builder.add
+        for module, spec in plan.modules.items():
+            ep_module = spec.expert_parallel
+            prefix = f"{module}." if module else ""  # param_fqn, spelled once per module
+            for path, named in spec.params.items():
+                add(prefix + path, module, ep_module, named)
+    return builder.table(pairs)
 
-    problems: list[LayoutError] = []
-    entries = CheckedEntries()
-    drops: list[Drop] = []
-    # Which source axes some parameter is sharded on, per mesh role.
-    placed: dict[str, set[str]] = {"dense": set(), "expert": set()}
-    # Memo: id of the named placements -> (them, their layout, what resolving dropped),
-    # one memo per kind of module (the route depends only on the placements and whether
-    # the module is expert-parallel). Each entry holds the object its id belongs to, so
-    # ids stay unique while the memo lives; a value memo catches equal placements held in
-    # different objects. Placements with a problem are never memoised, so every
-    # parameter holding them is reported.
-    by_id_dense: dict[int, tuple[object, _Resolved]] = {}
-    by_id_expert: dict[int, tuple[object, _Resolved]] = {}
-    by_value: dict[tuple[Mapping[str, Placement], bool], _Resolved] = {}
-    interned: dict[SourceLayout, SourceLayout] = {}
-    setdefault = entries.setdefault
 
+def _plan_keys(plan: ShardingPlan) -> Iterable[str]:
+    """Every parameter key of the plan, module key and parameter key joined."""
     for module, spec in plan.modules.items():
-        ep_module = spec.expert_parallel
-        by_id = by_id_expert if ep_module else by_id_dense
-        prefix = f"{module}." if module else ""  # param_fqn, spelled once per module
-        for path, named in spec.params.items():
-            fqn = prefix + path
-            hit = by_id.get(id(named))
-            if hit is not None and hit[0] is named:
-                resolved = hit[1]
-            else:
-                to_expert = ep_module and isinstance(named.get("ep"), Shard)
-                found = by_value.get((named, to_expert))
-                if found is None:
-                    target = expert if to_expert else dense
-                    result = _resolve_one(
-                        fqn,
-                        module=module,
-                        named=named,
-                        target=target,
-                        to_expert=to_expert,
-                        problems=problems,
-                    )
-                    if result is None:
-                        continue
-                    fresh = interned.setdefault(result[0], result[0])
-                    placed[fresh.mesh].update(
-                        a.name
-                        for a, p in zip(fresh.axes, fresh.placements, strict=True)
-                        if not isinstance(p, Replicate)
-                    )
-                    found = by_value[named, to_expert] = (fresh, fresh.mesh, result[1])
-                resolved = found
-                by_id[id(named)] = (named, resolved)
-            layout, role, dropped = resolved
-            if dropped:
-                drops.extend(Drop(fqn, role, axis, p) for axis, p in dropped)
-            previous = setdefault(fqn, layout)
-            if previous is not layout:
-                msg = (
-                    f"{clip(fqn)}: declared twice, as {previous} and as {layout} (a parameter "
-                    "path of one module spells a submodule's parameter); declare it once"
-                )
-                problems.append(LayoutError(msg, fqn=fqn))
+        for path in spec.params:
+            yield f"{module}.{path}" if module else path
 
-    if drops:
-        for mesh in (dense, expert):
-            if mesh is not None:
-                problems.extend(_misspelt_axes(mesh, placed[mesh.role], drops))
-    groups, conflicts = _merge_into(entries, (), pairs, "tied_pairs")
-    problems.extend(conflicts)
-    if problems:
-        raise PlanError(_problem_report(problems), problems=problems)
-    return ParamLayoutTable(entries, tied=groups, dropped=drops)
+
+_PlanRule: TypeAlias = tuple[str, bool, NamedPlacements]
+"""What a plan key carries: its module key, whether that module is expert-parallel, and
+the named placements."""
+
+
+def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> None:
+    """Each FQN under the rule of its most specific key; ties and unused keys reported."""
+    matcher: Matcher[_PlanRule] = Matcher(
+        Rule(f"{module}.{path}" if module else path, (module, spec.expert_parallel, named))
+        for module, spec in plan.modules.items()
+        for path, named in spec.params.items()
+    )
+    # What each answer of the matcher means: the rule to apply, None for none (or a tie,
+    # reported once). Few distinct answers for a million FQNs, so decided once each.
+    decided: dict[tuple[int, ...], _PlanRule | None] = {}
+    match, add = matcher.match, builder.add
+    for fqn in fqns:
+        raw: object = fqn
+        if type(raw) is not str or not raw:
+            check_fqn(raw, "fqns")
+        found = match(fqn)
+        if found in decided:
+            decision = decided[found]
+        else:
+            rules = [matcher.rule(i) for i in found]
+            decision = decided[found] = _decide(builder, fqn, rules)
+        if decision is not None:
+            add(fqn, decision[0], decision[1], decision[2])
+    for unused in matcher.unused():
+        msg = (
+            f"key {clip(unused.key)!r} of the plan matches no parameter FQN of the model; "
+            "fix its spelling (a '*' matches exactly one dotted segment) or remove it"
+        )
+        builder.problems.append(LayoutError(msg, fqn=unused.key))
+
+
+def _decide(builder: _Builder, fqn: str, rules: list[Rule[_PlanRule]]) -> _PlanRule | None:
+    """The rule of the most specific keys matching ``fqn``; a tie is a problem."""
+    if not rules:
+        return None
+    if len(rules) > 1 and len({_route(r.value) for r in rules}) > 1:
+        builder.problems.append(_tie_error(fqn, rules))
+        return None
+    return rules[0].value
+
+
+def _route(rule: _PlanRule) -> tuple[NamedPlacements, bool]:
+    """What decides a parameter's layout: its named placements and its mesh."""
+    _, ep_module, named = rule
+    return named, ep_module and isinstance(named.get("ep"), Shard)
+
+
+def _tie_error(fqn: str, rules: Sequence[Rule[_PlanRule]]) -> LayoutError:
+    shown = "; ".join(
+        f"{clip(r.key)!r}: {{{', '.join(f'{a!r}: {p}' for a, p in r.value[2].items())}}}"
+        for r in rules[:4]
+    )
+    n = rules[0].literals
+    msg = (
+        f"{clip(fqn)}: {len(rules)} keys match it equally specifically ({n} literal "
+        f"segment{'s' if n != 1 else ''} each) with different placements ({clip(shown)}); "
+        "make one key more specific, or give them the same placements"
+    )
+    return LayoutError(msg, fqn=fqn)
 
 
 def _meshes(

@@ -13,6 +13,7 @@ from typing import Final, Protocol
 import attrs
 
 from layout_algebra._args import as_items
+from layout_algebra._patterns import WILDCARD, is_pattern
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
 from layout_algebra.errors import LayoutError
@@ -121,7 +122,8 @@ def _as_params(
     for path, named in params.items():
         if not _is_path(path):
             msg = (
-                f"parameter path {quote(path)} must be a non-empty dotted name such as 'wq.weight'"
+                f"parameter path {quote(path)} must be a non-empty dotted name such as "
+                "'wq.weight' (a segment may be '*', matching any one segment)"
             )
             raise LayoutError(msg, fqn=_shown_key(path))
         hit = converted.get(id(named))
@@ -136,9 +138,14 @@ def _shown_key(key: object) -> str:
     return clip(key) if isinstance(key, str) else quote(key)
 
 
+def _segments_ok(name: str) -> bool:
+    """Non-empty dotted segments, each a name or ``*`` alone (``layers.*.wq``)."""
+    return all(s and (s == WILDCARD or WILDCARD not in s) for s in name.split("."))
+
+
 def _is_path(name: object) -> bool:
-    """A parameter path: non-empty dotted segments (``wq.weight``, ``experts.w1``)."""
-    return type(name) is str and bool(name) and "" not in name.split(".")
+    """A parameter path: dotted segments (``wq.weight``, ``experts.w1``, ``*.weight``)."""
+    return type(name) is str and bool(name) and _segments_ok(name)
 
 
 def _check_flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
@@ -151,9 +158,10 @@ def _check_flag(_: object, attribute: attrs.Attribute[bool], value: object) -> N
 class ModulePlan:
     """The named placements of one module's parameters.
 
-    ``params`` maps a parameter path relative to the module to ``{axis: placement}``.
-    ``expert_parallel`` marks a module whose experts are sharded over ``ep``: its
-    parameters with a ``Shard`` on ``ep`` go to the expert mesh.
+    ``params`` maps a parameter path relative to the module to ``{axis: placement}``; a
+    path may hold ``*`` segments (``*.weight``), as module keys may. ``expert_parallel``
+    marks a module whose experts are sharded over ``ep``: its parameters with a ``Shard``
+    on ``ep`` go to the expert mesh.
     """
 
     params: FrozenMap[str, NamedPlacements] = attrs.field(converter=_as_params)
@@ -161,8 +169,8 @@ class ModulePlan:
 
 
 def _is_module_fqn(name: object) -> bool:
-    """A module FQN: ``""`` (the root) or non-empty dotted segments."""
-    return type(name) is str and (not name or "" not in name.split("."))
+    """A module FQN: ``""`` (the root) or dotted segments (``layers.*.attention``)."""
+    return type(name) is str and (not name or _segments_ok(name))
 
 
 def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]:
@@ -172,7 +180,10 @@ def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]
         raise LayoutError(msg)
     for fqn, spec in modules.items():
         if not _is_module_fqn(fqn):
-            msg = f"module FQN {quote(fqn)} must be a dotted name ('' for the root module)"
+            msg = (
+                f"module FQN {quote(fqn)} must be a dotted name ('' for the root module; a "
+                "segment may be '*', matching any one segment)"
+            )
             raise LayoutError(msg, fqn=_shown_key(fqn))
         spec_obj: object = spec
         if not isinstance(spec_obj, ModulePlan):
@@ -226,6 +237,11 @@ class ShardingPlan:
 
     ``mesh_axes`` is the run's axis vocabulary as the planner knew it; ``tied_pairs`` are
     pairs of parameter FQNs sharing storage (embedding and LM head).
+
+    Module keys and parameter keys may hold ``*`` segments, each matching exactly one
+    dotted segment (``{"layers.*.attention": ModulePlan({"wq.weight": ...})}``); such a
+    plan is resolved against the model's FQNs (``build_table(..., fqns=...)``), the most
+    specific key winning for each.
     """
 
     modules: FrozenMap[str, ModulePlan] = attrs.field(converter=_as_modules)
@@ -235,6 +251,15 @@ class ShardingPlan:
     tied_pairs: tuple[tuple[str, str], ...] = attrs.field(
         default=(), kw_only=True, converter=_as_pairs
     )
+
+    @property
+    def has_patterns(self) -> bool:
+        """Whether a module key or parameter key holds ``*`` (``build_table`` then needs
+        the model's FQNs, ``fqns=``)."""
+        return any(
+            is_pattern(module) or any(map(is_pattern, spec.params))
+            for module, spec in self.modules.items()
+        )
 
     def named_placements(self) -> Iterator[tuple[str, ModulePlan, NamedPlacements]]:
         """Every parameter of the plan as ``(fqn, module plan, named placements)``."""

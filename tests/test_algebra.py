@@ -281,7 +281,8 @@ def test_tied_parameters_on_different_meshes_conflict() -> None:
     assert info.value.placements == ("dense[ep=S(0)]", "expert[ep=S(0)]")
 
 
-@pytest.mark.parametrize("other", [dense(ep=S0), dense(tp=S0, ep=R), dense(ep=R, tp=S0), dense()])
+# (A plain member, dense(), takes the other's layout: see the plain parameters below.)
+@pytest.mark.parametrize("other", [dense(ep=S0), dense(tp=S0, ep=R), dense(ep=R, tp=S0)])
 def test_tied_parameters_on_different_axes_conflict(other: SourceLayout) -> None:
     table = ParamLayoutTable({"a": dense(tp=S0), "b": other})
     with pytest.raises(TiedLayoutConflict, match="must live on one mesh with the same axes"):
@@ -948,3 +949,221 @@ def test_diff_prints_one_line_per_change(pair: tuple[ParamLayoutTable, ParamLayo
     assert set(d.changed) | set(d.added) | set(d.removed) == {
         fqn for fqn in {*a, *b} if a.get(fqn) != b.get(fqn)
     }
+
+
+# --- plans by pattern -------------------------------------------------------------------
+
+LLAMA_FQNS = [
+    "tok_embeddings.weight",
+    *(
+        f"layers.{i}.{p}"
+        for i in range(3)
+        for p in (
+            "attention.wq.weight",
+            "attention.wo.weight",
+            "attention_norm.weight",
+            "feed_forward.w1.weight",
+        )
+    ),
+    "norm.weight",
+    "output.weight",
+]
+
+
+def test_a_pattern_plan_is_resolved_against_the_model_fqns() -> None:
+    plan = plan_of(
+        {
+            "layers.*.attention": ModulePlan({"wq.weight": {"tp": S0}, "wo.weight": {"tp": S1}}),
+            "layers.*": ModulePlan({"feed_forward.*.weight": {"tp": S0}}),
+            "": ModulePlan({"tok_embeddings.weight": {"tp": S0}, "output.weight": {"tp": S0}}),
+        },
+        tied_pairs=[("tok_embeddings.weight", "output.weight")],
+    )
+    assert plan.has_patterns
+    table = build_table(plan, DENSE, fqns=LLAMA_FQNS)
+    # In the order of fqns; unmatched FQNs are left out.
+    assert list(table) == [f for f in LLAMA_FQNS if "norm" not in f]
+    assert table["layers.2.attention.wq.weight"] == dense(tp=S0)
+    assert table["layers.1.attention.wo.weight"] == dense(tp=S1)
+    assert table["layers.0.feed_forward.w1.weight"] == dense(tp=S0)
+    assert table.tied == (frozenset({"tok_embeddings.weight", "output.weight"}),)
+
+
+def test_the_most_specific_key_wins() -> None:
+    plan = plan_of(
+        {
+            "layers.*.attention": ModulePlan({"wq.weight": {"tp": S0}, "*.weight": {"tp": S1}}),
+            "layers.1.attention": ModulePlan({"wq.weight": {"tp": R}}),
+        }
+    )
+    table = build_table(plan, DENSE, fqns=LLAMA_FQNS)
+    assert table["layers.0.attention.wq.weight"] == dense(tp=S0)  # 4 literals beat 3
+    assert table["layers.0.attention.wo.weight"] == dense(tp=S1)
+    assert table["layers.1.attention.wq.weight"] == dense(tp=R)  # exact beats patterns
+
+
+def test_equally_specific_keys_with_different_placements_are_a_problem() -> None:
+    plan = plan_of(
+        {
+            "layers.*.attention": ModulePlan({"wq.weight": {"tp": S0}}),
+            "*.0.attention": ModulePlan({"wq.weight": {"tp": S1}}),
+            "*.1.attention": ModulePlan({"wq.weight": {"tp": S0}}),  # agrees: no problem
+        }
+    )
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE, fqns=LLAMA_FQNS)
+    (problem,) = info.value.problems
+    assert problem.fqn == "layers.0.attention.wq.weight"
+    assert "'layers.*.attention.wq.weight': {'tp': S(0)}" in problem.message
+    assert "'*.0.attention.wq.weight': {'tp': S(1)}" in problem.message
+    assert "2 keys match it equally specifically (4 literal segments each)" in problem.message
+
+
+def test_a_key_that_matches_no_fqn_is_a_problem_naming_it() -> None:
+    plan = plan_of(
+        {
+            "layers.*.atention": ModulePlan({"wq.weight": {"tp": S0}}),
+            "layers.*.attention": ModulePlan({"wq.weight": {"tp": S0}}),
+            "decoder": ModulePlan({"weight": {"tp": S0}}),
+        }
+    )
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE, fqns=LLAMA_FQNS)
+    assert [p.fqn for p in info.value.problems] == ["layers.*.atention.wq.weight", "decoder.weight"]
+    assert "matches no parameter FQN of the model" in info.value.problems[0].message
+
+
+def test_a_pattern_overridden_everywhere_still_matches() -> None:
+    plan = plan_of(
+        {
+            "*": ModulePlan({"weight": {"tp": S0}}),
+            "": ModulePlan({"norm.weight": {"tp": R}, "output.weight": {"tp": R}}),
+            "tok_embeddings": ModulePlan({"weight": {"tp": R}}),
+        }
+    )
+    table = build_table(plan, DENSE, fqns=LLAMA_FQNS)
+    assert {str(layout) for layout in table.values()} == {"dense[tp=R]"}
+
+
+def test_a_plan_with_patterns_needs_the_fqns() -> None:
+    plan = plan_of({"layers.*.attention": ModulePlan({"wq.weight": {"tp": S0}})})
+    with pytest.raises(PlanError, match=r"pass them as build_table\(\.\.\., fqns=") as info:
+        build_table(plan, DENSE)
+    assert "'layers.*.attention.wq.weight'" in info.value.problems[0].message
+
+
+def test_an_exact_plan_with_fqns_follows_their_order() -> None:
+    plan = plan_of({"": ModulePlan({"output.weight": {"tp": S0}, "norm.weight": {"tp": R}})})
+    assert not plan.has_patterns
+    table = build_table(plan, DENSE, fqns=["norm.weight", "x.weight", "output.weight"])
+    assert list(table) == ["norm.weight", "output.weight"]
+    assert table == build_table(plan, DENSE)
+
+
+def test_patterns_route_experts_and_check_axes_per_fqn() -> None:
+    plan = plan_of(
+        {"layers.*.moe": ModulePlan({"experts.w1": {"ep": S0, "tp": S1}}, expert_parallel=True)},
+        mesh_axes=("dp_shard", "tp", "ep", "edp_shard"),
+    )
+    fqns = [f"layers.{i}.moe.experts.w1" for i in range(4)]
+    table = build_table(plan, DENSE, expert_axes=("edp_shard", "ep", "tp"), fqns=fqns)
+    assert all(layout == expert(ep=S0, tp=S1) for layout in table.values())
+    typo = plan_of({"layers.*": ModulePlan({"w": {"tpp": S0}})})
+    with pytest.raises(PlanError) as info:
+        build_table(typo, DENSE, fqns=["layers.0.w", "layers.1.w"])
+    assert [p.fqn for p in info.value.problems] == ["layers.0.w", "layers.1.w"]
+
+
+@pytest.mark.parametrize("key", ["layers.a*.w", "layers.**", "*.", ".*", "a..b"])
+def test_a_star_is_a_whole_segment(key: str) -> None:
+    with pytest.raises(LayoutError, match="a segment may be '\\*'"):
+        ModulePlan({key: {}})
+    with pytest.raises(LayoutError, match="a segment may be '\\*'"):
+        ShardingPlan({key: ModulePlan({})}, mesh_axes=["tp"])
+
+
+def test_fqns_are_checked() -> None:
+    plan = plan_of({"layers.*": ModulePlan({"w": {"tp": S0}})})
+    with pytest.raises(LayoutError, match="fqns must be a collection"):
+        build_table(plan, DENSE, fqns="layers.0.w")
+    with pytest.raises(LayoutError, match="fqns: a parameter FQN must be a non-empty string"):
+        build_table(plan, DENSE, fqns=["layers.0.w", 3])  # type: ignore[list-item]
+
+
+_SEGMENTS = st.sampled_from(["layers", "0", "1", "attn", "mlp", "w", "b"])
+
+
+def _brute_force(keys: list[str], fqn: str) -> list[str]:
+    """The most specific keys matching ``fqn``, by one regex per key (the slow way)."""
+    matching = [
+        k
+        for k in keys
+        if re.fullmatch(
+            r"\.".join("[^.]+" if s == "*" else re.escape(s) for s in k.split(".")), fqn
+        )
+    ]
+    if not matching:
+        return []
+    top = max(sum(s != "*" for s in k.split(".")) for k in matching)
+    return [k for k in matching if sum(s != "*" for s in k.split(".")) == top]
+
+
+@given(
+    st.lists(
+        st.lists(_SEGMENTS | st.just("*"), min_size=1, max_size=4).map(".".join),
+        min_size=1,
+        max_size=8,
+        unique=True,
+    ),
+    st.lists(st.lists(_SEGMENTS, min_size=1, max_size=4).map(".".join), max_size=20, unique=True),
+)
+def test_pattern_matching_agrees_with_one_regex_per_key(keys: list[str], fqns: list[str]) -> None:
+    # Each key gets its own placement (its index as a dim), so every tie is a conflict.
+    plan = ShardingPlan(
+        {"": ModulePlan({k: {"tp": Shard(i)} for i, k in enumerate(keys)})}, mesh_axes=["tp"]
+    )
+    expected = {f: _brute_force(keys, f) for f in fqns}
+    unused = [k for k in keys if not any(_brute_force([k], f) for f in fqns)]
+    try:
+        table = build_table(plan, ["tp"], fqns=fqns)
+    except PlanError as e:
+        ties = {p.fqn for p in e.problems if "equally specifically" in p.message}
+        assert [p.fqn for p in e.problems if "matches no parameter" in p.message] == unused
+        # A tie is reported once per set of keys, at its first FQN.
+        assert ties <= {f for f, best in expected.items() if len(best) > 1}
+        assert bool(ties) == any(len(best) > 1 for best in expected.values())
+        return
+    assert not unused
+    assert list(table) == [f for f in fqns if expected[f]]
+    for fqn, layout in table.items():
+        (key,) = expected[fqn]
+        assert layout.placements == (Shard(keys.index(key)),)
+
+
+# --- plain parameters -------------------------------------------------------------------
+
+PLAIN = SourceLayout("dense", (), ())
+
+
+def test_complete_default_can_leave_parameters_plain() -> None:
+    table = ParamLayoutTable({"w": dense(tp=S0)})
+    done = complete_default(table, ["w", "norm.weight"], DENSE, plain=True)
+    assert done["w"] == dense(tp=S0)
+    assert done["norm.weight"] == PLAIN
+    assert str(done["norm.weight"]) == "dense[]"
+    # A mesh of owned axes only is fine for plain parameters.
+    assert complete_default(table, ["b"], ["dp_shard"], plain=True)["b"] == PLAIN
+    with pytest.raises(LayoutError, match="plain must be True or False"):
+        complete_default(table, ["b"], DENSE, plain="yes")  # type: ignore[arg-type]
+
+
+def test_a_plain_member_of_a_tied_group_takes_the_other_layout() -> None:
+    table = ParamLayoutTable({"emb.weight": PLAIN, "head.weight": dense(tp=S0)})
+    for pairs in ([("emb.weight", "head.weight")], [("head.weight", "emb.weight")]):
+        merged = merge_tied(table, pairs)
+        assert merged["emb.weight"] == merged["head.weight"] == dense(tp=S0)
+    both_plain = ParamLayoutTable({"a": PLAIN, "b": PLAIN})
+    assert merge_tied(both_plain, [("a", "b")])["a"] == PLAIN
+    other_role = ParamLayoutTable({"a": PLAIN, "b": expert(ep=S0)})
+    with pytest.raises(TiedLayoutConflict, match="one mesh with the same axes"):
+        merge_tied(other_role, [("a", "b")])

@@ -292,6 +292,9 @@ FSDP_CASES = {
     "hsdp-ep-tp": setup(HSDP_EP_TP, REP, {"ep": S0, "tp": S0}, 0, (12, 4)),
     "fsdp-plain": setup({"dp_shard": 8}, (), {}, 0, (10, 3)),
     "hsdp-plain": setup({"dp_replicate": 2, "dp_shard": 4}, REP, {}, 0, (10, 3)),
+    # A plain parameter on a world that also has tp: FSDP's placement only, no tp=R.
+    "fsdp-plain-beside-tp": setup(FSDP, (), {}, 0, (10, 3)),
+    "hsdp-plain-beside-tp": setup(HSDP, REP, {}, 0, (10, 3)),
     "dim1-tp-cols": setup(FSDP, (), {"tp": S1}, 1, (8, 16)),
     "dim1-tp-rows": setup(FSDP, (), {"tp": S0}, 1, (8, 16)),
 }

@@ -151,12 +151,17 @@ def _shapes() -> dict[str, Case]:
         "complete_default": Case(
             complete_default,
             (TABLE, ["extra.weight"], ["dp_shard", "tp"]),
-            {"mesh": "dense", "owned": FSDP_OWNED_AXES},
+            {"mesh": "dense", "owned": FSDP_OWNED_AXES, "plain": True},
         ),
         "build_table": Case(
             build_table,
             (PLAN, ["dp_shard", "tp"]),
-            {"expert_axes": ["dp_shard", "ep"], "tied_pairs": [], "owned": FSDP_OWNED_AXES},
+            {
+                "expert_axes": ["dp_shard", "ep"],
+                "tied_pairs": [],
+                "owned": FSDP_OWNED_AXES,
+                "fqns": ["attn.wq.weight", "attn.wo.weight", "norm.weight"],
+            },
         ),
         "diff": Case(diff, (TABLE, TABLE)),
         "compose_fsdp": Case(

@@ -16,6 +16,7 @@ import layout_algebra
 from layout_algebra import (
     FSDP_OWNED_AXES,
     AxisName,
+    Drop,
     LayoutError,
     ModulePlan,
     ParamLayoutTable,
@@ -31,6 +32,7 @@ from layout_algebra import (
     TiedLayoutConflict,
     build_table,
     complete_default,
+    compose_fsdp,
     diff,
     format_placement,
     merge_tied,
@@ -94,6 +96,15 @@ def combinators(plan: ShardingPlan, table: ParamLayoutTable) -> None:
     assert_type(build_table(plan, ["dp_shard", "tp"]), ParamLayoutTable)
     assert_type(
         build_table(plan, ("tp",), expert_axes=("ep",), tied_pairs=(), owned=()), ParamLayoutTable
+    )
+    assert_type(build_table(plan, ["tp"], fqns=(n for n in ["w"])), ParamLayoutTable)
+    assert_type(complete_default(table, ["w"], ["tp"], plain=True), ParamLayoutTable)
+    assert_type(table.dropped, tuple[Drop, ...])
+    assert_type(table.dropped[0].axis, AxisName)
+    assert_type(plan.has_patterns, bool)
+    assert_type(
+        compose_fsdp(table["w"], shard_axis="dp_shard", mesh_sizes={"dp_shard": 2}),
+        SourceLayout,
     )
     changes = diff(table, table)
     assert_type(changes, TableDiff)
