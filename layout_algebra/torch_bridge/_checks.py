@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from layout_algebra._text import quote
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, as_axes
+from layout_algebra.axes import AxisLike, axis_name_set
 from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.layout import ParamLayoutTable
 
@@ -86,10 +86,8 @@ def check_meshes(meshes: object, arg: str) -> None:
 
 def owned_names(owned: Iterable[AxisLike], arg: str) -> frozenset[str]:
     """The names of the owned axes ``owned``, checked (a bare str is refused)."""
-    if owned is FSDP_OWNED_AXES:
-        return FSDP_OWNED_AXES
     try:
-        return frozenset(a.name for a in as_axes(owned, arg))
+        return axis_name_set(owned, arg)
     except LayoutError as e:
         raise BindError(e.message, axis=e.axis) from None
 
