@@ -191,7 +191,7 @@ def _check_distinct(layout: SourceLayout, fsdp_axes: tuple[AxisName, ...]) -> No
     for axis in fsdp_axes:
         if axis in seen:
             msg = (
-                f"axis {axis.name!r} is both a replicate and a shard axis of FSDP; "
+                f"axis {clip(axis.name)!r} is both a replicate and a shard axis of FSDP; "
                 "give each data-parallel axis once"
             )
             raise LayoutError(msg, axis=axis.name)
@@ -867,7 +867,11 @@ def _fsdp_chunk(
     sizes: Mapping[str, int],
     where: Mapping[str, int],
 ) -> tuple[Runs, ...]:
-    """FSDP2's chunk of one rank's source-local runs (``torch.chunk`` on ``shard_dim``)."""
+    """FSDP2's chunk of one rank's source-local runs (``torch.chunk`` on ``shard_dim``).
+
+    A chunk without elements is empty on ``shard_dim``, as FSDP2 sizes it (a local
+    (1, 0) block becomes (0, 0)).
+    """
     if parts.shard is None:
         return source_runs
     dim = parts.shard_dim
@@ -876,6 +880,8 @@ def _fsdp_chunk(
     held = sum(map(len, source_runs[dim]))
     out = list(source_runs)
     out[dim] = _take(source_runs[dim], [_chunk(held, size, index)])
+    if any(not runs for runs in out):
+        out[dim] = ()
     return tuple(out)
 
 

@@ -452,7 +452,7 @@ def _walk(
         if dim > 0 and held % fsdp_size:
             uneven.append(i)
         read = local_runs(shape.shape, layout, sizes, where)
-        if read != kept:
+        if read != kept and (n or _numel(read)):  # two empty blocks hold the same: nothing
             d = next(d for d in range(shape.ndim) if read[d] != kept[d])
             differ_dim = d
             differ.append((i, kept[d], read[d]))

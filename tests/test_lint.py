@@ -8,8 +8,10 @@ of real transformers models after their plan and ``fully_shard``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import random
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +28,7 @@ from torch.distributed.tensor import Shard as TorchShard
 from layout_algebra import (
     LayoutError,
     ParamLayoutTable,
+    Placement,
     PlanError,
     Replicate,
     Shard,
@@ -586,6 +589,48 @@ STORAGE_CASES: dict[str, StorageCase] = {
     "experts-3d-dim1-tp-some-ranks": StorageCase(EP_TP, EXPERT_COLS, "dp_shard", 1, (4, 7, 2)),
     "experts-3d-dim1-tp-rows": StorageCase(EP_TP, EXPERT_ROWS, "dp_shard", 1, (5, 4, 2)),
 }
+
+
+def random_storage_cases(count: int, seed: int = 0) -> dict[str, StorageCase]:
+    """A fixed sweep of random 8-rank worlds: FSDP or HSDP, 0-2 source axes of any sizes
+    (mostly two), S(0) (mostly), S(1) or R on each, FSDP on dim 0 or 1, uneven 2-D and
+    3-D shapes."""
+    rng = random.Random(seed)
+    factorings = [
+        f
+        for n in range(1, 5)
+        for f in itertools.product([1, 2, 4, 8], repeat=n)
+        if math.prod(f) == 8
+    ]
+    out: dict[str, StorageCase] = {}
+    while len(out) < count:
+        hsdp = rng.random() < 0.3
+        n_source = rng.choice([0, 1, 2, 2, 2])
+        factoring = rng.choice([f for f in factorings if len(f) == n_source + 1 + hsdp])
+        names = (["dp_replicate"] if hsdp else []) + ["dp_shard"] + ["ep", "tp"][2 - n_source :]
+        sizes = dict(zip(names, factoring, strict=True))
+        choices: list[Placement] = [S0, S0, S0, S1, R]
+        placements = [rng.choice(choices) for _ in range(n_source)]
+        source = SourceLayout("expert", names[1 + hsdp :], placements)
+        shape = tuple(rng.randint(1, 13) for _ in range(rng.choice([2, 2, 3])))
+        dim = rng.choice([0, 0, 1])
+        case = StorageCase(sizes, source, "dp_shard", dim, shape, ("dp_replicate",) if hsdp else ())
+        out[f"random-{len(out)}-{source}-{shape}-dim{dim}"] = case
+    return out
+
+
+def random_strided_cases(count: int, seed: int = 1) -> dict[str, StorageCase]:
+    """The hazard's family: ``ep`` and ``tp`` both on FSDP's dim, random 2-D and 3-D shapes."""
+    rng = random.Random(seed)
+    out: dict[str, StorageCase] = {}
+    while len(out) < count:
+        shape = (rng.randint(1, 24), *(rng.randint(1, 4) for _ in range(rng.choice([1, 2]))))
+        out[f"strided-{len(out)}-{shape}"] = StorageCase(EP_TP, EXPERT_ROWS, "dp_shard", 0, shape)
+    return out
+
+
+STORAGE_CASES.update(random_storage_cases(32))
+STORAGE_CASES.update(random_strided_cases(12))
 
 
 def _case_doc(case: StorageCase) -> dict[str, object]:
