@@ -5,8 +5,9 @@ Subcommands:
 - ``demo``: a built-in MoE transformer and its plan on a simulated 8-rank mesh;
 - ``show TABLE.json``: a table, aligned, with its tied groups;
 - ``diff A.json B.json``: what changed from one table to another (exit 1 when they differ);
-- ``check PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh dp_shard=2,ep=4]``: build the
-  table of a plan, report every problem of it at once, and every placement dropped;
+- ``check PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh dp_shard=2,ep=4] [--fqns FILE]``:
+  build the table of a plan (of the model's FQNs when its keys hold patterns), report
+  every problem of it at once, and every placement dropped;
 - ``draw TABLE.json FQN --shape 16,8 --mesh dp_shard=2,tp=4 [--fsdp dp_shard]``: which
   rank holds which block of one parameter.
 - ``reshard SRC.json DST.json --shapes FILE --mesh dp_shard=2,tp=2 --to-mesh tp=4
@@ -259,6 +260,15 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="AXIS=N,...",
         help="the expert mesh, e.g. dp_shard=2,ep=4",
+    )
+    check.add_argument(
+        "--fqns",
+        default=None,
+        metavar="FILE",
+        help=(
+            "the model's parameter FQNs, for a plan whose keys hold patterns "
+            "(layers.*.attention): one FQN a line, a shapes.json or a .safetensors file"
+        ),
     )
     add_owned_arguments(check)
 
@@ -537,6 +547,7 @@ def _drops_lines(table: ParamLayoutTable) -> list[str]:
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     plan = _load_plan(args.plan)
+    fqns = None if args.fqns is None else _load_fqns(args.fqns)
     dense: dict[str, int] = args.mesh
     expert: dict[str, int] | None = args.expert_mesh
     owned = owned_axes(args)
@@ -546,10 +557,11 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
             list(dense),
             expert_axes=None if expert is None else list(expert),
             owned=owned,
+            fqns=fqns,
         )
     except PlanError as e:
         count = len(e.problems)
-        _say(err, f"{PROG}: {args.plan}: the plan has {_plural(count, 'problem')}:")
+        _say(err, f"{PROG}: {escape(args.plan)}: the plan has {_plural(count, 'problem')}:")
         for problem in e.problems:
             _say(err, f"  - {escape(problem.message)}")
         return 1
@@ -559,6 +571,19 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     if expert is not None:
         out.write(_mesh_summary("expert", expert, roles.count("expert"), owned) + "\n")
     out.write(f"  {_plural(len(table.tied), 'tied group')}\n")
+    if fqns is not None:
+        unmatched = [fqn for fqn in fqns if fqn not in table]
+        out.write(
+            f"  {len(fqns) - len(unmatched)} of {_plural(len(fqns), 'FQN')} of "
+            f"{escape(args.fqns)} matched by the plan"
+            + (
+                f"; {len(unmatched)} no key matches (first {escape(clip(unmatched[0]))}) "
+                "are not in the table: complete_default completes them"
+                if unmatched
+                else ""
+            )
+            + "\n"
+        )
     for line in _drops_lines(table):
         out.write(line + "\n")
     out.write("\n")
@@ -668,7 +693,8 @@ def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "metadata differs from the rows FSDP2 keeps (checkpoints break), the padding "
             "uneven shards cost, and the parameter bytes of every rank. With --fsdp the "
             "layouts are composed with FSDP2 first; without it a table is read as composed. "
-            "A plan's parameters that no module names stay plain tensors until FSDP. "
+            "A plan's parameters that no module names stay plain tensors until FSDP; its "
+            "patterns (layers.*.attn) are matched against the FQNs of --shapes. "
             "Exit 1 when there are problems."
         ),
     )
@@ -746,11 +772,16 @@ def _lint_table(
     except LayoutError as e:
         raise _Problem(f"{path}: {e.message}") from None
     expert = args.expert_mesh
+    fqns = None
+    if plan.has_patterns:  # matched against the shapes' FQNs and the tied aliases they lack
+        aliases = [fqn for pair in plan.tied_pairs for fqn in pair if fqn not in shapes]
+        fqns = [*shapes, *dict.fromkeys(aliases)]
     table = build_table(
         plan,
         list(args.mesh),
         expert_axes=None if expert is None else list(expert),
         owned=owned_axes(args),
+        fqns=fqns,
     )
     plain = SourceLayout("dense", (), ())
     aliases = {fqn for group in table.tied for fqn in group}

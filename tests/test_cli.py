@@ -22,6 +22,7 @@ from layout_algebra import (
     FSDP_OWNED_AXES,
     ModulePlan,
     ParamLayoutTable,
+    ParamShape,
     Partial,
     Replicate,
     Shard,
@@ -34,7 +35,7 @@ from layout_algebra import (
 from layout_algebra._demo import TinyMoE, demo_plan, demo_table
 from layout_algebra.cli import main
 from layout_algebra.draw import draw
-from layout_algebra.serialization import from_json, plan_to_json, to_json
+from layout_algebra.serialization import from_json, plan_to_json, shapes_to_json, to_json
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -460,6 +461,86 @@ def test_draw_says_when_the_mesh_has_fsdp_axes_it_did_not_compose(
     assert code == 0 and "not composed" not in out
     code, out, _ = run([*argv, "--fsdp", "dp_shard"], capsys)
     assert code == 0 and "not composed" not in out
+
+
+# ---------------------------------------------------------------------------------------
+# plans with patterns: check --fqns
+
+
+def pattern_plan() -> ShardingPlan:
+    return ShardingPlan(
+        {
+            "layers.*.attention": ModulePlan({"wq.weight": {"tp": S0}, "wo.weight": {"tp": S1}}),
+            "layers.*.moe": ModulePlan({"experts.w1": {"ep": S0, "tp": S1}}, expert_parallel=True),
+            "layers.1.attention": ModulePlan({"wq.weight": {"tp": S1}}),  # exact beats pattern
+        },
+        mesh_axes=["dp_shard", "ep", "tp"],
+    )
+
+
+PATTERN_FQNS: Final = [
+    *(
+        f"layers.{i}.{name}"
+        for i in range(3)
+        for name in ["attention.wq.weight", "attention.wo.weight", "moe.experts.w1", "norm.weight"]
+    ),
+    "output.weight",
+]
+
+
+@pytest.mark.parametrize("kind", ["lines", "shapes"])
+def test_check_of_a_plan_with_patterns_takes_the_models_fqns(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan_path = write(tmp_path / "plan.json", plan_to_json(pattern_plan()))
+    if kind == "lines":
+        fqns_path = write(tmp_path / "fqns.txt", "\n".join(PATTERN_FQNS) + "\n\n")
+    else:
+        shapes = {fqn: ParamShape((8, 8), "bfloat16") for fqn in PATTERN_FQNS}
+        fqns_path = write(tmp_path / "shapes.json", shapes_to_json(shapes))
+    argv = ["check", plan_path, "--mesh", "dp_shard=2,tp=2", "--expert-mesh", "ep=2,tp=2"]
+    code, out, err = run([*argv, "--fqns", fqns_path], capsys)
+    assert (code, err) == (0, "")
+    table = build_table(
+        pattern_plan(), ["dp_shard", "tp"], expert_axes=["ep", "tp"], fqns=PATTERN_FQNS
+    )
+    assert table["layers.1.attention.wq.weight"] == SourceLayout("dense", ["tp"], [S1])
+    assert table["layers.2.moe.experts.w1"].mesh == "expert"
+    assert out.endswith("\n".join(str(table).splitlines()) + "\n")
+    assert (
+        f"  9 of 13 FQNs of {fqns_path} matched by the plan; 4 no key matches "
+        "(first layers.0.norm.weight) are not in the table" in out
+    )
+
+
+def test_check_of_a_plan_with_patterns_needs_the_fqns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan_path = write(tmp_path / "plan.json", plan_to_json(pattern_plan()))
+    argv = ["check", plan_path, "--mesh", "dp_shard=2,tp=2", "--expert-mesh", "ep=2,tp=2"]
+    code, out, err = run(argv, capsys)
+    assert (code, out) == (1, "")
+    assert "layers.*.attention" in err and "fqns" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"a.w\nb.w\na.w\n", "line 3: 'a.w' is also on line 1"),
+        (b"a.w\n\xff\n", "is not UTF-8"),
+        (b'{"version": 1, "params": {"a.w": {"shape": [1]}}}', 'params["a.w"].dtype'),
+    ],
+)
+def test_check_of_a_bad_fqns_file_is_one_line(
+    tmp_path: Path, content: bytes, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan_path = write(tmp_path / "plan.json", plan_to_json(pattern_plan()))
+    fqns = tmp_path / "fqns.txt"
+    fqns.write_bytes(content)
+    argv = ["check", plan_path, "--mesh", "tp=2", "--fqns", str(fqns)]
+    code, _, err = run(argv, capsys)
+    assert_one_line_problem(code, err)
+    assert words in err
 
 
 # ---------------------------------------------------------------------------------------

@@ -592,3 +592,18 @@ def test_bad_shapes_documents(params: dict[str, Any], path: str, words: str) -> 
         shapes_from_json(json.dumps({"version": 1, "params": params}))
     assert info.value.path == path
     assert words in info.value.message
+
+
+def test_plan_keys_with_patterns_round_trip() -> None:
+    plan = ShardingPlan(
+        {
+            "layers.*.attention": ModulePlan({"wq.weight": {"tp": Shard(0)}, "*.bias": {}}),
+            "layers.*.moe.experts": ModulePlan({"w1": {"ep": Shard(0)}}, expert_parallel=True),
+            "layers.0.attention": ModulePlan({"wq.weight": {"tp": Shard(1)}}),
+        },
+        mesh_axes=["ep", "tp"],
+    )
+    text = plan_to_json(plan)
+    assert '"layers.*.attention": {' in text and '"*.bias": {}' in text
+    assert plan_from_json(text) == plan
+    assert converter.structure(converter.unstructure(plan), ShardingPlan) == plan
