@@ -150,3 +150,46 @@ def test_the_old_import_paths_keep_working() -> None:
     assert NamedPlacements is not None
     assert local_runs is layout_algebra.local_runs
     assert compose_fsdp is layout_algebra.compose_fsdp
+
+
+COMMAND_LINE_SURFACES = {
+    "serialization": {
+        "FORMAT_VERSION",
+        "configure_converter",
+        "converter",
+        "from_json",
+        "make_converter",
+        "plan_from_json",
+        "plan_to_json",
+        "shapes_from_json",
+        "shapes_to_json",
+        "to_json",
+    },
+    "draw": {
+        "MAX_DRAW_CELLS",
+        "MAX_DRAW_DIMS",
+        "MAX_DRAW_RANKS",
+        "MAX_DRAW_WORK",
+        "MAX_SIZE",
+        "columns",
+        "draw",
+        "escape",
+        "mesh_coordinates",
+        "mesh_str",
+    },
+    "cli": {"MAX_INPUT_BYTES", "PROG", "main"},
+}
+"""The serialization, draw and command-line modules' own surfaces (not re-exported)."""
+
+
+@pytest.mark.parametrize("module", sorted(COMMAND_LINE_SURFACES))
+def test_command_line_module_surfaces_are_pinned(module: str) -> None:
+    mod = importlib.import_module(f"layout_algebra.{module}")
+    assert set(mod.__all__) == COMMAND_LINE_SURFACES[module]
+    assert all(hasattr(mod, name) for name in mod.__all__)
+
+
+def test_the_demo_is_private() -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("layout_algebra.demo")
+    assert not any(name.startswith("demo") for name in layout_algebra.__all__)
