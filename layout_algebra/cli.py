@@ -774,8 +774,8 @@ def _lint_table(
     expert = args.expert_mesh
     fqns = None
     if plan.has_patterns:  # matched against the shapes' FQNs and the tied aliases they lack
-        aliases = [fqn for pair in plan.tied_pairs for fqn in pair if fqn not in shapes]
-        fqns = [*shapes, *dict.fromkeys(aliases)]
+        absent = [fqn for pair in plan.tied_pairs for fqn in pair if fqn not in shapes]
+        fqns = [*shapes, *dict.fromkeys(absent)]
     table = build_table(
         plan,
         list(args.mesh),

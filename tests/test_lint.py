@@ -27,11 +27,13 @@ from torch.distributed.tensor import Shard as TorchShard
 
 from layout_algebra import (
     LayoutError,
+    ModulePlan,
     ParamLayoutTable,
     Placement,
     PlanError,
     Replicate,
     Shard,
+    ShardingPlan,
     SourceLayout,
     StridedShard,
     build_table,
@@ -457,6 +459,31 @@ def test_lint_reads_a_plan_and_a_sharded_checkpoint(
     code, out, _ = run_cli([*argv, "--json"], capsys)
     assert code == 0
     assert json.loads(out) == expected.to_dict()
+
+
+def test_lint_matches_a_plans_patterns_against_the_shapes(
+    hf_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = ShardingPlan(
+        {"model.layers.*.self_attn": ModulePlan({"*.weight": {"tp": S0}})},
+        mesh_axes=["dp_shard", "tp"],
+    )
+    (tmp_path / "plan.json").write_text(plan_to_json(plan))
+    index = str(hf_checkpoint / "model.safetensors.index.json")
+    argv = ["lint", str(tmp_path / "plan.json"), "--shapes", index, "--mesh", "dp_shard=4,tp=2"]
+    code, out, _ = run_cli([*argv, "--fsdp", "dp_shard", "--json"], capsys)
+    assert code == 0
+    shapes = shapes_from_safetensors(index)
+    table = build_table(plan, ["dp_shard", "tp"], fqns=list(shapes))
+    assert len(table) == 8  # q, k, v, o of both layers
+    table = table.with_entries(
+        {fqn: SourceLayout("dense", (), ()) for fqn in shapes if fqn not in table}
+    )
+    sizes = {"dense": {"dp_shard": 4, "tp": 2}}
+    assert (
+        json.loads(out)
+        == lint(table, shapes, mesh_sizes=sizes, fsdp={"dense": "dp_shard"}).to_dict()
+    )
 
 
 def test_lint_exits_1_on_the_checkpoint_hazard(
