@@ -430,13 +430,10 @@ _Resolved: TypeAlias = tuple[SourceLayout, str, tuple[tuple[str, Placement], ...
 class _Builder:
     """The entries of one ``build_table`` call, parameter by parameter, and its problems.
 
-    Equal named placements resolve once and equal layouts are one shared object, so a
-    million parameters cost a dict insertion each. Memo: id of the named placements ->
-    (them, what they resolved to), one memo per kind of module (the route depends only
-    on the placements and whether the module is expert-parallel). Each entry holds the
-    object its id belongs to, so ids stay unique while the memo lives; a value memo
-    catches equal placements held in different objects. Placements with a problem are
-    never memoised, so every parameter holding them is reported.
+    Equal named placements resolve once (``resolve`` keeps a memo by value, and the
+    loops one by id) and equal layouts are one shared object, so a million parameters
+    cost a dict insertion each. Placements with a problem are never memoised, so every
+    parameter holding them is reported.
     """
 
     def __init__(self, dense: _Mesh, expert: _Mesh | None) -> None:
@@ -446,49 +443,75 @@ class _Builder:
         self.drops: list[Drop] = []
         # Which source axes some parameter is sharded on, per mesh role.
         self.placed: dict[str, set[str]] = {"dense": set(), "expert": set()}
-        self._by_id: tuple[dict[int, tuple[object, _Resolved]], ...] = ({}, {})
         self._by_value: dict[tuple[Mapping[str, Placement], bool], _Resolved] = {}
         self._interned: dict[SourceLayout, SourceLayout] = {}
 
-    def add(self, fqn: str, module: str, ep_module: bool, named: Mapping[str, Placement]) -> None:
-        """Resolve one parameter and enter it (or record why it cannot be)."""
-        by_id = self._by_id[ep_module]
-        hit = by_id.get(id(named))
-        if hit is not None and hit[0] is named:
-            resolved = hit[1]
-        else:
-            to_expert = ep_module and isinstance(named.get("ep"), Shard)
-            found = self._by_value.get((named, to_expert))
-            if found is None:
-                result = _resolve_one(
-                    fqn,
-                    module=module,
-                    named=named,
-                    target=self.expert if to_expert else self.dense,
-                    to_expert=to_expert,
-                    problems=self.problems,
-                )
-                if result is None:
-                    return
-                fresh = self._interned.setdefault(result[0], result[0])
-                self.placed[fresh.mesh].update(
-                    a.name
-                    for a, p in zip(fresh.axes, fresh.placements, strict=True)
-                    if not isinstance(p, Replicate)
-                )
-                found = self._by_value[named, to_expert] = (fresh, fresh.mesh, result[1])
-            resolved = found
-            by_id[id(named)] = (named, resolved)
+    def resolve(
+        self, fqn: str, module: str, ep_module: bool, named: Mapping[str, Placement]
+    ) -> _Resolved | None:
+        """What ``named`` resolves to for a parameter of ``module``, or ``None`` with its
+        problems recorded."""
+        to_expert = ep_module and isinstance(named.get("ep"), Shard)
+        found = self._by_value.get((named, to_expert))
+        if found is not None:
+            return found
+        result = _resolve_one(
+            fqn,
+            module=module,
+            named=named,
+            target=self.expert if to_expert else self.dense,
+            to_expert=to_expert,
+            problems=self.problems,
+        )
+        if result is None:
+            return None
+        fresh = self._interned.setdefault(result[0], result[0])
+        self.placed[fresh.mesh].update(
+            a.name
+            for a, p in zip(fresh.axes, fresh.placements, strict=True)
+            if not isinstance(p, Replicate)
+        )
+        found = self._by_value[named, to_expert] = (fresh, fresh.mesh, result[1])
+        return found
+
+    def enter(self, fqn: str, resolved: _Resolved) -> None:
+        """Give ``fqn`` its layout (the loops inline the common case: nothing dropped)."""
         layout, role, dropped = resolved
         if dropped:
             self.drops.extend(Drop(fqn, role, axis, p) for axis, p in dropped)
         previous = self.entries.setdefault(fqn, layout)
         if previous is not layout:
-            msg = (
-                f"{clip(fqn)}: declared twice, as {previous} and as {layout} (a parameter "
-                "path of one module spells a submodule's parameter); declare it once"
-            )
-            self.problems.append(LayoutError(msg, fqn=fqn))
+            self.declared_twice(fqn, previous, layout)
+
+    def declared_twice(self, fqn: str, previous: SourceLayout, layout: SourceLayout) -> None:
+        msg = (
+            f"{clip(fqn)}: declared twice, as {previous} and as {layout} (a parameter "
+            "path of one module spells a submodule's parameter); declare it once"
+        )
+        self.problems.append(LayoutError(msg, fqn=fqn))
+
+    def add_plan(self, plan: ShardingPlan) -> None:
+        """Every parameter of a plan without patterns, in plan order."""
+        setdefault, resolve, enter = self.entries.setdefault, self.resolve, self.enter
+        # id of the named placements -> (them, layout, resolved), per kind of module: each
+        # entry holds the object its id belongs to, so ids stay unique while it lives.
+        memos: tuple[dict[int, tuple[object, SourceLayout, _Resolved]], ...] = ({}, {})
+        for module, spec in plan.modules.items():
+            ep_module = spec.expert_parallel
+            memo = memos[ep_module]
+            prefix = f"{module}." if module else ""  # param_fqn, spelled once per module
+            for path, named in spec.params.items():
+                fqn = prefix + path
+                hit = memo.get(id(named))
+                if hit is None or hit[0] is not named:
+                    resolved = resolve(fqn, module, ep_module, named)
+                    if resolved is None:
+                        continue
+                    hit = memo[id(named)] = (named, resolved[0], resolved)
+                if hit[2][2]:
+                    enter(fqn, hit[2])
+                elif setdefault(fqn, hit[1]) is not hit[1]:
+                    self.declared_twice(fqn, self.entries[fqn], hit[1])
 
     def table(self, pairs: Iterable[Iterable[str]]) -> ParamLayoutTable:
         """The table of every parameter added, tied ones merged, or every problem."""
@@ -569,12 +592,7 @@ def build_table(
         )
         raise PlanError(_problem_report([LayoutError(msg)]), problems=[LayoutError(msg)])
     else:
-        add = builder.add
-        for module, spec in plan.modules.items():
-            ep_module = spec.expert_parallel
-            prefix = f"{module}." if module else ""  # param_fqn, spelled once per module
-            for path, named in spec.params.items():
-                add(prefix + path, module, ep_module, named)
+        builder.add_plan(plan)
     return builder.table(pairs)
 
 
@@ -597,22 +615,30 @@ def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> 
         for module, spec in plan.modules.items()
         for path, named in spec.params.items()
     )
-    # What each answer of the matcher means: the rule to apply, None for none (or a tie,
-    # reported once). Few distinct answers for a million FQNs, so decided once each.
-    decided: dict[tuple[int, ...], _PlanRule | None] = {}
-    match, add = matcher.match, builder.add
+    # What each answer of the matcher resolves to: None for no key, a tie (reported
+    # once) or a problem. Few distinct answers for a million FQNs, so decided once each,
+    # except that problems are reported for every FQN they concern.
+    decided: dict[tuple[int, ...], _Resolved | None] = {}
+    match, enter = matcher.match, builder.enter
+    setdefault = builder.entries.setdefault
     for fqn in fqns:
         raw: object = fqn
         if type(raw) is not str or not raw:
             check_fqn(raw, "fqns")
         found = match(fqn)
         if found in decided:
-            decision = decided[found]
+            resolved = decided[found]
         else:
-            rules = [matcher.rule(i) for i in found]
-            decision = decided[found] = _decide(builder, fqn, rules)
-        if decision is not None:
-            add(fqn, decision[0], decision[1], decision[2])
+            rule = _decide(builder, fqn, [matcher.rule(i) for i in found])
+            resolved = None if rule is None else builder.resolve(fqn, *rule)
+            if resolved is not None or rule is None:
+                decided[found] = resolved
+        if resolved is None:
+            continue
+        if resolved[2]:
+            enter(fqn, resolved)
+        elif setdefault(fqn, resolved[0]) is not resolved[0]:
+            builder.declared_twice(fqn, builder.entries[fqn], resolved[0])
     for unused in matcher.unused():
         msg = (
             f"key {clip(unused.key)!r} of the plan matches no parameter FQN of the model; "
