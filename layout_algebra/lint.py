@@ -97,6 +97,20 @@ class LintProblem(LayoutError):
         self.kind = kind
         self.ranks: tuple[int, ...] = tuple(ranks)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # keyword-only fields: pickled (e.g. from a worker process) through a function
+        fields = (self.message, self.kind, self.fqn, self.ranks, self.axis, self.placement)
+        return (_lint_problem, (fields,))
+
+
+_Fields: TypeAlias = tuple[str, str, str, tuple[int, ...], str | None, str | None]
+"""A ``LintProblem``'s message, kind, FQN, ranks, axis and placement."""
+
+
+def _lint_problem(fields: _Fields) -> LintProblem:
+    message, kind, fqn, ranks, axis, placement = fields
+    return LintProblem(message, kind=kind, fqn=fqn, ranks=ranks, axis=axis, placement=placement)
+
 
 @attrs.frozen
 class LintNote:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import pickle
 import random
 import re
 from collections.abc import Callable, Mapping
@@ -382,6 +383,14 @@ def test_the_report_reads_and_serialises() -> None:
     assert "largest: rank 0, 6 B; smallest: rank 5, 0 B" in text
     doc = report.to_dict()
     assert json.loads(json.dumps(doc)) == doc
+    (problem,) = pickle.loads(pickle.dumps(report.problems))
+    assert (problem.message, problem.kind, problem.fqn, problem.ranks, problem.axis) == (
+        report.problems[0].message,
+        "storage",
+        "experts.w1",
+        (2, 3, 6),
+        "dp_shard",
+    )
     problems = doc["problems"]
     assert isinstance(problems, list)
     assert problems[0]["ranks"] == [2, 3, 6]
