@@ -36,6 +36,7 @@ from layout_algebra.layout import (
     Drop,
     ParamLayoutTable,
     SourceLayout,
+    as_groups,
     check_fqn,
     partial_error,
 )
@@ -765,13 +766,37 @@ def _resolve_one(
 
 
 def _layouts(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:
-    return FrozenMap(value)
+    out = FrozenMap(value)
+    for fqn, layout in out.items():
+        raw: object = layout
+        if not isinstance(raw, SourceLayout):
+            msg = f"{quote(fqn)}: {quote(raw)} is not a SourceLayout"
+            raise LayoutError(msg)
+    return out
 
 
 def _changes(
     value: Mapping[str, tuple[SourceLayout, SourceLayout]],
 ) -> FrozenMap[str, tuple[SourceLayout, SourceLayout]]:
-    return FrozenMap(value)
+    out = FrozenMap(value)
+    for fqn, change in out.items():
+        raw: object = change
+        if not (
+            isinstance(raw, tuple)
+            and len(raw) == 2
+            and all(isinstance(x, SourceLayout) for x in raw)
+        ):
+            msg = f"changed[{quote(fqn)}] must be (old, new) SourceLayouts, got {quote(raw)}"
+            raise LayoutError(msg)
+    return out
+
+
+def _tied_added(groups: Iterable[Iterable[str]]) -> tuple[frozenset[str], ...]:
+    return as_groups(groups, "tied_added")
+
+
+def _tied_removed(groups: Iterable[Iterable[str]]) -> tuple[frozenset[str], ...]:
+    return as_groups(groups, "tied_removed")
 
 
 @attrs.frozen
@@ -785,8 +810,8 @@ class TableDiff:
     added: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
     removed: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
     changed: FrozenMap[str, tuple[SourceLayout, SourceLayout]] = attrs.field(converter=_changes)
-    tied_added: tuple[frozenset[str], ...] = ()
-    tied_removed: tuple[frozenset[str], ...] = ()
+    tied_added: tuple[frozenset[str], ...] = attrs.field(default=(), converter=_tied_added)
+    tied_removed: tuple[frozenset[str], ...] = attrs.field(default=(), converter=_tied_removed)
 
     def __bool__(self) -> bool:
         """Whether the two tables differ at all."""

@@ -98,7 +98,7 @@ class SourceLayout:
 
     def with_placements(self, placements: Iterable[Placement]) -> SourceLayout:
         """This layout with other placements on the same axes."""
-        return attrs.evolve(self, placements=tuple(placements))
+        return attrs.evolve(self, placements=placements)
 
     def with_mesh(self, mesh: str) -> SourceLayout:
         """This layout on the mesh of another role."""
@@ -190,17 +190,20 @@ def check_no_partial(fqn: str, layout: SourceLayout) -> None:
         raise error
 
 
-def _as_groups(groups: Iterable[Iterable[str]]) -> tuple[frozenset[str], ...]:
-    """The tied groups in one canonical order (by their sorted members).
+def as_groups(groups: Iterable[Iterable[str]], arg: str = "tied") -> tuple[frozenset[str], ...]:
+    """Groups of FQNs in one canonical order (by their sorted members).
 
-    So two tables that differ only in the order of their groups are equal.
+    So two tables that differ only in the order of their tied groups are equal.
+
+    Raises:
+        LayoutError: naming ``arg``: not a collection of collections of FQNs.
     """
     out: list[frozenset[str]] = []
-    for group in as_items(groups, "tied", "[('emb.weight', 'head.weight')]"):
-        members = as_items(group, "tied: each group", "('emb.weight', 'head.weight')")
+    for group in as_items(groups, arg, "[('emb.weight', 'head.weight')]"):
+        members = as_items(group, f"{arg}: each group", "('emb.weight', 'head.weight')")
         for fqn in members:
             if not is_fqn(fqn):
-                msg = f"tied: a group holds parameter FQNs, got {quote(fqn)} in {quote(members)}"
+                msg = f"{arg}: a group holds parameter FQNs, got {quote(fqn)} in {quote(members)}"
                 raise LayoutError(msg)
         out.append(frozenset(members))
     if len(out) > 1:
@@ -263,10 +266,8 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
     also equals any other ``Mapping`` with the same entries, as a read-only mapping does.
     """
 
-    _items: dict[str, SourceLayout] = attrs.field(
-        alias="entries", converter=_check_entries
-    )
-    tied: tuple[frozenset[str], ...] = attrs.field(default=(), kw_only=True, converter=_as_groups)
+    _items: dict[str, SourceLayout] = attrs.field(alias="entries", converter=_check_entries)
+    tied: tuple[frozenset[str], ...] = attrs.field(default=(), kw_only=True, converter=as_groups)
     dropped: tuple[Drop, ...] = attrs.field(
         default=(), kw_only=True, converter=_as_drops, eq=False, repr=False
     )

@@ -223,6 +223,12 @@ def _shapes() -> dict[str, Case]:
             (("tp", None),),
             {"mesh": "dense", "axes": ["tp"], "mesh_sizes": {"tp": 2}},
         ),
+        # Methods of the values take user input too.
+        "SourceLayout.placement_on": Case(LAYOUT.placement_on, ("tp",)),
+        "SourceLayout.with_placements": Case(LAYOUT.with_placements, ([Shard(1)],)),
+        "SourceLayout.with_mesh": Case(LAYOUT.with_mesh, ("expert",)),
+        "ParamLayoutTable.group_of": Case(TABLE.group_of, ("emb.weight",)),
+        "ParamLayoutTable.with_entries": Case(TABLE.with_entries, ({"x.weight": LAYOUT},)),
         "geometry.split_fsdp": Case(
             geometry.split_fsdp, (COMPOSED, {"dp_shard": 2, "tp": 2}), {"owned": FSDP_OWNED_AXES}
         ),
