@@ -732,7 +732,7 @@ def compose_table(
     """
     raw: object = table
     if not isinstance(raw, ParamLayoutTable):
-        msg = f"table must be a ParamLayoutTable, got {type(raw).__name__} {table!r:.200}"
+        msg = f"table must be a ParamLayoutTable, got {type(raw).__name__} {quote(raw)}"
         raise LayoutError(msg)
     roles = as_fsdp_axes(fsdp)
     sizes = as_role_sizes(mesh_sizes)

@@ -365,6 +365,18 @@ def shapes_from_safetensors(path: str | os.PathLike[str]) -> Mapping[str, ParamS
     if not isinstance(raw, str | os.PathLike):
         msg = f"path must be a file path, got {quote(raw)}"
         raise LayoutError(msg)
+    name: object = os.fspath(path)
+    if not isinstance(name, str):
+        msg = f"path must name a file with text, got {quote(name)}"
+        raise LayoutError(msg)
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError as e:
+        msg = f"path {quote(raw)} cannot be a file name on this system ({e.reason}); check the path"
+        raise LayoutError(msg) from e
+    if "\0" in name:
+        msg = f"path {quote(raw)} holds a NUL character; check the path"
+        raise LayoutError(msg)
     p = Path(path)
     shapes = _index_shapes(p) if p.suffix == ".json" else _file_shapes(p)
     return FrozenMap(shapes)

@@ -378,8 +378,6 @@ HOSTILE = st.integers(0, len(HOSTILE_VALUES) - 1).map(_hostile)
 
 
 KNOWN_FAILURES: dict[str, str] = {
-    "compose_table": "compose_table quotes a wrong-typed table with !r (a 5,000-digit int fails)",
-    "shapes_from_safetensors": "a path holding a lone surrogate raises UnicodeEncodeError",
 }
 """Callables of other modules still failing the property (xfails, not strict: Hypothesis
 may not meet the failing value in every run). Remove a name once its module is fixed."""
