@@ -48,6 +48,21 @@ class LayoutError(ValueError):
         """The message the error was raised with."""
         return str(self.args[0])
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # The leaves take their context as keyword-only arguments, which the default
+        # exception pickling (``cls(*args)``) cannot pass: rebuild from args and state.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(
+    cls: type[LayoutError], args: tuple[object, ...], state: dict[str, object]
+) -> LayoutError:
+    """A pickled ``LayoutError`` (any subclass) with its message and context restored."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class PlacementSyntaxError(LayoutError):
     """Text that is not a placement of the DSL.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Callable
+
 import pytest
 
 import layout_algebra
@@ -131,3 +134,50 @@ def test_a_plan_error_can_be_caught_as_a_value_error() -> None:
     plan = ShardingPlan({"m": ModulePlan({"w": {"dp": Shard(0)}})}, mesh_axes=["tp"])
     with pytest.raises(ValueError, match="the plan has 1 problem:"):
         build_table(plan, ["tp"])
+
+
+def _raised(call: Callable[[], object]) -> LayoutError:
+    with pytest.raises(LayoutError) as info:
+        call()
+    return info.value
+
+
+def _real_errors() -> list[LayoutError]:
+    """One error of each kind, raised by the package itself."""
+    from layout_algebra import (  # noqa: PLC0415 - only this test needs them
+        ParamLayoutTable,
+        SourceLayout,
+        merge_tied,
+        serialization,
+    )
+
+    conflicting = ParamLayoutTable(
+        {
+            "a.weight": SourceLayout("dense", ["tp"], [Shard(0)]),
+            "b.weight": SourceLayout("dense", ["tp"], [Shard(1)]),
+        }
+    )
+    typo = ShardingPlan(
+        {"attn": ModulePlan({"wq.weight": {"tpp": Shard(0)}})}, mesh_axes=["dp_shard", "tp"]
+    )
+    return [
+        _raised(lambda: parse_placement("shard(x)")),
+        _raised(lambda: resolve({"dp_shard": Shard(0)}, ["dp_shard", "tp"], fqn="w")),
+        _raised(lambda: resolve({"tpp": Shard(0)}, ["tp"], fqn="w")),
+        _raised(lambda: merge_tied(conflicting, [("a.weight", "b.weight")])),
+        _raised(lambda: build_table(typo, ["dp_shard", "tp"])),
+        _raised(lambda: serialization.from_json('{"version": 1, "entries": 5, "tied": []}')),
+    ]
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_every_error_pickles_with_its_context(protocol: int) -> None:
+    for error in _real_errors():
+        back = pickle.loads(pickle.dumps(error, protocol))
+        assert type(back) is type(error)
+        assert str(back) == str(error)
+        assert (back.fqn, back.axis, back.placement) == (error.fqn, error.axis, error.placement)
+        assert sorted(vars(back)) == sorted(vars(error))
+        if isinstance(error, PlanError):
+            assert isinstance(back, PlanError)
+            assert [str(p) for p in back.problems] == [str(p) for p in error.problems]

@@ -377,8 +377,7 @@ def _hostile(i: int) -> object:
 HOSTILE = st.integers(0, len(HOSTILE_VALUES) - 1).map(_hostile)
 
 
-KNOWN_FAILURES: dict[str, str] = {
-}
+KNOWN_FAILURES: dict[str, str] = {}
 """Callables of other modules still failing the property (xfails, not strict: Hypothesis
 may not meet the failing value in every run). Remove a name once its module is fixed."""
 
