@@ -52,7 +52,7 @@ from layout_algebra.torch_bridge._plans import Problems, axis_in, check_module, 
 
 __all__ = ["ParallelizePlan", "plan_from_parallelize"]
 
-ParallelizePlan: TypeAlias = "ParallelStyle | Mapping[str, ParallelizePlan]"
+ParallelizePlan: TypeAlias = ParallelStyle | Mapping[str, "ParallelizePlan"]
 """What ``parallelize_module`` takes: one style for the module, or styles by key."""
 
 _Kind: TypeAlias = Literal["colwise", "rowwise", "sequence", "prepare"]
