@@ -875,8 +875,16 @@ def _draw(args: argparse.Namespace, out: TextIO) -> int:
 
 def _demo(args: argparse.Namespace, out: TextIO) -> int:
     # demo imports torch: only this subcommand pays for it
-    from layout_algebra import _demo  # noqa: PLC0415 (torch stays unloaded for the others)
-
+    try:
+        from layout_algebra import _demo  # noqa: PLC0415 (torch stays unloaded for the others)
+    except ImportError as e:
+        if not (e.name or "").startswith("torch") and "needs torch" not in str(e):
+            raise  # not torch missing: a real fault, not the user's
+        msg = (
+            "demo runs a model on a simulated mesh and needs torch, which is not installed; "
+            "pip install 'layout_algebra[torch]'"
+        )
+        raise _Problem(msg) from None
     return _demo.run(rank=args.rank, verify=args.verify, as_json=args.json, out=out)
 
 

@@ -188,3 +188,12 @@ def test_bridge_names_the_extra(no_torch_env: dict[str, str]) -> None:
     assert kind == "ImportError"
     assert "layout_algebra.torch_bridge needs torch" in message
     assert "pip install 'layout_algebra[torch]'" in message
+
+
+def test_demo_names_the_extra(no_torch_env: dict[str, str]) -> None:
+    result = run(no_torch_env, ["-m", "layout_algebra", "demo"])
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert "pip install 'layout_algebra[torch]'" in result.stderr
