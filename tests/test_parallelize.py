@@ -45,7 +45,7 @@ from layout_algebra import (
 )
 from layout_algebra.torch_bridge import plan_from_parallelize, table_from_module
 from layout_algebra.torch_bridge.parallelize import ParallelizePlan
-from tests.models import Sizes, TiedTP, TinyLlama
+from tests.models import Sizes, TiedTP, TinyLlama, hf_llama
 from tests.torch_oracle import MeshFactory, coordinates, dtensor_shape_and_offset, layout_of
 
 SIZES = Sizes(vocab=50)
@@ -126,20 +126,15 @@ def tiny_llama() -> TinyLlama:
         return TinyLlama(SIZES)
 
 
-def hf_llama() -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - slow import
-
-    config = LlamaConfig(
-        vocab_size=SIZES.vocab,
+def transformers_llama() -> nn.Module:
+    """transformers' Llama on the meta device: 4 query and 2 key/value heads of 8."""
+    return hf_llama(
+        SIZES,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        tie_word_embeddings=False,
     )
-    with torch.device("meta"):
-        return LlamaForCausalLM(config)
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,7 +212,7 @@ def fully_shard_blocks(module: nn.Module, blocks: nn.ModuleList, mesh: DeviceMes
 
 MODELS = {
     "local": (tiny_llama, llama_plan),
-    "transformers": (hf_llama, hf_llama_plan),
+    "transformers": (transformers_llama, hf_llama_plan),
 }
 
 
@@ -525,9 +520,14 @@ def test_arguments_are_checked() -> None:
         match=r"plan_from_parallelize\(module=\.\.\.\) must be a torch.nn.Module, got None",
     ):
         plan_from_parallelize(None, {}, mesh_axes=AXES)  # type: ignore[arg-type]  # wrong on purpose
-    with pytest.raises(LayoutError, match=r"axis='tp' is not one of mesh_axes \['dp_shard'\]"):
+    with pytest.raises(
+        LayoutError,
+        match=r"^plan_from_parallelize\(axis=\.\.\.\): 'tp' is not one of mesh_axes \['dp_shard'\]",
+    ):
         plan_from_parallelize(_meta(Block), {}, mesh_axes=["dp_shard"])
-    with pytest.raises(LayoutError, match=r"mesh_axes must be a collection"):
+    with pytest.raises(
+        LayoutError, match=r"^plan_from_parallelize\(mesh_axes=\.\.\.\) must be a collection"
+    ):
         plan_from_parallelize(_meta(Block), {}, mesh_axes="tp")
     with pytest.raises(PlanError, match=r"plan key 3 is not a string"):
         plan_from_parallelize(_meta(Block), {3: ColwiseParallel()}, mesh_axes=AXES)  # type: ignore[dict-item]  # wrong on purpose

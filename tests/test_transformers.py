@@ -475,6 +475,12 @@ def test_not_a_transformers_model() -> None:
         LayoutError, match=r"plan_from_hf\(model=\.\.\.\) must be a torch.nn.Module"
     ):
         plan_from_hf("llama", mesh_axes=AXES)  # type: ignore[arg-type]  # wrong on purpose
+    with pytest.raises(LayoutError, match=r"^plan_from_hf\(ep_axis=\.\.\.\): "):
+        plan_from_hf(llama(), ep_axis=3, mesh_axes=AXES)  # type: ignore[arg-type]  # wrong on purpose
+    with pytest.raises(
+        LayoutError, match=r"^plan_from_hf\(mesh_axes=\.\.\.\) must be a collection"
+    ):
+        plan_from_hf(llama(), mesh_axes="tp")
     with torch.device("meta"):
         model = Holder({"probe.weight": "colwise"})
     model.all_tied_weights_keys = {"head.weight": "probe.weight"}

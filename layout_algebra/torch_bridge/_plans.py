@@ -57,11 +57,15 @@ def check_module(module: object, arg: str) -> nn.Module:
 
 def axis_in(axis: AxisLike, axes: tuple[AxisName, ...], arg: str) -> AxisName:
     """``axis`` checked to be one of ``mesh_axes``; ``arg`` names the argument."""
-    name = as_axis(axis)
+    try:
+        name = as_axis(axis)
+    except LayoutError as e:
+        msg = f"{arg}: {e.message}"
+        raise LayoutError(msg) from None
     if name not in axes:
         msg = (
-            f"{arg}={name.name!r} is not one of mesh_axes {[a.name for a in axes]}; add it to "
-            f"mesh_axes or pass the {arg} this run shards over"
+            f"{arg}: {name.name!r} is not one of mesh_axes {[a.name for a in axes]}; add it to "
+            "mesh_axes or name the axis this run's plan shards over"
         )
         raise LayoutError(msg, axis=name.name)
     return name

@@ -284,8 +284,8 @@ def plan_from_parallelize(
             module — each a case where torch raises, or warns and skips.
     """
     root = check_module(module, "plan_from_parallelize(module=...)")
-    axes = as_axes(mesh_axes, "mesh_axes")
-    name = axis_in(axis, axes, "axis").name
+    axes = as_axes(mesh_axes, "plan_from_parallelize(mesh_axes=...)")
+    name = axis_in(axis, axes, "plan_from_parallelize(axis=...)").name
     problems = Problems("plan_from_parallelize")
     walk = _Walk(problems)
     walk.plan(root, "", plan, "")

@@ -233,10 +233,15 @@ class _Placer:
         self.placed[fqn] = (axis.name, p, source)
 
 
-def _active(axis: AxisLike | None, axes: tuple[AxisName, ...]) -> AxisName | None:
+def _active(axis: AxisLike | None, axes: tuple[AxisName, ...], arg: str) -> AxisName | None:
+    """``axis`` when it is one of ``axes`` (its plan is read), else ``None``."""
     if axis is None:
         return None
-    name = as_axis(axis)
+    try:
+        name = as_axis(axis)
+    except LayoutError as e:
+        msg = f"plan_from_hf({arg}=...): {e.message}; give an axis name, or None"
+        raise LayoutError(msg) from None
     return name if name in axes else None
 
 
@@ -286,9 +291,9 @@ def plan_from_hf(
             "torch plan, or write the ShardingPlan"
         )
         raise LayoutError(msg)
-    axes = as_axes(mesh_axes, "mesh_axes")
-    tp = _active(tp_axis, axes)
-    ep = _active(ep_axis, axes)
+    axes = as_axes(mesh_axes, "plan_from_hf(mesh_axes=...)")
+    tp = _active(tp_axis, axes, "tp_axis")
+    ep = _active(ep_axis, axes, "ep_axis")
     problems = Problems("plan_from_hf")
     tp_rules = _read_plan(root, "tp_plan", problems) if tp is not None else {}
     ep_rules = _read_plan(root, "ep_plan", problems) if ep is not None else {}
