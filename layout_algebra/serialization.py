@@ -26,8 +26,11 @@ structures with their converter), ``make_converter()`` returns a new configured 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain, repeat
 from json.encoder import encode_basestring_ascii
+from operator import itemgetter
 from typing import Any, Final, TypeVar, cast
 
 import cattrs
@@ -500,20 +503,25 @@ def _layout_obj(layout: SourceLayout) -> dict[str, object]:
     }
 
 
-def _table_obj(table: ParamLayoutTable) -> dict[str, object]:
-    """The table's document: the one place its envelope is written."""
-    cache: dict[int, dict[str, object]] = {}
-    entries: dict[str, object] = {}
-    for fqn, layout in table.items():
-        obj = cache.get(id(layout))
-        if obj is None:
-            obj = cache[id(layout)] = _layout_obj(layout)
-        entries[fqn] = obj
+def _table_doc(table: ParamLayoutTable, entries: Mapping[str, object]) -> dict[str, object]:
+    """The table's document around ``entries``: the one place its envelope is written."""
     return {
         "version": FORMAT_VERSION,
         "entries": entries,
         "tied": [sorted(g) for g in table.tied],
     }
+
+
+def _table_obj(table: ParamLayoutTable) -> dict[str, object]:
+    """The table's document, every layout as its object."""
+    # Tables share layout objects: write each distinct one once (by id: the list holds
+    # them all), then pair the FQNs with those objects without a Python loop per entry.
+    layouts = list(table.values())
+    distinct = dict(zip(map(id, layouts), layouts, strict=True))
+    objs = {key: _layout_obj(layout) for key, layout in distinct.items()}
+    return _table_doc(
+        table, dict(zip(table.keys(), map(objs.__getitem__, map(id, layouts)), strict=True))
+    )
 
 
 def _module_obj(spec: ModulePlan) -> dict[str, object]:
@@ -571,24 +579,36 @@ def _dumps_cached(cache: dict[int, str]) -> Callable[[object], str]:
     return dumps
 
 
-def _lay_out(doc: Mapping[str, object], spread: frozenset[str]) -> str:
+def _lay_out(
+    doc: Mapping[str, object],
+    spread: frozenset[str],
+    objs: Mapping[str, Callable[[Any], object]] | None = None,
+) -> str:
     """The document as text: its fields one per line, the objects ``spread`` names one
-    item per line, the rest as ``json.dumps`` writes it (ASCII, so any FQN is safe)."""
+    item per line, the rest as ``json.dumps`` writes it (ASCII, so any FQN is safe).
+
+    ``objs`` maps the path of a spread object's items (``entries.*``) to what makes each
+    item its JSON object, when the document holds the values themselves there (a
+    table's layouts): each distinct one is made and written once.
+    """
     dumps = _dumps_cached({})
     quote_key = encode_basestring_ascii  # what dumps does with a str, without its set-up
     # the paths of objects that hold a spread object deeper down: written inline, by item
     holders = {p.rsplit(".", 1)[0] for p in spread if "." in p}
+    made = {} if objs is None else objs
 
     def value(v: object, path: str, indent: int) -> str:
-        if type(v) is dict:
+        if isinstance(v, Mapping):
             if path in spread:
                 if not v:
                     return "{}"
                 pad, inner = " " * (indent + 1), f"{path}.*"
-                lines = [
-                    f"{pad}{quote_key(k)}: {value(x, inner, indent + 1)}" for k, x in v.items()
-                ]
-                return "{\n" + ",\n".join(lines) + "\n" + " " * indent + "}"
+                if inner in spread or inner in holders:
+                    lines = [
+                        f"{pad}{quote_key(k)}: {value(x, inner, indent + 1)}" for k, x in v.items()
+                    ]
+                    return "{\n" + ",\n".join(lines) + "\n" + " " * indent + "}"
+                return _spread_flat(v, pad, indent, made.get(inner), dumps)
             if path in holders:
                 items = [f"{quote_key(k)}: {value(x, f'{path}.{k}', indent)}" for k, x in v.items()]
                 return "{" + ", ".join(items) + "}"
@@ -596,6 +616,34 @@ def _lay_out(doc: Mapping[str, object], spread: frozenset[str]) -> str:
 
     fields = [f"{quote_key(k)}: {value(v, k, 1)}" for k, v in doc.items()]
     return "{" + ",\n ".join(fields) + "}"
+
+
+def _spread_flat(
+    v: Mapping[str, object],
+    pad: str,
+    indent: int,
+    make: Callable[[Any], object] | None,
+    dumps: Callable[[object], str],
+) -> str:
+    """A non-empty object one item per line, each item as ``json.dumps`` writes it (or
+    its object, ``make(item)``).
+
+    Each distinct item is written once, and the text joined in one go from its pieces:
+    ``"key"``, then ``: value,\n`` and the next line's pad (the last without them).
+    """
+    items = list(v.values())
+    distinct = dict(zip(map(id, items), items, strict=True))
+    if make is None:
+        texts = {key: dumps(x) for key, x in distinct.items()}
+    else:  # made objects are new: never in dumps' cache by id
+        texts = {key: json.dumps(make(x)) for key, x in distinct.items()}
+    after = {key: f": {text},\n{pad}" for key, text in texts.items()}
+    keys = map(encode_basestring_ascii, v)
+    rest = map(after.__getitem__, map(id, items))
+    pieces = ["{\n", pad]
+    pieces.extend(chain.from_iterable(zip(keys, rest, strict=True)))
+    pieces[-1] = f": {texts[id(items[-1])]}\n{' ' * indent}}}"
+    return "".join(pieces)
 
 
 def _checked(value: object, kind: type[_T], fn: str) -> _T:
@@ -619,17 +667,102 @@ def to_json(table: ParamLayoutTable) -> str:
     Raises:
         SerializationError: ``table`` is not a ``ParamLayoutTable``.
     """
-    return _lay_out(_table_obj(_checked(table, ParamLayoutTable, "to_json")), _TABLE_SPREAD)
+    checked = _checked(table, ParamLayoutTable, "to_json")
+    return _lay_out(_table_doc(checked, checked), _TABLE_SPREAD, {"entries.*": _layout_obj})
 
 
 def from_json(text: str | bytes) -> ParamLayoutTable:
     """The table a version-1 JSON document describes.
 
+    A document exactly as ``to_json`` writes it is read by its lines (each distinct
+    layout once); any other text, or one that does not come out identical when written
+    again, is read by the strict reader, which reports the first bad value.
+
     Raises:
         SerializationError: the text is not such a document; the message and ``.path``
             give the JSON path of the first bad value.
     """
+    table = _read_written(text)
+    if table is not None:
+        return table
     return _table(_load(text))
+
+
+_HEAD: Final = f'{{"version": {FORMAT_VERSION},\n "entries": {{\n  "'
+_NEXT: Final = '\n  "'
+_SPLIT: Final = '": {"mesh": '
+_TIED: Final = '\n },\n "tied": '
+"""The fixed pieces of a table document as ``to_json`` writes it: its head, what
+begins each entry after the first, what follows each entry's FQN, what ends the
+entries."""
+
+
+def _written_entries(text: str) -> tuple[list[str], list[str], str] | None:
+    """A document as ``to_json`` lays it out, split: the FQNs, each one's layout text
+    (its comma kept) and the tied groups' text; ``None`` when the text is not laid out so.
+
+    The text is ``_HEAD``, then ``fqn + _SPLIT + layout`` per entry joined by ``_NEXT``,
+    then ``_TIED``, the tied groups and ``}``: exactly, since each piece is split once;
+    every FQN is non-empty and one JSON writes as it is.
+    """
+    end = text.rfind(_TIED)
+    if not text.startswith(_HEAD) or not text.endswith("]}") or end < len(_HEAD):
+        return None
+    pieces = text[len(_HEAD) : end].split(_NEXT)
+    pairs = list(map(str.split, pieces, repeat(_SPLIT), repeat(1)))
+    del pieces
+    try:
+        fqns = list(map(itemgetter(0), pairs))
+        tails = list(map(itemgetter(1), pairs))
+    except IndexError:  # a piece that is not `fqn": {"mesh": ...`
+        return None
+    # FQNs JSON writes as they are: printable ASCII (no newline), no quote, no backslash
+    joined = "".join(fqns)
+    if not joined.isascii() or not joined.isprintable() or '"' in joined or "\\" in joined:
+        return None
+    return (fqns, tails, text[end + len(_TIED) : -1]) if all(fqns) else None
+
+
+def _read_written(text: object) -> ParamLayoutTable | None:
+    """The table of a document laid out exactly as ``to_json`` lays it out, else ``None``.
+
+    Every entry of such a document is ``  "fqn": {"mesh": ...},`` on a line of its own:
+    the entries are split apart at C speed (``_written_entries``), each distinct layout
+    text is read by the strict reader and must be written the way ``to_json`` writes it,
+    and the tied groups likewise. So the text is exactly ``to_json`` of the
+    table returned; anything else (escapes, other spacing, a key twice, another order of
+    groups, any bad value) is left to the strict reader.
+    """
+    if type(text) is bytes and text.isascii():
+        text = text.decode("ascii")
+    if type(text) is not str:
+        return None
+    split = _written_entries(text)
+    if split is None:
+        return None
+    fqns, tails, tied_text = split
+    last = tails[-1]
+    layouts: dict[str, SourceLayout] = {}
+    try:
+        for tail, n in Counter(tails).items():
+            obj = _SPLIT[3:] + tail.removesuffix(",")
+            layout = _entry("<entry>", _load(obj), "entries")
+            # every entry but the last ends with a comma; each as to_json writes it
+            if (
+                tail.endswith(",") == (tail == last)
+                or (tail == last and n > 1)
+                or json.dumps(_layout_obj(layout)) != obj
+            ):
+                return None
+            layouts[tail] = layout
+        entries = CheckedEntries(zip(fqns, map(layouts.__getitem__, tails), strict=True))
+        if len(entries) != len(fqns):  # an FQN twice
+            return None
+        del fqns, tails
+        table = ParamLayoutTable(entries, tied=_tied_groups(_load(tied_text), "tied", entries))
+    except LayoutError:
+        return None
+    return table if json.dumps([sorted(g) for g in table.tied]) == tied_text else None
 
 
 def plan_to_json(plan: ShardingPlan) -> str:
