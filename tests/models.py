@@ -13,6 +13,7 @@ meta device when no data is needed (``with torch.device("meta"): TinyMoE()``).
   Both take :class:`Sizes`, whose vocabulary (37) splits evenly over no mesh axis.
 - :func:`hf_llama` and :func:`hf_moe`: transformers' own Llama and Qwen3-MoE, tiny, on
   the meta device, for tests of their ``tp_plan``/``ep_plan``.
+- :func:`param_values`: a model's values by FQN, to compare it with once laid out.
 """
 
 from __future__ import annotations
@@ -46,7 +47,14 @@ __all__ = [
     "hf_moe",
     "llama_plan",
     "moe_plan",
+    "param_values",
 ]
+
+
+def param_values(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's values by FQN (each alias too), cloned: what a test compares the
+    model with after laying it out."""
+    return {fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)}
 
 
 class OneParam(nn.Module):

@@ -30,7 +30,6 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import Shard as TorchShard
@@ -45,8 +44,8 @@ from layout_algebra import (
 from layout_algebra.checkpoint import Chunk, dcp_chunks, reshard_plan
 from layout_algebra.geometry import compose_table
 from layout_algebra.torch_bridge import distribute
-from tests.models import TiedTP
-from tests.torch_oracle import on_gloo
+from tests.models import TiedTP, param_values
+from tests.torch_oracle import MeshFactory, on_gloo
 
 WORLD_SIZE: Final = 4
 SEED: Final = 0
@@ -178,11 +177,10 @@ def scenario(rank: int, checkpoint: str) -> dict[str, object]:
     failures: list[str] = []
     torch.manual_seed(SEED)
     model = make_model()
-    originals = {
-        fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)
-    }
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
-    emesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("edp_shard", "ep"))
+    originals = param_values(model)
+    meshes = MeshFactory(WORLD_SIZE)
+    mesh = meshes({"dp_shard": 2, "tp": 2})
+    emesh = meshes({"edp_shard": 2, "ep": 2})
     distribute(model, save_table(), {"dense": mesh, "expert": emesh})
     fully_shard(model.experts, mesh=emesh["edp_shard"])
     fully_shard(model, mesh=mesh["dp_shard"])
@@ -190,8 +188,8 @@ def scenario(rank: int, checkpoint: str) -> dict[str, object]:
 
     torch.manual_seed(SEED + 1)  # other values, so the load must bring the originals
     fresh = make_model()
-    tp4 = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
-    emesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ep", "edp_shard"))
+    tp4 = meshes({"tp": 4})
+    emesh2 = meshes({"ep": 2, "edp_shard": 2})
     distribute(fresh, load_table(), {"dense": tp4, "expert": emesh2})
     fully_shard(fresh.experts, mesh=emesh2["edp_shard"], shard_placement_fn=lambda _: TorchShard(1))
     planner = RecordingPlanner()

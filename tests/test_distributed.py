@@ -20,14 +20,13 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from layout_algebra import ModulePlan, Placement, Shard, ShardingPlan, build_table
 from layout_algebra.torch_bridge import distribute, table_from_module, to_torch
-from tests.models import ToyModel
-from tests.torch_oracle import fsdp_block, on_gloo
+from tests.models import ToyModel, param_values
+from tests.torch_oracle import MeshFactory, fsdp_block, on_gloo
 
 WORLD_SIZE: Final = 4
 SEED: Final = 0
@@ -60,11 +59,10 @@ def scenario(rank: int, checkpoint: str) -> list[str]:
     failures: list[str] = []
     torch.manual_seed(SEED)
     model = make_model()
-    originals = {
-        fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)
-    }
+    originals = param_values(model)
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
+    meshes = MeshFactory(WORLD_SIZE)
+    mesh = meshes({"dp_shard": 2, "tp": 2})
     table = build_table(plan(emb=Shard(0), wq=Shard(0), wo=Shard(1)), mesh.mesh_dim_names or ())
     distribute(model, table, {"dense": mesh})
     fully_shard(model, mesh=mesh["dp_shard"])
@@ -97,7 +95,7 @@ def scenario(rank: int, checkpoint: str) -> list[str]:
 
     torch.manual_seed(SEED + 1)  # other values, so the load must bring the originals
     fresh = make_model()
-    tp4 = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
+    tp4 = meshes({"tp": 4})
     other = build_table(plan(emb=Shard(1), wq=Shard(1), wo=Shard(0)), ("tp",))
     distribute(fresh, other, {"dense": tp4})
     state = fresh.state_dict()

@@ -50,7 +50,7 @@ from layout_algebra.torch_bridge import (
     tied_pairs_from_module,
     to_torch,
 )
-from tests.models import ToyModel
+from tests.models import ToyModel, param_values
 from tests.strategies import placements
 from tests.torch_oracle import (
     MeshFactory,
@@ -504,9 +504,7 @@ def test_distribute_matches_torch(
 ) -> None:
     model = make_model()
     model.block(1).norm.requires_grad_(False)
-    originals = {
-        fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)
-    }
+    originals = param_values(model)
     distribute(model, table, meshes, src_data_rank=None)
 
     assert model.emb.weight is model.head.weight  # tied stays tied
