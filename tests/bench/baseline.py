@@ -23,6 +23,7 @@ from layout_algebra.plan import ModulePlan, ShardingPlan
 
 __all__ = [
     "DENSE_AXES",
+    "EXPERTS",
     "EXPERT_AXES",
     "MESH_AXES",
     "PARAMS_PER_LAYER",
@@ -31,8 +32,11 @@ __all__ = [
     "ModuleSpec",
     "PlainPlan",
     "PlainTable",
+    "fqns_of",
+    "fresh_moe_plan",
     "moe_plan",
     "param_count",
+    "pattern_plan",
     "resolve_plan",
     "sharding_plan",
 ]
@@ -200,4 +204,78 @@ def sharding_plan(plan: PlainPlan) -> ShardingPlan:
     modules: dict[str, ModulePlan] = {}
     for module, spec in plan.items():
         modules[module] = ModulePlan(spec["params"], expert_parallel=spec["ep_size"] > 0)
+    return ShardingPlan(modules, mesh_axes=MESH_AXES, tied_pairs=TIED)
+
+
+# ---------------------------------------------------------------------------------------
+# the planner that writes a new dict per parameter, and the same model by pattern
+
+EXPERTS: Final = 64
+
+
+def fresh_moe_plan(n: int, experts: int = EXPERTS) -> PlainPlan:
+    """The plan of ``moe_plan(n)`` as a planner looping over modules writes it.
+
+    Every parameter gets a new dict with new placement objects (``{"tp": Shard(0)}``
+    spelled out per parameter), as code that walks the model and fills in each module's
+    plan does; ``experts`` routed experts per MoE layer (the ``ep`` group's size).
+    """
+    layers = max(1, (n - 3) // PARAMS_PER_LAYER)
+    plan: PlainPlan = {"tok_embeddings": {"params": {"weight": {"tp": Shard(0)}}, "ep_size": 0}}
+    for i in range(layers):
+        prefix = f"layers.{i}"
+        plan[f"{prefix}.attention"] = {
+            "params": {
+                "wq.weight": {"tp": Shard(0)},
+                "wk.weight": {"tp": Shard(0)},
+                "wv.weight": {"tp": Shard(0)},
+                "wo.weight": {"tp": Shard(1)},
+            },
+            "ep_size": 0,
+        }
+        plan[f"{prefix}.attention_norm"] = {
+            "params": {"weight": {"tp": Replicate()}},
+            "ep_size": 0,
+        }
+        plan[f"{prefix}.ffn_norm"] = {"params": {"weight": {"tp": Replicate()}}, "ep_size": 0}
+        plan[f"{prefix}.moe"] = {
+            "params": {
+                "router.gate.weight": {"dp_shard": Replicate()},
+                "experts.w1": {"ep": Shard(0), "tp": Shard(2)},
+                "experts.w2": {"ep": Shard(0), "tp": Shard(1)},
+                "experts.w3": {"ep": Shard(0), "tp": Shard(2)},
+                "shared_expert.w1.weight": {"tp": Shard(0)},
+                "shared_expert.w2.weight": {"tp": Shard(1)},
+                "shared_expert.w3.weight": {"tp": Shard(0)},
+            },
+            "ep_size": experts,
+        }
+    plan["norm"] = {"params": {"weight": {"tp": Replicate()}}, "ep_size": 0}
+    plan["output"] = {"params": {"weight": {"tp": Shard(0)}}, "ep_size": 0}
+    return plan
+
+
+def fqns_of(plan: PlainPlan) -> list[str]:
+    """Every parameter FQN of ``plan``, in its order: the model's ``named_parameters``."""
+    return [f"{module}.{path}" for module, spec in plan.items() for path in spec["params"]]
+
+
+def pattern_plan() -> ShardingPlan:
+    """The plan of ``moe_plan`` written once by pattern: 7 module keys, 16 parameter rules.
+
+    ``layers.*.attention`` and the like match every layer; with the model's FQNs
+    (``fqns_of``) it gives the same table as ``sharding_plan(moe_plan(n))``.
+    """
+    layer = {
+        "attention": ModulePlan(_ATTENTION),
+        "attention_norm": ModulePlan({"weight": NORM}),
+        "ffn_norm": ModulePlan({"weight": NORM}),
+        "moe": ModulePlan(_MOE, expert_parallel=True),
+    }
+    modules: dict[str, ModulePlan] = {
+        "tok_embeddings": ModulePlan({"weight": VOCAB}),
+        **{f"layers.*.{name}": spec for name, spec in layer.items()},
+        "norm": ModulePlan({"weight": NORM}),
+        "output": ModulePlan({"weight": VOCAB}),
+    }
     return ShardingPlan(modules, mesh_axes=MESH_AXES, tied_pairs=TIED)
