@@ -32,9 +32,12 @@ from layout_algebra.geometry import (
     MAX_TENSOR_SIZE,
     FsdpAxes,
     as_role_sizes,
+    as_sizes,
+    check_layout,
     compose_table,
     local_shape_and_offset,
     plan_error,
+    size_of,
 )
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
@@ -143,11 +146,7 @@ class HasShape(Protocol):
 
 
 def _check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
-    raw: object = layout
-    who = f"{clip(fqn)}: " if fqn else ""
-    if not isinstance(raw, SourceLayout):
-        msg = f"{who}expected a SourceLayout such as dense[tp=S(0)], got {quote(layout)}"
-        raise LayoutError(msg, fqn=fqn)
+    check_layout(layout, fqn)
     error = partial_error(layout, fqn)
     if error is not None:
         # DCP refuses a DTensor with a pending reduction, and so does a checkpoint here.
@@ -239,21 +238,9 @@ def _check_shape(global_shape: Sequence[int], fqn: str | None = None) -> tuple[i
 
 
 def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None) -> None:
-    raw: object = sizes
-    if not isinstance(raw, Mapping):
-        msg = f"mesh_sizes must map axis name to int, such as {{'tp': 2}}, got {quote(sizes)}"
-        raise LayoutError(msg, fqn=fqn)
+    checked = as_sizes(sizes, "mesh_sizes")
     for axis in layout.axes:
-        size = sizes.get(axis.name)
-        if type(size) is not int or size < 1:
-            who = f"{clip(fqn)}: " if fqn else ""
-            shown = "no size" if size is None else f"size {quote(size)}"
-            msg = (
-                f"{who}{layout}: mesh_sizes has {shown} for axis {quote(axis.name)} (it has "
-                f"{quote(sorted(map(str, sizes)))}); give {{{quote(axis.name)}: n, ...}} "
-                "with n >= 1"
-            )
-            raise LayoutError(msg, fqn=fqn, axis=axis.name)
+        size_of(checked, axis, layout, fqn)
 
 
 def _chunks(

@@ -79,15 +79,18 @@ Runs: TypeAlias = tuple[range, ...]
 # arguments
 
 
-def _check_layout(layout: SourceLayout) -> None:
+def check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
+    """The one check that an argument named ``layout`` is a ``SourceLayout``."""
     raw: object = layout
     if not isinstance(raw, SourceLayout):
-        msg = f"layout: expected a SourceLayout such as dense[tp=S(0)], got {quote(raw)}"
-        raise LayoutError(msg)
+        who = f"{clip(fqn)}: " if fqn else ""
+        msg = f"{who}layout: expected a SourceLayout such as dense[tp=S(0)], got {quote(raw)}"
+        raise LayoutError(msg, fqn=fqn)
 
 
-def _as_sizes(values: Mapping[str, int], what: str, floor: int) -> dict[str, int]:
-    """``values`` keyed by plain axis name, each an int from ``floor`` to ``MAX_MESH_SIZE``."""
+def as_sizes(values: Mapping[str, int], what: str, floor: int = 1) -> dict[str, int]:
+    """``values`` (an argument named ``what``) keyed by plain axis name, each an int from
+    ``floor`` to ``MAX_MESH_SIZE``: the one check of mesh sizes and coordinates."""
     raw: object = values
     if not isinstance(raw, Mapping):
         msg = f"{what} must map axis name to int, such as {{'tp': 2}}, got {quote(raw)}"
@@ -109,15 +112,19 @@ def _as_sizes(values: Mapping[str, int], what: str, floor: int) -> dict[str, int
     return out
 
 
-def _size_of(sizes: Mapping[str, int], axis: AxisName, layout: SourceLayout) -> int:
+def size_of(
+    sizes: Mapping[str, int], axis: AxisName, layout: SourceLayout, fqn: str | None = None
+) -> int:
+    """The size of ``axis`` of ``layout`` in checked ``sizes``; the one "no size" message."""
     size = sizes.get(axis.name)
     if size is None:
+        who = f"{clip(fqn)}: " if fqn else ""
         msg = (
-            f"mesh_sizes has no size for axis {clip(axis.name)!r} of {clip(str(layout))} (it "
-            f"has {clip(str(sorted(sizes)))}); give mesh_sizes={{{clip(axis.name)!r}: n, ...}} "
-            "or fix the axis name"
+            f"{who}mesh_sizes has no size for axis {clip(axis.name)!r} of {clip(str(layout))} "
+            f"(it has {clip(str(sorted(sizes)))}); give mesh_sizes={{{clip(axis.name)!r}: n, "
+            "...} or fix the axis name"
         )
-        raise LayoutError(msg, axis=axis.name)
+        raise LayoutError(msg, fqn=fqn, axis=axis.name)
     return size
 
 
@@ -281,7 +288,7 @@ def compose_fsdp(
             exactly one shard axis, more than one replicate axis, an axis both FSDP's and
             the source's, a ``Partial``, an axis with no size in ``mesh_sizes``.
     """
-    _check_layout(layout)
+    check_layout(layout)
     shard = _shard_axis(shard_axis, shard_axes)
     replicate = as_axes(replicate_axes, "replicate_axes")
     _check_fsdp_mesh(shard, replicate)
@@ -289,10 +296,10 @@ def compose_fsdp(
     _check_source_rank(layout)
     _check_parameter(layout)
     _check_shard_dim(shard_dim)
-    sizes = _as_sizes(mesh_sizes, "mesh_sizes", floor=1)
+    sizes = as_sizes(mesh_sizes, "mesh_sizes", floor=1)
     axes = (*replicate, *shard, *layout.axes)
     for axis in axes:
-        _size_of(sizes, axis, layout)
+        size_of(sizes, axis, layout)
     # FSDP shards each source shard of shard_dim further: with tp=2 and ep=2 both on
     # S(0), every dp rank takes its slice of each of the 2 * 2 = 4 source shards.
     split_factor = math.prod(
@@ -442,13 +449,13 @@ def local_runs(
         LayoutError: a placement shards a dim the tensor lacks, an axis has no size or no
             index, or an index is outside its axis.
     """
-    _check_layout(layout)
+    check_layout(layout)
     shape = _check_shape(global_shape)
-    sizes = _as_sizes(mesh_sizes, "mesh_sizes", floor=1)
-    where = _as_sizes(coordinate, "coordinate", floor=0)
+    sizes = as_sizes(mesh_sizes, "mesh_sizes", floor=1)
+    where = as_sizes(coordinate, "coordinate", floor=0)
     runs: list[Runs] = [(range(n),) if n else () for n in shape]
     for axis, p in zip(layout.axes, layout.placements, strict=True):
-        size = _size_of(sizes, axis, layout)
+        size = size_of(sizes, axis, layout)
         index = _index_on(where, axis, size)
         match p:
             case Shard(dim):
@@ -547,7 +554,7 @@ def as_role_sizes(mesh_sizes: Mapping[str, Mapping[str, int]]) -> dict[str, dict
         if not isinstance(key, str) or not key:
             msg = f"mesh_sizes keys are mesh roles such as 'dense', got {quote(role)}"
             raise LayoutError(msg)
-        out[role] = _as_sizes(sizes, f"mesh_sizes[{quote(role)}]", floor=1)
+        out[role] = as_sizes(sizes, f"mesh_sizes[{quote(role)}]", floor=1)
     worlds = {role: _world_size(sizes) for role, sizes in out.items()}
     if len(set(worlds.values())) > 1:
         shown = ", ".join(f"{role}: {n} ranks" for role, n in worlds.items())
@@ -812,7 +819,7 @@ def split_fsdp(
             owned axis after a source axis, HSDP's first axis not ``R``, or placements on
             FSDP's axis other than those ``compose_fsdp`` gives the source layout.
     """
-    _check_layout(layout)
+    check_layout(layout)
     names = _owned_names(owned)
     k = 0
     while k < len(layout.axes) and layout.axes[k].name in names:
@@ -875,7 +882,7 @@ def _fsdp_chunk(
     if parts.shard is None:
         return source_runs
     dim = parts.shard_dim
-    size = _size_of(sizes, parts.shard, parts.source)
+    size = size_of(sizes, parts.shard, parts.source)
     index = _index_on(where, parts.shard, size)
     held = sum(map(len, source_runs[dim]))
     out = list(source_runs)
@@ -930,5 +937,5 @@ def fsdp_storage_runs(
         p = layout.placement_on(parts.shard)
         _check_dim(layout, parts.shard, p, parts.shard_dim, len(shape))
     runs = local_runs(shape, parts.source, mesh_sizes, coordinate)
-    where = _as_sizes(coordinate, "coordinate", floor=0)
-    return _fsdp_chunk(runs, parts, _as_sizes(mesh_sizes, "mesh_sizes", floor=1), where)
+    where = as_sizes(coordinate, "coordinate", floor=0)
+    return _fsdp_chunk(runs, parts, as_sizes(mesh_sizes, "mesh_sizes", floor=1), where)

@@ -22,7 +22,7 @@ from typing import Final, TypeAlias, assert_never
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import MAX_TENSOR_SIZE
+from layout_algebra.geometry import MAX_TENSOR_SIZE, as_sizes, check_layout, size_of
 from layout_algebra.layout import SourceLayout
 from layout_algebra.placements import (
     Partial,
@@ -42,13 +42,6 @@ _REPLICATE: Final = Replicate()
 _MAX_SHOWN: Final = 200
 
 
-def _check_layout(layout: SourceLayout) -> None:
-    raw: object = layout
-    if not isinstance(raw, SourceLayout):
-        msg = f"expected a SourceLayout such as dense[tp=S(0)], got {quote(layout)}"
-        raise LayoutError(msg)
-
-
 def _check_ndim(ndim: int) -> None:
     if type(ndim) is not int or not 0 <= ndim < 64:
         msg = f"ndim must be an int in [0, 64) (the tensor's rank), got {quote(ndim)}"
@@ -56,31 +49,7 @@ def _check_ndim(ndim: int) -> None:
 
 
 def _sizes(mesh_sizes: Mapping[str, int] | None, what: str) -> dict[str, int] | None:
-    if mesh_sizes is None:
-        return None
-    raw: object = mesh_sizes
-    if not isinstance(raw, Mapping):
-        msg = f"{what} must map axis name to int, such as {{'tp': 2}}, got {quote(mesh_sizes)}"
-        raise LayoutError(msg)
-    out: dict[str, int] = {}
-    for key, value in mesh_sizes.items():
-        name = as_axis(key).name
-        if type(value) is not int or value < 1:
-            msg = f"{what}[{quote(name)}] must be an int >= 1, got {quote(value)}"
-            raise LayoutError(msg, axis=name)
-        out[name] = value
-    return out
-
-
-def _size(sizes: Mapping[str, int], axis: AxisName, layout: SourceLayout) -> int:
-    size = sizes.get(axis.name)
-    if size is None:
-        msg = (
-            f"{layout}: mesh_sizes has no size for axis {quote(axis.name)} (it has "
-            f"{quote(sorted(sizes))}); give mesh_sizes={{{quote(axis.name)}: n, ...}}"
-        )
-        raise LayoutError(msg, axis=axis.name)
-    return size
+    return None if mesh_sizes is None else as_sizes(mesh_sizes, what)
 
 
 # ---------------------------------------------------------------------------------------
@@ -108,7 +77,7 @@ def _prefix_with_product(
     """The shortest prefix of ``entry`` whose sizes multiply to ``k``, by length; or None."""
     product = 1
     for length, axis in enumerate(entry, start=1):
-        product *= _size(sizes, axis, layout)
+        product *= size_of(sizes, axis, layout)
         if product == k:
             return length
         if product > k:
@@ -143,7 +112,7 @@ def _order(
             raise LayoutError(msg, axis=axis.name, placement=shown)
         position = _prefix_with_product(entry, k, sizes, layout)
         if position is None:
-            later_axes = ", ".join(f"{a.name}={_size(sizes, a, layout)}" for a in entry)
+            later_axes = ", ".join(f"{a.name}={size_of(sizes, a, layout)}" for a in entry)
             msg = (
                 f"{layout}: {shown} on axis {quote(axis.name)} is not the product of the sizes of "
                 f"more major axes sharding dim {dim} after it ({later_axes or 'none'}), so "
@@ -186,7 +155,7 @@ def to_partition_spec(
             that is no product of more major axes; with ``shape``, a dim the axes do not
             split evenly.
     """
-    _check_layout(layout)
+    check_layout(layout)
     _check_ndim(ndim)
     sizes = _sizes(mesh_sizes, "mesh_sizes")
     by_dim: dict[int, list[tuple[AxisName, int]]] = {}
@@ -246,7 +215,7 @@ def _check_even(
         if sizes is None:
             msg = f"{layout}: checking shape {tuple(shape)} needs mesh_sizes; give mesh_sizes="
             raise LayoutError(msg)
-        parts = math.prod(_size(sizes, as_axis(a), layout) for a in names)
+        parts = math.prod(size_of(sizes, as_axis(a), layout) for a in names)
         if type(n) is not int or n % parts:
             msg = (
                 f"{layout}: dim {dim} of shape {tuple(shape)} is {quote(n)} long, which "
