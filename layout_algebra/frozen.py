@@ -107,3 +107,14 @@ class FrozenMap(DictView[K, V], Generic[K, V]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._items!r})"
+
+
+def frozen_map_of(items: dict[K, V]) -> FrozenMap[K, V]:
+    """A ``FrozenMap`` that takes ``items`` over without a copy.
+
+    For the package's own freshly built dicts only: the caller keeps no reference to
+    ``items`` and nothing changes it afterwards.
+    """
+    frozen: FrozenMap[K, V] = object.__new__(FrozenMap)
+    object.__setattr__(frozen, "_items", items)
+    return frozen

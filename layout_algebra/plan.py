@@ -17,7 +17,7 @@ from layout_algebra._patterns import WILDCARD
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap
+from layout_algebra.frozen import FrozenMap, frozen_map_of
 from layout_algebra.layout import is_fqn
 from layout_algebra.placements import Placement, is_placement
 
@@ -104,10 +104,46 @@ def as_named(param: str, named: NamedLike) -> NamedPlacements:
     return shared
 
 
+_PATHS: set[str] = set()
+"""Parameter paths already checked: planners spell a handful in every layer (bounded, like
+the shared named placements)."""
+
+
+def _frozen_params(params: dict[object, object]) -> FrozenMap[str, NamedPlacements] | None:
+    """``params`` checked and frozen in one pass, or ``None`` for the full check.
+
+    That is when every path is a good one and every value a ``dict`` whose items equal
+    named placements already checked and frozen (``_SHARED``): a planner that writes a
+    new dict per parameter writes the same few again and again.
+    """
+    paths, get = _PATHS, _SHARED.get
+    out: dict[str, NamedPlacements] = {}
+    for path, named in params.items():
+        if type(path) is not str or type(named) is not dict:
+            return None
+        if path not in paths:
+            if not _is_path(path):
+                return None
+            if len(paths) < _MAX_SHARED and len(path) <= _MAX_SHARED_KEY:
+                paths.add(path)
+        try:
+            shared = get(tuple(named.items()))
+        except TypeError:  # an unhashable value: the full check reports it
+            return None
+        if shared is None:
+            return None
+        out[path] = shared
+    return frozen_map_of(out)
+
+
 def _as_params(
     params: Mapping[str, NamedLike],
 ) -> FrozenMap[str, NamedPlacements]:
     raw: object = params
+    if type(raw) is dict:
+        frozen = _frozen_params(raw)
+        if frozen is not None:
+            return frozen
     if not isinstance(raw, Mapping):
         msg = (
             f"a module plan's params must map parameter paths to named placements, got {quote(raw)}"
@@ -173,8 +209,34 @@ def _is_module_fqn(name: object) -> bool:
     return type(name) is str and (not name or _segments_ok(name))
 
 
+def _plain_modules(modules: dict[object, object]) -> bool:
+    """Whether every key of ``modules`` is a module FQN without ``*`` and every value a
+    ``ModulePlan``, checked at C speed (``False`` sends them to the full check).
+
+    The FQNs joined by newlines show an empty segment as ``..``, ``\n.``, ``.\n`` or a dot
+    at either end (an FQN holding a newline itself may look bad here: the full check then
+    decides).
+    """
+    try:
+        joined = "\n".join(modules)  # type: ignore[arg-type]  # a non-str raises TypeError
+    except TypeError:
+        return False
+    return not (
+        WILDCARD in joined
+        or ".." in joined
+        or "\n." in joined
+        or ".\n" in joined
+        or joined.startswith(".")
+        or joined.endswith(".")
+        or set(map(type, modules)) - {str}
+        or set(map(type, modules.values())) - {ModulePlan}
+    )
+
+
 def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]:
     raw: object = modules
+    if type(raw) is dict and _plain_modules(raw):
+        return FrozenMap(modules)
     if not isinstance(raw, Mapping):
         msg = f"a plan's modules must map module FQNs to ModulePlan, got {quote(raw)}"
         raise LayoutError(msg)
