@@ -372,6 +372,7 @@ def complete_default(
     mesh: str = "dense",
     owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
     plain: bool = False,
+    tied_pairs: Iterable[Iterable[str]] | None = None,
 ) -> ParamLayoutTable:
     """``table`` with an all-``Replicate`` layout over ``strip(axes)`` for each FQN it lacks.
 
@@ -381,9 +382,15 @@ def complete_default(
     name (FSDP then gives them its own placements only). Existing entries (and ``tied``)
     are kept as they are.
 
+    ``tied_pairs`` (such as ``plan.tied_pairs`` or ``tied_pairs_from_module(model)``) are
+    closed over the completed table with ``merge_tied``: a tie between parameters the plan
+    did not name (``build_table`` ignores a group with no member in its table) is then
+    recorded too, and completed members take their group's layout.
+
     Raises:
         LayoutError: every axis of ``axes`` is owned (and ``plain`` is false), so there is
             no source axis to replicate over.
+        TiedLayoutConflict: ``tied_pairs`` tie parameters whose layouts conflict.
     """
     _check_table(table, "table")
     _check_role(mesh)
@@ -404,12 +411,14 @@ def complete_default(
             "with a non-owned axis such as 'tp'"
         )
         raise LayoutError(msg)
+    pairs = None if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
     default = SourceLayout(mesh, source, (_REPLICATE,) * len(source))
     entries = CheckedEntries(table)
     for fqn in names:
         check_fqn(fqn, "fqns")
         entries.setdefault(fqn, default)
-    return ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)
+    completed = ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)
+    return completed if pairs is None else merge_tied(completed, pairs)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1167,3 +1167,28 @@ def test_a_plain_member_of_a_tied_group_takes_the_other_layout() -> None:
     other_role = ParamLayoutTable({"a": PLAIN, "b": expert(ep=S0)})
     with pytest.raises(TiedLayoutConflict, match="one mesh with the same axes"):
         merge_tied(other_role, [("a", "b")])
+
+
+def test_complete_default_closes_tied_pairs_over_the_completed_table() -> None:
+    # build_table keeps no group with no member in its table: a tie between two
+    # parameters the plan left plain comes back when the table is completed.
+    plan = ShardingPlan(
+        {"layers.0.wq": ModulePlan({"weight": {"tp": S0}})},
+        mesh_axes=DENSE,
+        tied_pairs=[("emb.weight", "head.weight")],
+    )
+    built = build_table(plan, DENSE)
+    assert built.tied == ()
+    fqns = ["emb.weight", "layers.0.wq.weight", "head.weight"]
+    done = complete_default(built, fqns, DENSE, plain=True, tied_pairs=plan.tied_pairs)
+    assert done.tied == (frozenset({"emb.weight", "head.weight"}),)
+    assert done["emb.weight"] == done["head.weight"] == PLAIN
+    assert complete_default(built, fqns, DENSE, plain=True).tied == ()
+    # Completed members take their group's layout; a conflict is explained.
+    sharded = ParamLayoutTable({"head.weight": dense(tp=S0)})
+    tied = complete_default(
+        sharded, ["emb.weight"], DENSE, tied_pairs=[("emb.weight", "head.weight")]
+    )
+    assert tied["emb.weight"] == dense(tp=S0)
+    with pytest.raises(LayoutError, match="tied_pairs"):
+        complete_default(sharded, ["emb.weight"], DENSE, tied_pairs="ab")

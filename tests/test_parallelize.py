@@ -41,7 +41,6 @@ from layout_algebra import (
     complete_default,
     compose_fsdp,
     local_shape_and_offset,
-    merge_tied,
 )
 from layout_algebra.torch_bridge import plan_from_parallelize, table_from_module
 from layout_algebra.torch_bridge.parallelize import ParallelizePlan
@@ -150,13 +149,13 @@ def predicted(
 ) -> ParamLayoutTable:
     """The table the package predicts: the plan read, built, completed with plain tensors.
 
-    The plan's tied pairs are merged again once the table is complete: ``build_table``
+    The plan's tied pairs are closed again over the completed table: ``build_table``
     records no group none of whose members it has, and a tie torch keeps between two
     parameters it leaves plain is such a group.
     """
     sharding = plan_from_parallelize(module, plan, mesh_axes=axes)
     table = build_table(sharding, dense_axes=axes)
-    return merge_tied(complete_default(table, fqns(module), axes, plain=True), sharding.tied_pairs)
+    return complete_default(table, fqns(module), axes, plain=True, tied_pairs=sharding.tied_pairs)
 
 
 def torch_table(module: nn.Module, plan: ParallelizePlan, world: DeviceMesh) -> ParamLayoutTable:

@@ -29,7 +29,6 @@ from layout_algebra import (
     ShardingPlan,
     build_table,
     complete_default,
-    merge_tied,
 )
 from layout_algebra.torch_bridge import plan_from_hf, table_from_module
 from layout_algebra.torch_bridge.transformers import KNOWN_STYLES, _wildcards
@@ -170,8 +169,7 @@ class Run:
         """The package's table: the model's plans read, built, completed plain."""
         plan = self.plan(model)
         table = build_table(plan, dense_axes=DENSE, expert_axes=EXPERT)
-        table = complete_default(table, fqns(model), DENSE, plain=True)
-        return merge_tied(table, plan.tied_pairs)
+        return complete_default(table, fqns(model), DENSE, plain=True, tied_pairs=plan.tied_pairs)
 
     def sizes(self) -> dict[str, dict[str, int]]:
         return {
