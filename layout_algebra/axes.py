@@ -21,7 +21,13 @@ _MAX_INTERNED_LENGTH: Final = 64
 
 
 def _check_name(_: object, __: attrs.Attribute[str], value: object) -> None:
-    if not isinstance(value, str) or _AXIS_RE.fullmatch(value) is None:
+    if not isinstance(value, str):
+        msg = (
+            f"an axis name must be a str such as 'tp' (or an AxisName), got "
+            f"{type(value).__name__} {quote(value)}"
+        )
+        raise LayoutError(msg, axis=quote(value))
+    if _AXIS_RE.fullmatch(value) is None:
         msg = (
             f"axis name {quote(value)} is not an identifier; "
             "use letters, digits and '_' (not starting with a digit), e.g. 'tp' or 'dp_shard'"

@@ -45,7 +45,7 @@ def test_non_identifiers_are_rejected(name: str) -> None:
 
 @pytest.mark.parametrize("value", [None, 0, b"tp", ("tp",)])
 def test_non_strings_are_rejected(value: object) -> None:
-    with pytest.raises(LayoutError, match="is not an identifier"):
+    with pytest.raises(LayoutError, match="an axis name must be a str"):
         AxisName(value)  # type: ignore[arg-type]  # checked at run time
 
 
