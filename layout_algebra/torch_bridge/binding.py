@@ -249,7 +249,7 @@ def _bound(
             next_fqn, next_layout = next(entries, _END)
         else:
             if by_fqn is None:
-                by_fqn = dict(table.items())
+                by_fqn = table._items  # the table's own dict: it never changes
             found_layout = by_fqn.get(fqn)
             if found_layout is None:
                 continue
