@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
@@ -45,6 +46,10 @@ SCALES: Final = (50_000, 500_000)
 """Tiny linear layers of two parameters each: 100,000 and 1,000,000 parameters."""
 QUICK_MODULES: Final = (5_000, 50_000)
 REPEATS: Final = 5
+
+
+def _ignore(_: object) -> None:
+    """A weak reference's callback that does nothing (``ParamBindings`` gives one)."""
 
 
 class WeakIdBindings(Mapping[nn.Parameter, Binding]):
@@ -97,6 +102,7 @@ class Scale:
     bind: float
     shuffled: float
     weakid: float
+    floor: float
 
 
 def measure(modules: int, repeats: int = REPEATS) -> Scale:
@@ -123,7 +129,11 @@ def measure(modules: int, repeats: int = REPEATS) -> Scale:
     assert weakid[first[0]] == first[1]
     del weakid, first
 
-    best = dict.fromkeys(("named", "bind", "shuffled", "weakid"), float("inf"))
+    def floor() -> list[weakref.ref[nn.Parameter]]:
+        # what any map held weakly costs: the walk and one weak reference per parameter
+        return [weakref.ref(p, _ignore) for _, p in module.named_parameters(remove_duplicate=False)]
+
+    best = dict.fromkeys(("named", "bind", "shuffled", "weakid", "floor"), float("inf"))
     for _ in range(repeats):  # interleaved, so every side sees the same machine
         best["named"] = min(
             best["named"], timed(lambda: dict(module.named_parameters(remove_duplicate=False)))
@@ -131,6 +141,7 @@ def measure(modules: int, repeats: int = REPEATS) -> Scale:
         best["bind"] = min(best["bind"], timed(lambda: bind(table, module, meshes)))
         best["shuffled"] = min(best["shuffled"], timed(lambda: bind(shuffled, module, meshes)))
         best["weakid"] = min(best["weakid"], timed(lambda: bind_weakid(table, module, meshes)))
+        best["floor"] = min(best["floor"], timed(floor))
     return Scale(len(table), **best)
 
 
@@ -141,7 +152,8 @@ def run(*, quick: bool = False) -> None:
     large = measure(large_n, repeats=3)
     ratio = small.bind / small.named
     shuffled = small.shuffled / small.named
-    record(f"bind / dict(named_parameters), {small.params:,} params", ratio, RATIO_TARGET)
+    floor = f"floor {small.floor / small.named:.2f} (the walk, a weak reference each)"
+    record(f"bind / dict(named_parameters), {small.params:,} params", ratio, RATIO_TARGET, floor)
     record(f"the same, table shuffled, {small.params:,} params", shuffled, SHUFFLED_TARGET)
 
     def growth(a: float, b: float) -> float:
@@ -167,7 +179,8 @@ def run(*, quick: bool = False) -> None:
             f"(target <= {RATIO_TARGET}) {verdict(s.bind / s.named, RATIO_TARGET)}; shuffled "
             f"table {s.shuffled * 1e3:.0f} ms, ratio {s.shuffled / s.named:.2f} (target <= "
             f"{SHUFFLED_TARGET}) {verdict(s.shuffled / s.named, SHUFFLED_TARGET)}; over "
-            f"WeakIdKeyDictionary {s.weakid * 1e3:.0f} ms, ratio {s.weakid / s.named:.2f}"
+            f"WeakIdKeyDictionary {s.weakid * 1e3:.0f} ms, ratio {s.weakid / s.named:.2f}; "
+            f"floor (the walk and a weak reference each) {s.floor / s.named:.2f}"
         )
     print(
         f"  per-entry growth {small.params:,} -> {large.params:,}: bind {mine:.2f}, shuffled "
