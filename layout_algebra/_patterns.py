@@ -17,7 +17,8 @@ the answer is computed once per signature: ``layers.0.wq.weight`` and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
 from typing import Final, Generic, TypeVar
 
 import attrs
@@ -28,6 +29,15 @@ T = TypeVar("T")
 
 WILDCARD: Final = "*"
 """The segment that matches any one segment."""
+
+
+_MAX_PICKED: Final = 1 << 16
+"""How many distinct picked segment tuples a matcher remembers."""
+
+
+def _nothing(_: list[str]) -> object:
+    """What an all-``*`` pattern looks at in an FQN: nothing."""
+    return ()
 
 
 def is_pattern(key: str) -> bool:
@@ -85,6 +95,13 @@ class Matcher(Generic[T]):
         }
         self._unused_patterns = sum(not r.exact for r in self._rules)
         self._by_signature: dict[tuple[int, tuple[str | None, ...]], tuple[int, ...]] = {}
+        # The segments at those positions, picked at C speed: FQNs equal there have one
+        # signature, so the answer is found by them first (bounded: they are raw input).
+        self._pick: dict[int, Callable[[list[str]], object]] = {
+            n: itemgetter(*[i for i, _ in positions]) if positions else _nothing
+            for n, positions in self._positions.items()
+        }
+        self._by_picked: dict[tuple[int, object], tuple[int, ...]] = {}
 
     def rule(self, index: int) -> Rule[T]:
         """The rule at ``index``, as ``match`` returns them."""
@@ -113,16 +130,22 @@ class Matcher(Generic[T]):
     def _patterns_for(self, fqn: str) -> tuple[int, ...]:
         segments = fqn.split(".")
         n = len(segments)
-        positions = self._positions.get(n)
-        if positions is None:
+        pick = self._pick.get(n)
+        if pick is None:
             return ()
-        signature = (
-            n,
-            tuple([segments[i] if segments[i] in known else None for i, known in positions]),
-        )
-        found = self._by_signature.get(signature)
+        picked = (n, pick(segments))
+        found = self._by_picked.get(picked)
         if found is None:
-            found = self._by_signature[signature] = self._match(segments)
+            positions = self._positions[n]
+            signature = (
+                n,
+                tuple([segments[i] if segments[i] in known else None for i, known in positions]),
+            )
+            found = self._by_signature.get(signature)
+            if found is None:
+                found = self._by_signature[signature] = self._match(segments)
+            if len(self._by_picked) < _MAX_PICKED:
+                self._by_picked[picked] = found
         return found
 
     def _match(self, segments: Sequence[str]) -> tuple[int, ...]:
