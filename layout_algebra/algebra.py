@@ -629,13 +629,12 @@ def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> 
     # once) or a problem. Few distinct answers for a million FQNs, so decided once each,
     # except that problems are reported for every FQN they concern.
     decided: dict[tuple[int, ...], _Resolved | None] = {}
-    match, enter = matcher.match, builder.enter
-    setdefault = builder.entries.setdefault
-    for fqn in fqns:
-        raw: object = fqn
+    enter, setdefault = builder.enter, builder.entries.setdefault
+    names = fqns if isinstance(fqns, tuple) else tuple(fqns)
+    for raw in () if set(map(type, names)) <= {str} and all(names) else names:
         if type(raw) is not str or not raw:
-            check_fqn(raw, "fqns")
-        found = match(fqn)
+            check_fqn(raw, "fqns")  # the first FQN that is not one
+    for fqn, found in zip(names, matcher.match_all(names), strict=True):
         if found in decided:
             resolved = decided[found]
         else:
