@@ -32,7 +32,7 @@ def _check_name(_: object, __: attrs.Attribute[str], value: object) -> None:
             f"axis name {quote(value)} is not an identifier; "
             "use letters, digits and '_' (not starting with a digit), e.g. 'tp' or 'dp_shard'"
         )
-        raise LayoutError(msg, axis=clip(value) if isinstance(value, str) else quote(value))
+        raise LayoutError(msg, axis=clip(value))
 
 
 @attrs.frozen(cache_hash=True)

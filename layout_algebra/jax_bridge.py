@@ -105,9 +105,15 @@ def _order(
             continue
         shown = format_placement(StridedShard(dim, split_factor=k))
         if sizes is None:
+            if len(entry) == 1:
+                # One axis after it shards the dim: the split factor can only count that
+                # one (its size), so the order is known without the sizes.
+                entry.append(axis)
+                continue
             msg = (
-                f"{layout}: {shown} on axis {quote(axis.name)} needs the mesh's sizes to find the "
-                "more major axes its split factor counts; give mesh_sizes="
+                f"{layout}: {shown} on axis {quote(axis.name)} needs the mesh's sizes to find "
+                f"which of the {len(entry)} axes sharding dim {dim} after it its split factor "
+                "counts; give mesh_sizes={axis: n, ...}"
             )
             raise LayoutError(msg, axis=axis.name, placement=shown)
         position = _prefix_with_product(entry, k, sizes, layout)
@@ -140,14 +146,16 @@ def to_partition_spec(
     >>> fsdp_tp = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2), Shard(0)])
     >>> to_partition_spec(fsdp_tp, 2, mesh_sizes={"dp": 4, "tp": 2})
     (('tp', 'dp'), None)
+    >>> to_partition_spec(fsdp_tp, 2)  # one axis after dp shards dim 0: its order is known
+    (('tp', 'dp'), None)
     >>> to_partition_spec(SourceLayout("dense", ["tp"], [Shard(1)]), 2)
     (None, 'tp')
 
     Args:
         layout: the layout; its axes are the JAX mesh's axes (or some of them).
         ndim: the tensor's number of dims.
-        mesh_sizes: the size of each axis, by name; needed for a ``StridedShard`` and to
-            check ``shape``.
+        mesh_sizes: the size of each axis, by name; needed to check ``shape``, and for a
+            ``StridedShard`` whose dim more than one later axis shards.
         shape: the tensor's shape, to check that every split is even as JAX needs.
 
     Raises:

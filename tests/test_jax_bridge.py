@@ -56,6 +56,8 @@ def test_fsdp_over_tensor_parallel_rows_is_one_entry_tp_major() -> None:
     layout = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2), S0])
     sizes = {"dp": 4, "tp": 2}
     assert to_partition_spec(layout, 1, mesh_sizes=sizes) == (("tp", "dp"),)
+    # one axis after the strided one shards the dim: the order needs no sizes
+    assert to_partition_spec(layout, 1) == (("tp", "dp"),)
     assert (
         from_partition_spec((("tp", "dp"),), mesh="dense", axes=["dp", "tp"], mesh_sizes=sizes)
         == layout
@@ -113,6 +115,13 @@ def test_spec_to_layout_and_back_is_the_identity(
     names, sizes, spec = case
     layout = from_partition_spec(spec, mesh="dense", axes=names, mesh_sizes=sizes)
     assert to_partition_spec(layout, len(spec), mesh_sizes=sizes) == spec
+    # Without the sizes the spec is the same wherever it can be found, else refused.
+    try:
+        unsized = to_partition_spec(layout, len(spec))
+    except LayoutError as e:
+        assert "needs the mesh's sizes" in str(e)
+    else:
+        assert unsized == spec
     assert (
         from_partition_spec(
             to_partition_spec(layout, len(spec), mesh_sizes=sizes),
@@ -167,8 +176,9 @@ def test_a_split_factor_no_major_axes_make_has_no_spec() -> None:
     alone = SourceLayout("dense", ["dp"], [StridedShard(0, split_factor=2)])
     with pytest.raises(LayoutError, match=r"after it \(none\)"):
         to_partition_spec(alone, 1, mesh_sizes=sizes)
-    fsdp = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2), S0])
-    with pytest.raises(LayoutError, match="needs the mesh's sizes"):
+    # which of two later axes the split factor counts is known only from their sizes
+    fsdp = SourceLayout("dense", ["dp", "ep", "tp"], [StridedShard(0, split_factor=2), S0, S0])
+    with pytest.raises(LayoutError, match=r"needs the mesh's sizes.* the 2 axes sharding dim 0"):
         to_partition_spec(fsdp, 1)
 
 
