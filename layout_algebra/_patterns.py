@@ -17,7 +17,7 @@ the answer is computed once per signature: ``layers.0.wq.weight`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Final, Generic, TypeVar
 
@@ -102,6 +102,19 @@ class Matcher(Generic[T]):
             for n, positions in self._positions.items()
         }
         self._by_picked: dict[tuple[int, object], tuple[int, ...]] = {}
+        # Positions no pattern of any length names a literal at (the layer index of
+        # layers.*.mlp): an FQN split only up to the last of them is told apart by its
+        # other leading segments and the rest, whatever its length.
+        longest = max((len(segments) for segments, _ in self._by_length()), default=0)
+        free = [
+            p
+            for p in range(longest)
+            if all(p >= len(seg) or seg[p] == WILDCARD for seg, _ in self._by_length())
+        ]
+        self._split_at = free[-1] + 1 if free else 0
+        kept = [p for p in range(self._split_at) if p not in free]
+        self._head: Callable[[list[str]], object] = itemgetter(*kept, self._split_at)
+        self._by_head: dict[object, tuple[int, ...]] = {}
 
     def rule(self, index: int) -> Rule[T]:
         """The rule at ``index``, as ``match`` returns them."""
@@ -119,16 +132,32 @@ class Matcher(Generic[T]):
             self._used[i] = True
         return tuple(exact)
 
+    def _by_length(self) -> Iterator[tuple[tuple[str, ...], int]]:
+        for patterns in self._patterns.values():
+            yield from patterns
+
     def match_all(self, fqns: Iterable[str]) -> list[tuple[int, ...]]:
         """``match`` of each FQN, in order: one loop, an FQN a pattern decided before
         costs a split and a dict lookup."""
         out: list[tuple[int, ...]] = []
         append, exact, pick_of = out.append, self._exact, self._pick.get
-        by_picked = self._by_picked.get
+        by_picked, split_at, head = self._by_picked.get, self._split_at, self._head
+        by_head = self._by_head
         for fqn in fqns:
             if fqn in exact:
                 append(self.match(fqn))
                 continue
+            if split_at:
+                parts = fqn.split(".", split_at)
+                if len(parts) > split_at:
+                    key = head(parts)
+                    found = by_head.get(key)
+                    if found is None:
+                        found = self._patterns_for(fqn)
+                        if len(by_head) < _MAX_PICKED:
+                            by_head[key] = found
+                    append(found)
+                    continue
             segments = fqn.split(".")
             n = len(segments)
             pick = pick_of(n)
