@@ -60,9 +60,18 @@ def test_strided_shard_split_factor_is_keyword_only() -> None:
         (lambda: Shard(1.0), "dim must be an int from 0 to 63, got 1.0"),  # type: ignore[arg-type]  # run-time check
         (lambda: StridedShard(-2, split_factor=2), "dim must be an int from 0 to 63, got -2"),
         (lambda: StridedShard(True, split_factor=2), "dim must be an int from 0 to 63, got True"),
-        (lambda: StridedShard(0, split_factor=1), "split_factor must be an int from 2 to 2**31 - 1, got 1"),
-        (lambda: StridedShard(0, split_factor=0), "split_factor must be an int from 2 to 2**31 - 1, got 0"),
-        (lambda: StridedShard(0, split_factor=True), "split_factor must be an int from 2 to 2**31 - 1, got True"),
+        (
+            lambda: StridedShard(0, split_factor=1),
+            "split_factor must be an int from 2 to 2**31 - 1, got 1",
+        ),
+        (
+            lambda: StridedShard(0, split_factor=0),
+            "split_factor must be an int from 2 to 2**31 - 1, got 0",
+        ),
+        (
+            lambda: StridedShard(0, split_factor=True),
+            "split_factor must be an int from 2 to 2**31 - 1, got True",
+        ),
         (
             lambda: Partial("mean"),  # type: ignore[arg-type]  # run-time check
             "reduce_op must be one of sum, avg, min, max, product; got 'mean'",
@@ -186,7 +195,9 @@ def test_parse_names_the_bad_reduce_op() -> None:
 
 
 def test_parse_explains_a_field_check_it_fails() -> None:
-    with pytest.raises(PlacementSyntaxError, match=r"split_factor must be an int from 2 to 2\*\*31 - 1, got 1"):
+    with pytest.raises(
+        PlacementSyntaxError, match=r"split_factor must be an int from 2 to 2\*\*31 - 1, got 1"
+    ):
         parse_placement("_S(0, 1)")
 
 

@@ -116,7 +116,10 @@ def test_a_sharding_plan_holds_modules_axes_and_tied_pairs() -> None:
             lambda: ShardingPlan({"m": {"w": {"tp": Shard(0)}}}, mesh_axes=["tp"]),  # type: ignore[dict-item]  # run-time check
             "module 'm': {'w': {'tp': Shard(dim=0)}} is not a ModulePlan; wrap its params",
         ),
-        (lambda: ShardingPlan({}, mesh_axes=["tp", "ep", "tp"]), "mesh_axes names axis 'tp' twice: ['tp', 'ep', 'tp']; give each axis once"),
+        (
+            lambda: ShardingPlan({}, mesh_axes=["tp", "ep", "tp"]),
+            "mesh_axes names axis 'tp' twice: ['tp', 'ep', 'tp']; give each axis once",
+        ),
         (lambda: ShardingPlan({}, mesh_axes="tp"), "not the string 'tp'"),
         (
             lambda: ShardingPlan({}, mesh_axes=[], tied_pairs=[("a",)]),
