@@ -113,14 +113,18 @@ def as_sizes(values: Mapping[str, int], what: str, floor: int = 1) -> dict[str, 
 
 
 def size_of(
-    sizes: Mapping[str, int], axis: AxisName, layout: SourceLayout, fqn: str | None = None
+    sizes: Mapping[str, int],
+    axis: AxisName,
+    layout: SourceLayout | None = None,
+    fqn: str | None = None,
 ) -> int:
-    """The size of ``axis`` of ``layout`` in checked ``sizes``; the one "no size" message."""
+    """The size of ``axis`` (of ``layout``) in checked ``sizes``; the one "no size" message."""
     size = sizes.get(axis.name)
     if size is None:
         who = f"{clip(fqn)}: " if fqn else ""
+        of = f" of {clip(str(layout))}" if layout is not None else ""
         msg = (
-            f"{who}mesh_sizes has no size for axis {clip(axis.name)!r} of {clip(str(layout))} "
+            f"{who}mesh_sizes has no size for axis {clip(axis.name)!r}{of} "
             f"(it has {clip(str(sorted(sizes)))}); give mesh_sizes={{{clip(axis.name)!r}: n, "
             "...} or fix the axis name"
         )

@@ -330,14 +330,6 @@ def from_partition_spec(
             k = 1
             for major in names[:i]:
                 if position[major] > position[axis]:
-                    size = sizes.get(major.name)
-                    if size is None:
-                        msg = (
-                            f"mesh_sizes has no size for axis {quote(major.name)} (it has "
-                            f"{quote(sorted(sizes))}); give "
-                            f"mesh_sizes={{{quote(major.name)}: n, ...}}"
-                        )
-                        raise LayoutError(msg, axis=major.name)
-                    k *= size
+                    k *= size_of(sizes, major)
             placements[axis] = StridedShard(dim, split_factor=k) if k > 1 else Shard(dim)
     return SourceLayout(mesh, layout_axes, [placements.get(a, _REPLICATE) for a in layout_axes])
