@@ -99,9 +99,9 @@ class Experts(nn.Module):
 
     def __init__(self, cfg: DemoConfig) -> None:
         super().__init__()
-        self.w1 = nn.Parameter(torch.empty(cfg.experts, cfg.hidden, cfg.dim))
-        self.w2 = nn.Parameter(torch.empty(cfg.experts, cfg.dim, cfg.hidden))
-        self.w3 = nn.Parameter(torch.empty(cfg.experts, cfg.hidden, cfg.dim))
+        self.w1 = nn.Parameter(torch.randn(cfg.experts, cfg.hidden, cfg.dim))
+        self.w2 = nn.Parameter(torch.randn(cfg.experts, cfg.dim, cfg.hidden))
+        self.w3 = nn.Parameter(torch.randn(cfg.experts, cfg.hidden, cfg.dim))
 
 
 class MoE(nn.Module):

@@ -9,7 +9,8 @@ meta device when no data is needed (``with torch.device("meta"): TinyMoE()``).
 - :class:`ToyModel`: a tied embedding and head, attention-like linears, a norm and
   (optionally) a 3-D expert weight per block.
 - :class:`TinyLlama`: Llama-like dense blocks (torchtitan's names); :class:`TinyMoE`: the
-  same attention with a router and 3-D experts, its LM head tied to the embedding.
+  demo's model (the same attention with a router and 3-D experts, its LM head tied to
+  the embedding), whose parts the dense model shares.
   Both take :class:`Sizes`, whose vocabulary (37) splits evenly over no mesh axis.
 - :func:`hf_llama` and :func:`hf_moe`: transformers' own Llama and Qwen3-MoE, tiny, on
   the meta device, for tests of their ``tp_plan``/``ep_plan``.
@@ -26,13 +27,14 @@ import torch
 from torch import nn
 
 from layout_algebra import ModulePlan, Placement, Shard, ShardingPlan
+from layout_algebra._demo import Attention, DemoConfig, RMSNorm, TinyMoE
+from layout_algebra._demo import Block as MoEBlock
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = [
     "Attention",
-    "Experts",
     "LlamaBlock",
     "MoEBlock",
     "OneParam",
@@ -156,36 +158,12 @@ class ToyModel(nn.Module):
 
 
 @attrs.frozen
-class Sizes:
-    """The sizes of :class:`TinyLlama` and :class:`TinyMoE`."""
+class Sizes(DemoConfig):
+    """The sizes of :class:`TinyLlama` and :class:`TinyMoE` (the demo's model, whose parts
+    the dense model shares)."""
 
     vocab: int = 37
     """Prime, so it splits unevenly over every axis: 37 rows over tp=2 are 19, 18."""
-    dim: int = 16
-    kv_dim: int = 8
-    """Keys and values narrower than queries: grouped-query attention."""
-    hidden: int = 24
-    experts: int = 4
-    layers: int = 2
-
-
-class RMSNorm(nn.Module):
-    """One learned scale per feature."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-
-
-class Attention(nn.Module):
-    """``wq`` (dim, dim), ``wk``/``wv`` (kv_dim, dim), ``wo`` (dim, dim)."""
-
-    def __init__(self, sizes: Sizes) -> None:
-        super().__init__()
-        self.wq = nn.Linear(sizes.dim, sizes.dim, bias=False)
-        self.wk = nn.Linear(sizes.dim, sizes.kv_dim, bias=False)
-        self.wv = nn.Linear(sizes.dim, sizes.kv_dim, bias=False)
-        self.wo = nn.Linear(sizes.dim, sizes.dim, bias=False)
 
 
 class FeedForward(nn.Module):
@@ -196,26 +174,6 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(sizes.dim, sizes.hidden, bias=False)
         self.w2 = nn.Linear(sizes.hidden, sizes.dim, bias=False)
         self.w3 = nn.Linear(sizes.dim, sizes.hidden, bias=False)
-
-
-class Experts(nn.Module):
-    """Every expert's gated MLP at once, the expert index first: ``w1``/``w3`` (experts,
-    hidden, dim), ``w2`` (experts, dim, hidden)."""
-
-    def __init__(self, sizes: Sizes) -> None:
-        super().__init__()
-        self.w1 = nn.Parameter(torch.randn(sizes.experts, sizes.hidden, sizes.dim))
-        self.w2 = nn.Parameter(torch.randn(sizes.experts, sizes.dim, sizes.hidden))
-        self.w3 = nn.Parameter(torch.randn(sizes.experts, sizes.hidden, sizes.dim))
-
-
-class MoE(nn.Module):
-    """A router (experts, dim) and the experts."""
-
-    def __init__(self, sizes: Sizes) -> None:
-        super().__init__()
-        self.router = nn.Linear(sizes.dim, sizes.experts, bias=False)
-        self.experts = Experts(sizes)
 
 
 class LlamaBlock(nn.Module):
@@ -229,17 +187,6 @@ class LlamaBlock(nn.Module):
         self.feed_forward = FeedForward(sizes)
 
 
-class MoEBlock(nn.Module):
-    """Norm, attention, norm, mixture of experts."""
-
-    def __init__(self, sizes: Sizes) -> None:
-        super().__init__()
-        self.attention_norm = RMSNorm(sizes.dim)
-        self.attention = Attention(sizes)
-        self.ffn_norm = RMSNorm(sizes.dim)
-        self.moe = MoE(sizes)
-
-
 class TinyLlama(nn.Module):
     """``tok_embeddings``, ``layers.{i}`` (:class:`LlamaBlock`), ``norm``, ``output`` (untied)."""
 
@@ -250,20 +197,6 @@ class TinyLlama(nn.Module):
         self.layers = nn.ModuleList(LlamaBlock(sizes) for _ in range(sizes.layers))
         self.norm = RMSNorm(sizes.dim)
         self.output = nn.Linear(sizes.dim, sizes.vocab, bias=False)
-
-
-class TinyMoE(nn.Module):
-    """``tok_embeddings``, ``layers.{i}`` (:class:`MoEBlock`), ``norm``, and ``output``
-    whose weight is the embedding's."""
-
-    def __init__(self, sizes: Sizes | None = None) -> None:
-        super().__init__()
-        sizes = sizes or Sizes()
-        self.tok_embeddings = nn.Embedding(sizes.vocab, sizes.dim)
-        self.layers = nn.ModuleList(MoEBlock(sizes) for _ in range(sizes.layers))
-        self.norm = RMSNorm(sizes.dim)
-        self.output = nn.Linear(sizes.dim, sizes.vocab, bias=False)
-        self.output.weight = self.tok_embeddings.weight
 
 
 _COLWISE: dict[str, Placement] = {"tp": Shard(0)}
