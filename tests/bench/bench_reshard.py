@@ -11,10 +11,8 @@ Run alone with ``python -m tests.bench.bench_reshard [--quick]``.
 from __future__ import annotations
 
 import argparse
-import gc
-import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Final, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Final
 
 from layout_algebra.algebra import build_table
 from layout_algebra.checkpoint import ReshardPlan, reshard_plan
@@ -22,6 +20,7 @@ from layout_algebra.geometry import compose_table
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.shapes import ParamShape
 from tests.bench.baseline import moe_plan, sharding_plan
+from tests.bench.bench_build import timed
 from tests.bench.targets import record
 
 __all__ = ["main", "run"]
@@ -40,22 +39,6 @@ DIM: Final = 1024
 HIDDEN: Final = 512
 EXPERTS: Final = 16
 VOCAB: Final = 32_000
-
-_T = TypeVar("_T")
-
-
-def timed(fn: Callable[[], _T]) -> float:
-    """Seconds one call of ``fn`` takes, collected garbage first and the collector off."""
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        result = fn()
-        elapsed = time.perf_counter() - start
-    finally:
-        gc.enable()
-    del result
-    return elapsed
 
 
 _SHAPES: Final[Mapping[str, ParamShape]] = {
