@@ -11,7 +11,8 @@ validators, so these build each value from bounded parts instead.
 ...         assert len({table[fqn] for fqn in group}) == 1
 >>> test_every_tied_group_has_one_layout()
 
-This module needs ``hypothesis`` (a test dependency); the package never imports it.
+This module needs ``hypothesis`` (``pip install 'layout_algebra[testing]'``); the rest of
+the package never imports it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ import itertools
 import string
 from collections.abc import Collection, Sequence
 from typing import Final, TypeAlias, get_args
+
+try:
+    import hypothesis as _hypothesis  # noqa: F401  (checked first, for a clear message without it)
+except ModuleNotFoundError as e:  # pragma: no cover - exercised in a subprocess test
+    _msg = (
+        "layout_algebra.testing needs hypothesis, which is not installed; install it with "
+        "pip install 'layout_algebra[testing]'"
+    )
+    raise ImportError(_msg, name=e.name) from e
 
 import hypothesis.strategies as st
 from hypothesis.errors import InvalidArgument

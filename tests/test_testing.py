@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -90,3 +94,37 @@ def test_sharding_plans_follow_their_arguments(plan: ShardingPlan) -> None:
 def test_bad_bounds_are_invalid_arguments(make: Callable[[], object]) -> None:
     with pytest.raises(InvalidArgument):
         make()
+
+
+_NO_HYPOTHESIS = """
+import sys
+
+class _NoHypothesis:
+    # refuses hypothesis, as an interpreter without it installed does
+    def find_spec(self, name, path=None, target=None):
+        if name == "hypothesis" or name.startswith("hypothesis."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoHypothesis())
+"""
+
+
+def test_without_hypothesis_the_strategies_name_the_extra(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(_NO_HYPOTHESIS)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    code = (
+        "import layout_algebra, layout_algebra.serialization\n"
+        "try:\n"
+        "    import layout_algebra.testing\n"
+        "except ImportError as e:\n"
+        "    print(type(e).__name__, '|', e)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    kind, _, message = result.stdout.strip().partition(" | ")
+    assert kind == "ImportError"
+    assert "pip install 'layout_algebra[testing]'" in message
