@@ -18,10 +18,10 @@ from typing import Final
 
 import pytest
 
-from layout_algebra import ModulePlan, ParamLayoutTable, Replicate, Shard, ShardingPlan
+from layout_algebra import ModulePlan, ParamLayoutTable, ParamShape, Replicate, Shard, ShardingPlan
 from layout_algebra import SourceLayout as L
 from layout_algebra.cli import main
-from layout_algebra.serialization import plan_to_json, to_json
+from layout_algebra.serialization import plan_to_json, shapes_to_json, to_json
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 
@@ -138,8 +138,21 @@ def files(tmp_path: Path) -> dict[str, str]:
         {"emb": ModulePlan({"weight": {"tp": s0}}), "norm": ModulePlan({"weight": {"tp": r}})},
         mesh_axes=("dp_shard", "tp"),
     )
+    shapes = shapes_to_json(
+        {
+            "emb.weight": ParamShape((10, 4), "bfloat16"),
+            "head.weight": ParamShape((10, 4), "bfloat16"),
+            "norm.weight": ParamShape((4,), "float32"),
+        }
+    )
     out = {}
-    for name, text in (("a", to_json(a)), ("b", to_json(b)), ("plan", plan_to_json(plan))):
+    documents = (
+        ("a", to_json(a)),
+        ("b", to_json(b)),
+        ("plan", plan_to_json(plan)),
+        ("shapes", shapes),
+    )
+    for name, text in documents:
         path = tmp_path / f"{name}.json"
         path.write_text(text)
         out[name] = str(path)
@@ -155,6 +168,28 @@ def files(tmp_path: Path) -> dict[str, str]:
         ("check", "{plan}", "--mesh", "dp_shard=2,tp=4"),
         ("check", "{plan}", "--mesh", "dp_shard=2,tpp=4"),
         ("show", "{plan}"),
+        (
+            "draw",
+            "{a}",
+            "emb.weight",
+            "--shape",
+            "10,4",
+            "--mesh",
+            "dp_shard=2,tp=2",
+            "--fsdp",
+            "dp_shard",
+        ),
+        (
+            "lint",
+            "{plan}",
+            "--shapes",
+            "{shapes}",
+            "--mesh",
+            "dp_shard=2,tp=2",
+            "--fsdp",
+            "dp_shard",
+        ),
+        ("reshard", "{a}", "{b}", "--shapes", "{shapes}", "--mesh", "tp=2", "--to-mesh", "tp=4"),
     ],
 )
 def test_cli_works(
