@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterable, Iterator, Mapping
+from operator import length_hint
 from typing import Final
 
 from torch import nn
@@ -237,31 +238,45 @@ def _bound(
     usually list parameters in the module's order, so the table is walked alongside and
     only an FQN out of step is looked up by hash. After the last parameter, an FQN of
     the table the module lacks raises.
+
+    An entry found in step is yielded under the table's own FQN string, so the map
+    shares it and the walk's copy is freed at once (new memory is what this machine
+    pays most for), and only FQNs found by hash are counted as they come. Measured
+    interleaved, best of 21, 100,000 parameters in module order: 1.62x -> 1.57x
+    ``dict(named_parameters)``; shuffled 2.03x -> 2.01x. Merging this generator into
+    ``ParamBindings._of_slots`` saved 1-2 % and is not done. The rest above the floor
+    (0.88x: the walk and a weak reference each) is one int id, one dict entry and one
+    weak reference carrying the entry per parameter (about 0.4x), and for a shuffled
+    table a hash of every freshly walked FQN into a dict cold from the walk (about 0.45x).
     """
     get_slot = binder.by_id.get
     entries = iter(table.items())
     next_fqn, next_layout = next(entries, _END)
     by_fqn: dict[str, SourceLayout] | None = None
-    found = 0
-    for fqn, param in module.named_parameters(remove_duplicate=False):
-        if fqn == next_fqn:
-            layout = next_layout
+    looked_up = 0  # FQNs found by hash; those found in step are counted at the end
+    for walked, param in module.named_parameters(remove_duplicate=False):
+        if walked == next_fqn:
+            fqn, layout = next_fqn, next_layout  # the table's string: the walk's is freed
             next_fqn, next_layout = next(entries, _END)
         else:
             if by_fqn is None:
                 by_fqn = table._items  # the table's own dict: it never changes
-            found_layout = by_fqn.get(fqn)
+            found_layout = by_fqn.get(walked)
             if found_layout is None:
                 continue
-            layout = found_layout
-        found += 1
+            fqn, layout = walked, found_layout
+            looked_up += 1
         slot = get_slot(id(layout))
         if slot is None:
             slot = binder.slot(fqn, layout)
         if slot.min_ndim and param.dim() < slot.min_ndim:
             raise binder.dim_error(fqn, layout, param)
         yield fqn, param, slot
-    if found < len(table):
+    # FQNs are distinct, so each entry is found once: in step or by hash. Those found in
+    # step are the entries the walk alongside consumed: all, or all but the rest of the
+    # table's dict iterator, whose length is exact while the dict is unchanged.
+    stepped = len(table) if next_fqn is None else len(table) - 1 - length_hint(entries)
+    if stepped + looked_up < len(table):
         names = {fqn for fqn, _ in module.named_parameters(remove_duplicate=False)}
         unknown = next(fqn for fqn in table if fqn not in names)
         raise _unknown_fqn(unknown, module, names)
