@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -59,12 +60,15 @@ def distribute(
     check_module(module, "distribute(module=...)")
     check_table(table, "distribute(table=...)")
     check_meshes(meshes, "distribute(meshes=...)")
-    if src_data_rank is not None and (type(src_data_rank) is not int or src_data_rank < 0):
+    world = dist.get_world_size() if dist.is_initialized() else 2**31
+    if src_data_rank is not None and (
+        type(src_data_rank) is not int or not 0 <= src_data_rank < world
+    ):
         check_type(
             src_data_rank,
             (),
             "distribute(src_data_rank=...)",
-            "a rank (an int >= 0) or None",
+            f"a rank (an int from 0 to {world - 1}) or None",
             "pass 0, or None to have every rank split its own full tensor",
         )
     bindings = bind(table, module, meshes)
