@@ -550,12 +550,14 @@ def _shape_obj(shape: ParamShape) -> dict[str, object]:
 
 def _shapes_obj(shapes: Mapping[str, ParamShape]) -> dict[str, object]:
     """A shapes document: the one place its envelope is written."""
-    cache: dict[int, dict[str, object]] = {}
+    # Models repeat a few shapes: each equal one is written once (by value, so a mapping
+    # that builds its values afresh, freeing each after use, cannot recycle a key).
+    cache: dict[ParamShape, dict[str, object]] = {}
     params: dict[str, object] = {}
     for fqn, shape in shapes.items():
-        obj = cache.get(id(shape))
+        obj = cache.get(shape)
         if obj is None:
-            obj = cache[id(shape)] = _shape_obj(shape)
+            obj = cache[shape] = _shape_obj(shape)
         params[fqn] = obj
     return {"version": FORMAT_VERSION, "params": params}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import attrs
@@ -573,6 +573,28 @@ def test_shapes_document_is_the_documented_format() -> None:
 )
 def test_shapes_round_trip(shapes: dict[str, ParamShape]) -> None:
     assert dict(shapes_from_json(shapes_to_json(shapes))) == shapes
+
+
+class _FreshShapes(Mapping[str, ParamShape]):
+    """Shapes built afresh on every access and freed after use, as a lazy loader hands
+    them out: each new value may take the memory (and id) of the one before."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __getitem__(self, fqn: str) -> ParamShape:
+        return ParamShape((int(fqn[1:]) + 1, 4), "float32")
+
+    def __iter__(self) -> Iterator[str]:
+        return (f"w{i}" for i in range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_shapes_built_lazily_are_written_each_as_itself() -> None:
+    lazy = _FreshShapes(12)
+    assert dict(shapes_from_json(shapes_to_json(lazy))) == dict(lazy.items())
 
 
 @pytest.mark.parametrize(
