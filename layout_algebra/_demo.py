@@ -34,8 +34,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from layout_algebra._text import columns
 from layout_algebra.algebra import build_table, complete_default
-from layout_algebra.draw import columns, mesh_coordinates
+from layout_algebra.draw import mesh_coordinates
 from layout_algebra.errors import BindError
 from layout_algebra.geometry import compose_fsdp, local_shape_and_offset
 from layout_algebra.layout import ParamLayoutTable, SourceLayout

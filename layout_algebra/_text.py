@@ -1,4 +1,5 @@
-"""How messages show what they were given: bounded quotes, and one "did you mean".
+"""How messages and reports show what they were given: bounded quotes, one "did you
+mean", escaped names and aligned columns.
 
 Every message of the package that shows an input value goes through ``quote`` (its
 ``repr``, at most a few hundred characters) or ``clip`` (a name shown as it is), so a
@@ -9,10 +10,10 @@ whose ``repr`` fails or is unbounded (a 5,000-digit int) still gives a message.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
-__all__ = ["MAX_QUOTED", "clip", "did_you_mean", "quote", "suggest"]
+__all__ = ["MAX_QUOTED", "clip", "columns", "did_you_mean", "escape", "quote", "suggest"]
 
 MAX_QUOTED: Final = 200
 """At most this many characters of any one input value appear in a message."""
@@ -72,3 +73,27 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """``" (did you mean 'tp'?)"`` for the closest candidate, or ``""`` when none is close."""
     found = suggest(word, candidates)
     return f" (did you mean {quote(found)}?)" if found is not None else ""
+
+
+def columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as lines of left-aligned columns two spaces apart, right-stripped."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+
+
+def escape(text: str) -> str:
+    """``text`` with every character that is not printable escaped, as ``repr`` spells it.
+
+    Control characters, line breaks and lone surrogates in an FQN would otherwise move
+    the cursor, split a line or fail to encode: ``"a\\nb"`` is shown as ``a\\nb``.
+
+    >>> print(escape("layers.0\\x1b[2J.w"))
+    layers.0\\x1b[2J.w
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -22,9 +22,8 @@ from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
 
-from layout_algebra._text import clip, quote
+from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
-from layout_algebra.draw import escape
 from layout_algebra.errors import LayoutError
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.geometry import (

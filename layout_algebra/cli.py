@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final, TextIO
 
-from layout_algebra._text import clip, did_you_mean
+from layout_algebra._text import clip, columns, did_you_mean, escape
 from layout_algebra.algebra import build_table, diff
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisName, as_axis, check_distinct_axes
 from layout_algebra.checkpoint import reshard_plan
-from layout_algebra.draw import MAX_DRAW_DIMS, MAX_SIZE, columns, draw, escape, mesh_str
+from layout_algebra.draw import MAX_DRAW_DIMS, MAX_SIZE, draw, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.geometry import MAX_MESH_SIZE, compose_table
 from layout_algebra.layout import ParamLayoutTable, SourceLayout

@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
-from layout_algebra._text import quote
+from layout_algebra._text import clip, columns, escape, quote
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.errors import LayoutError
 from layout_algebra.geometry import Runs, compose_fsdp, fsdp_storage_runs, local_runs, split_fsdp
@@ -32,11 +32,7 @@ __all__ = [
     "MAX_DRAW_RANKS",
     "MAX_DRAW_WORK",
     "MAX_SIZE",
-    "columns",
     "draw",
-    "escape",
-    "mesh_coordinates",
-    "mesh_str",
 ]
 
 MAX_DRAW_RANKS: Final = 4096
@@ -72,30 +68,6 @@ def mesh_coordinates(sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
     names = list(sizes)
     for index in itertools.product(*(range(n) for n in sizes.values())):
         yield dict(zip(names, index, strict=True))
-
-
-def columns(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Rows of cells as lines of left-aligned columns two spaces apart, right-stripped."""
-    if not rows:
-        return []
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
-
-
-def escape(text: str) -> str:
-    """``text`` with every character that is not printable escaped, as ``repr`` spells it.
-
-    Control characters, line breaks and lone surrogates in an FQN would otherwise move
-    the cursor, split a line or fail to encode: ``"a\\nb"`` is shown as ``a\\nb``.
-
-    >>> print(escape("layers.0\\x1b[2J.w"))
-    layers.0\\x1b[2J.w
-    """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _ranks_str(ranks: Sequence[int]) -> str:
@@ -189,14 +161,14 @@ def _check_args(
     shape = tuple(global_shape)
     if any(type(n) is not int or not 0 <= n <= MAX_SIZE for n in shape):
         msg = (
-            f"{escape(fqn)}: shape {quote(shape)} must hold sizes from 0 to {MAX_SIZE} "
+            f"{clip(escape(fqn))}: shape {quote(shape)} must hold sizes from 0 to {MAX_SIZE} "
             "(a torch size); give the parameter's real shape"
         )
         raise LayoutError(msg, fqn=fqn)
     if not 1 <= len(shape) <= MAX_DRAW_DIMS:
         msg = (
-            f"{escape(fqn)}: shape {shape} has {len(shape)} dims; a parameter has 1 to "
-            f"{MAX_DRAW_DIMS}, give its real shape"
+            f"{clip(escape(fqn))}: shape {quote(shape)} has {len(shape)} dims; a parameter "
+            f"has 1 to {MAX_DRAW_DIMS}, give its real shape"
         )
         raise LayoutError(msg, fqn=fqn)
     if not isinstance(mesh_sizes, Mapping):
@@ -214,8 +186,8 @@ def _check_args(
     ranks = math.prod(sizes.values())
     if ranks > MAX_DRAW_RANKS:
         msg = (
-            f"--mesh {mesh_str(sizes)} has {ranks} ranks; draw lists every rank and prints at "
-            f"most {MAX_DRAW_RANKS}: draw the parameter on a smaller mesh"
+            f"--mesh {clip(mesh_str(sizes))} has {ranks} ranks; draw lists every rank and "
+            f"prints at most {MAX_DRAW_RANKS}: draw the parameter on a smaller mesh"
         )
         raise LayoutError(msg)
     return shape, sizes
@@ -228,16 +200,16 @@ def _composed(
     if fsdp is not None:
         if fsdp not in mesh_sizes:
             msg = (
-                f"--fsdp {escape(fsdp)}: no such axis in --mesh {mesh_str(mesh_sizes)}; "
-                "name one of its axes"
+                f"--fsdp {clip(escape(fsdp))}: no such axis in --mesh "
+                f"{clip(mesh_str(mesh_sizes))}; name one of its axes"
             )
             raise LayoutError(msg, axis=fsdp)
         drawn = compose_fsdp(layout, shard_axis=fsdp, mesh_sizes=mesh_sizes)
     missing = [a.name for a in drawn.axes if a.name not in mesh_sizes]
     if missing:
         msg = (
-            f"{escape(fqn)}: {drawn} uses axis {missing[0]!r}, which --mesh "
-            f"{mesh_str(mesh_sizes)} lacks; add {missing[0]}=N to --mesh"
+            f"{clip(escape(fqn))}: {clip(str(drawn))} uses axis {clip(missing[0])!r}, which "
+            f"--mesh {clip(mesh_str(mesh_sizes))} lacks; add {clip(missing[0])}=N to --mesh"
         )
         raise LayoutError(msg, fqn=fqn, axis=missing[0])
     return drawn
@@ -260,7 +232,8 @@ def _pictured_dims(layout: SourceLayout, shape: tuple[int, ...], fqn: str) -> tu
                 if a.name == axis
             )
             msg = (
-                f"{escape(fqn)}: {shown} on axis {axis!r} in {layout} shards dim {dim}, but "
+                f"{clip(escape(fqn))}: {shown} on axis {clip(axis)!r} in {clip(str(layout))} "
+                f"shards dim {dim}, but "
                 f"shape {shape} has {len(shape)} dim{'s' if len(shape) != 1 else ''}; "
                 "give the parameter's real shape"
             )
@@ -269,8 +242,9 @@ def _pictured_dims(layout: SourceLayout, shape: tuple[int, ...], fqn: str) -> tu
         return tuple(range(len(shape)))
     if len(sharded) > _PICTURE_DIMS:
         msg = (
-            f"{escape(fqn)}: {layout} shards {len(sharded)} dims {tuple(sharded)}; a picture "
-            f"shows at most {_PICTURE_DIMS}: draw a layout that shards one or two dims"
+            f"{clip(escape(fqn))}: {clip(str(layout))} shards {len(sharded)} dims "
+            f"{tuple(sharded)}; a picture shows at most {_PICTURE_DIMS}: draw a layout that "
+            "shards one or two dims"
         )
         raise LayoutError(msg, fqn=fqn)
     return tuple(sharded) or (0,)
@@ -285,7 +259,8 @@ def _check_pieces(layout: SourceLayout, sizes: Mapping[str, int], fqn: str) -> N
             pieces *= p.split_factor
             if pieces > MAX_DRAW_WORK:
                 msg = (
-                    f"{escape(fqn)}: {format_placement(p)} on axis {axis.name!r} in {layout} "
+                    f"{clip(escape(fqn))}: {format_placement(p)} on axis {clip(axis.name)!r} in "
+                    f"{clip(str(layout))} "
                     f"cuts dim {p.dim} into {p.split_factor} pieces on each of "
                     f"{math.prod(sizes.values())} ranks; draw prints at most {MAX_DRAW_WORK} "
                     "pieces: draw it on a smaller mesh or with a smaller split factor"
@@ -374,7 +349,8 @@ def draw(
     if cells > MAX_DRAW_CELLS:
         shown = " x ".join(str(len(s)) for s in segments)
         msg = (
-            f"{escape(fqn)}: the picture of {drawn} on --mesh {mesh_str(sizes)} would have "
+            f"{clip(escape(fqn))}: the picture of {clip(str(drawn))} on --mesh "
+            f"{clip(mesh_str(sizes))} would have "
             f"{shown} cells; draw prints at most {MAX_DRAW_CELLS}: draw it on a smaller mesh"
         )
         raise LayoutError(msg, fqn=fqn)

@@ -54,10 +54,7 @@ __all__ = [
     "LintProblem",
     "LintReport",
     "RankMemory",
-    "exact_bytes",
-    "human_bytes",
     "lint",
-    "runs_str",
 ]
 
 _MAX_LISTED: Final = 50

@@ -18,7 +18,8 @@ from torch.distributed.tensor.placement_types import Shard as TorchShard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from layout_algebra import LayoutError, Replicate, Shard, SourceLayout, StridedShard
-from layout_algebra.draw import columns, draw, escape, mesh_coordinates
+from layout_algebra._text import columns, escape
+from layout_algebra.draw import draw, mesh_coordinates
 from layout_algebra.torch_bridge import to_torch
 from tests.torch_oracle import (
     MeshFactory,

@@ -50,6 +50,7 @@ from layout_algebra import (
     complete_default,
     compose_fsdp,
     diff,
+    draw,
     geometry,
     local_shape_and_offset,
     merge_tied,
@@ -62,6 +63,9 @@ from layout_algebra.geometry import local_runs
 from layout_algebra.plan import NamedPlacements
 
 CORE_MODULES = ("axes", "placements", "layout", "frozen", "plan", "algebra", "geometry")
+"""The core: its modules keep no ``id()`` of an object without the object beside it."""
+
+PURE_MODULES = (*CORE_MODULES, "shapes", "lint", "checkpoint", "jax_bridge", "draw")
 """The pure modules whose public names the property covers, besides the top level.
 
 The torch bridge, serialization and the command line have hostile-input tests of their own.
@@ -229,6 +233,11 @@ def _shapes() -> dict[str, Case]:
         "SourceLayout.with_mesh": Case(LAYOUT.with_mesh, ("expert",)),
         "ParamLayoutTable.group_of": Case(TABLE.group_of, ("emb.weight",)),
         "ParamLayoutTable.with_entries": Case(TABLE.with_entries, ({"x.weight": LAYOUT},)),
+        "draw.draw": Case(
+            draw.draw,
+            (LAYOUT, SHAPE, {"dp_shard": 2, "tp": 2}),
+            {"fqn": "emb.weight", "fsdp": "dp_shard"},
+        ),
         "geometry.split_fsdp": Case(
             geometry.split_fsdp, (COMPOSED, {"dp_shard": 2, "tp": 2}), {"owned": FSDP_OWNED_AXES}
         ),
@@ -256,7 +265,7 @@ def _public_callables() -> Iterator[tuple[str, object]]:
     """Every public callable: the top level's, then each pure module's own names."""
     seen: set[int] = set()
     modules: list[tuple[str, ModuleType]] = [("", layout_algebra)]
-    modules += [(f"{m}.", importlib.import_module(f"layout_algebra.{m}")) for m in CORE_MODULES]
+    modules += [(f"{m}.", importlib.import_module(f"layout_algebra.{m}")) for m in PURE_MODULES]
     for prefix, module in modules:
         for name in module.__all__:
             value = getattr(module, name)

@@ -171,11 +171,7 @@ COMMAND_LINE_SURFACES = {
         "MAX_DRAW_RANKS",
         "MAX_DRAW_WORK",
         "MAX_SIZE",
-        "columns",
         "draw",
-        "escape",
-        "mesh_coordinates",
-        "mesh_str",
     },
     "cli": {"MAX_INPUT_BYTES", "PROG", "main"},
 }
