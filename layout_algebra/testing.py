@@ -23,14 +23,9 @@ import string
 from collections.abc import Collection, Sequence
 from typing import Final, TypeAlias, get_args
 
-try:
-    import hypothesis as _hypothesis  # noqa: F401  (checked first, for a clear message without it)
-except ModuleNotFoundError as e:  # pragma: no cover - exercised in a subprocess test
-    _msg = (
-        "layout_algebra.testing needs hypothesis, which is not installed; install it with "
-        "pip install 'layout_algebra[testing]'"
-    )
-    raise ImportError(_msg, name=e.name) from e
+from layout_algebra._extras import require
+
+require("hypothesis", "testing", "layout_algebra.testing")  # first: a clear message without it
 
 import hypothesis.strategies as st
 from hypothesis.errors import InvalidArgument

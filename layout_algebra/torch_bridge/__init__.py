@@ -25,14 +25,9 @@ This package is the only part of layout_algebra that imports torch (install it w
 
 from __future__ import annotations
 
-try:
-    import torch as _torch  # noqa: F401  (checked first, for a clear message without it)
-except ModuleNotFoundError as e:  # pragma: no cover - exercised in a subprocess test
-    _msg = (
-        "layout_algebra.torch_bridge needs torch, which is not installed; install it with "
-        "pip install 'layout_algebra[torch]'"
-    )
-    raise ImportError(_msg, name=e.name) from e
+from layout_algebra._extras import require
+
+require("torch", "torch", "layout_algebra.torch_bridge")  # first: a clear message without it
 
 from layout_algebra.torch_bridge.binding import bind, default_binding, managed_bindings
 from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch, to_torch
