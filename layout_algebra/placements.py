@@ -8,7 +8,7 @@ them: ``S(0)``, ``R``, ``P(sum)``, ``_S(0, 2)``.
 from __future__ import annotations
 
 import re
-from typing import Final, Literal, TypeAlias, TypeGuard, assert_never, get_args
+from typing import Final, Literal, Self, TypeAlias, TypeGuard, assert_never, get_args
 
 import attrs
 
@@ -67,11 +67,37 @@ def _check_reduce_op(_: object, attribute: attrs.Attribute[str], value: str) -> 
         raise LayoutError(msg, placement=f"{attribute.name}={quote(raw, 40)}")
 
 
+# Equal placements are one object: a planner writes ``Shard(0)`` anew for every parameter,
+# and a million equal objects would each be hashed and compared field by field when a
+# plan is checked by value. ``__new__`` hands out the object already made for a value;
+# ``__attrs_post_init__`` keeps the first one made for each valid value. The values are
+# bounded by the validators (65 dims, 5 reduce ops, one Replicate), so these tables are
+# too. Equality and hashing stay by value: an object made another way (a subclass, an
+# explicit ``object.__new__``) is still equal to its interned twin.
+_SHARDS: dict[int, Shard] = {}
+_PARTIALS: dict[str, Partial] = {}
+_REPLICATES: list[Replicate] = []
+
+
 @attrs.frozen(cache_hash=True)
 class Shard:
     """The tensor is split along ``dim`` across the axis, torch.chunk style."""
 
     dim: int = attrs.field(validator=_check_dim)
+
+    def __new__(cls, dim: int) -> Self:
+        if cls is Shard and type(dim) is int:
+            found = _SHARDS.get(dim)
+            if found is not None:
+                return found  # type: ignore[return-value]  # cls is Shard
+        return object.__new__(cls)
+
+    def __attrs_post_init__(self) -> None:
+        if type(self) is Shard:
+            _SHARDS.setdefault(self.dim, self)
+
+    def __reduce__(self) -> tuple[type[Shard], tuple[int]]:
+        return (Shard, (self.dim,))  # through the constructor: unpickled, it is the one
 
     def __str__(self) -> str:
         return format_placement(self)
@@ -81,12 +107,21 @@ class Shard:
 class Replicate:
     """Every rank along the axis holds the whole tensor."""
 
+    def __new__(cls) -> Self:
+        if cls is Replicate and _REPLICATES:
+            return _REPLICATES[0]  # type: ignore[return-value]  # cls is Replicate
+        return object.__new__(cls)
+
+    def __attrs_post_init__(self) -> None:
+        if type(self) is Replicate and not _REPLICATES:
+            _REPLICATES.append(self)
+
     def __str__(self) -> str:
         return format_placement(self)
 
     def __reduce__(self) -> tuple[type[Replicate], tuple[()]]:
-        # With no fields its pickled state is empty, which pickle protocols 0 and 1 skip,
-        # so the cached hash would never be reset on load: rebuild it from the class.
+        # Through the constructor: unpickled, it is the one Replicate (and with no fields
+        # its pickled state would be empty, which pickle protocols 0 and 1 skip).
         return (Replicate, ())
 
 
@@ -95,6 +130,21 @@ class Partial:
     """Every rank along the axis holds a partial value, ``reduce_op`` pending."""
 
     reduce_op: ReduceOp = attrs.field(default="sum", validator=_check_reduce_op)
+
+    def __new__(cls, reduce_op: ReduceOp = "sum") -> Self:
+        raw: object = reduce_op  # user input: checked by the validator
+        if cls is Partial and type(raw) is str:
+            found = _PARTIALS.get(raw)
+            if found is not None:
+                return found  # type: ignore[return-value]  # cls is Partial
+        return object.__new__(cls)
+
+    def __attrs_post_init__(self) -> None:
+        if type(self) is Partial:
+            _PARTIALS.setdefault(self.reduce_op, self)
+
+    def __reduce__(self) -> tuple[type[Partial], tuple[str]]:
+        return (Partial, (self.reduce_op,))
 
     def __str__(self) -> str:
         return format_placement(self)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import re
 from collections.abc import Callable
 from typing import assert_never
@@ -103,6 +105,37 @@ def test_a_placement_equals_its_copy(p: Placement) -> None:
     copy = attrs.evolve(p)
     assert copy == p
     assert hash(copy) == hash(p)
+
+
+@given(placements())
+def test_equal_placements_made_anew_are_one_object(p: Placement) -> None:
+    # A planner writes Shard(0) for every parameter: each is the one Shard(0), made
+    # again by the constructor, evolve, copy or pickle (StridedShard is not shared).
+    again = [attrs.evolve(p), copy.copy(p), copy.deepcopy(p)]
+    again += [pickle.loads(pickle.dumps(p, protocol)) for protocol in range(6)]
+    for q in again:
+        assert q == p
+        assert (q is p) == (not isinstance(p, StridedShard))
+
+
+def test_a_rejected_value_is_never_shared() -> None:
+    for make in (lambda: Shard(-1), lambda: Shard(True), lambda: Partial("mean")):  # type: ignore[arg-type]
+        with pytest.raises(LayoutError):
+            make()
+    assert Shard(1) is Shard(dim=1)
+    assert Partial() is Partial("sum")
+    assert Replicate() is Replicate()
+
+
+def test_a_placement_subclass_is_its_own_object() -> None:
+    @attrs.frozen
+    class Mine(Shard):
+        pass
+
+    mine = Mine(0)
+    assert type(mine) is Mine
+    assert mine is not Shard(0)
+    assert type(Shard(0)) is Shard
 
 
 def test_different_placements_differ() -> None:
