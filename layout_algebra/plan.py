@@ -7,8 +7,8 @@ placements*, ``{axis: placement}``. All three are frozen, hashable and equal by 
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterable, Iterator, Mapping
-from typing import Final, Protocol
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
+from typing import Final, Protocol, Self
 
 import attrs
 
@@ -136,14 +136,56 @@ def _frozen_params(params: dict[object, object]) -> FrozenMap[str, NamedPlacemen
     return frozen_map_of(out)
 
 
-def _as_params(
-    params: Mapping[str, NamedLike],
-) -> FrozenMap[str, NamedPlacements]:
+ModuleParams = FrozenMap[str, NamedPlacements]
+"""A module's named placements by parameter path, frozen."""
+
+
+_KNOWN: dict[int, list[tuple[dict[str, dict[str, Placement]], ModuleParams]]] = {}
+"""Module params already checked and frozen, by their number of parameters: a plain-dict
+copy of each (the package's own, never changed) and the frozen value, the last one used
+first. A planner writes a new params dict for every module, but a model's modules are
+of a few kinds, so a new dict equal to one of these (compared by value at C speed: equal
+placements are one object) is that frozen value, checked again only when it differs."""
+_MAX_KINDS: Final = 16
+"""At most this many module params kept for one number of parameters."""
+_MAX_MODULE_PATHS: Final = 4096
+"""Module params whose paths total more characters than this are never kept."""
+
+
+def _known_params(params: Mapping[object, object]) -> ModuleParams | None:
+    """The frozen value of module params equal to ``params`` already checked, if any."""
+    kinds = _KNOWN.get(len(params))
+    if kinds is None:
+        return None
+    try:
+        for i, (plain, frozen) in enumerate(kinds):
+            if params == plain:
+                if i:
+                    kinds.insert(0, kinds.pop(i))  # the last one used first
+                return frozen
+    except Exception:  # a key or value whose == raises: the full check names it
+        return None
+    return None
+
+
+def _remember(frozen: ModuleParams) -> ModuleParams:
+    if len(frozen) <= _MAX_SHARED and sum(map(len, frozen)) <= _MAX_MODULE_PATHS:
+        kinds = _KNOWN.setdefault(len(frozen), [])
+        kinds.insert(0, ({path: dict(named.items()) for path, named in frozen.items()}, frozen))
+        del kinds[_MAX_KINDS:]
+    return frozen
+
+
+def _as_params(params: Mapping[str, NamedLike]) -> ModuleParams:
     raw: object = params
+    if type(raw) is dict or type(raw) is FrozenMap:  # a plan's own (evolve, unpickling)
+        known = _known_params(raw)
+        if known is not None:
+            return known
     if type(raw) is dict:
         frozen = _frozen_params(raw)
         if frozen is not None:
-            return frozen
+            return _remember(frozen)
     if not isinstance(raw, Mapping):
         msg = (
             f"a module plan's params must map parameter paths to named placements, got {quote(raw)}"
@@ -166,7 +208,7 @@ def _as_params(
         if hit is None or hit[0] is not named:
             hit = converted[id(named)] = (named, as_named(path, named))
         out[path] = hit[1]
-    return FrozenMap(out)
+    return _remember(frozen_map_of(out))
 
 
 def _shown_key(key: object) -> str:
@@ -184,13 +226,12 @@ def _is_path(name: object) -> bool:
     return type(name) is str and bool(name) and _segments_ok(name)
 
 
-def _check_flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
-    if not isinstance(value, bool):
-        msg = f"{attribute.name} must be True or False, got {quote(value)}"
-        raise LayoutError(msg)
+_PLANS: tuple[dict[int, tuple[ModuleParams, ModulePlan]], ...] = ({}, {})
+"""Module plans already made, by ``expert_parallel`` and the id of their params, for the
+params ``_KNOWN`` keeps: each entry holds the params, so their ids stay unique."""
 
 
-@attrs.frozen(cache_hash=True)
+@attrs.frozen(init=False)
 class ModulePlan:
     """The named placements of one module's parameters.
 
@@ -200,8 +241,39 @@ class ModulePlan:
     on ``ep`` go to the expert mesh.
     """
 
-    params: FrozenMap[str, NamedPlacements] = attrs.field(converter=_as_params)
-    expert_parallel: bool = attrs.field(default=False, kw_only=True, validator=_check_flag)
+    params: ModuleParams
+    expert_parallel: bool = attrs.field(default=False, kw_only=True)
+
+    def __new__(cls, params: Mapping[str, NamedLike], *, expert_parallel: bool = False) -> Self:
+        # Written out rather than generated: a planner makes one per module, a million
+        # parameters' worth. Equal module plans are one object (a model's modules are of
+        # a few kinds), so a plan made of them is checked by identity, module by module.
+        frozen = _as_params(params)
+        flag: object = expert_parallel
+        if type(flag) is not bool:
+            msg = f"expert_parallel must be True or False, got {quote(flag)}"
+            raise LayoutError(msg)
+        plans = _PLANS[expert_parallel]
+        if (hit := plans.get(id(frozen))) is not None and hit[0] is frozen and cls is ModulePlan:
+            return hit[1]  # type: ignore[return-value]  # cls is ModulePlan
+        self = object.__new__(cls)
+        object.__setattr__(self, "params", frozen)
+        object.__setattr__(self, "expert_parallel", expert_parallel)
+        if cls is ModulePlan and len(plans) < _MAX_SHARED and _is_known(frozen):
+            plans[id(frozen)] = (frozen, self)
+        return self
+
+    def __reduce__(self) -> tuple[Callable[..., ModulePlan], tuple[ModuleParams, bool]]:
+        return (_module_plan, (self.params, self.expert_parallel))
+
+
+def _is_known(frozen: ModuleParams) -> bool:
+    return any(known is frozen for _, known in _KNOWN.get(len(frozen), ()))
+
+
+def _module_plan(params: ModuleParams, expert_parallel: bool) -> ModulePlan:
+    """``ModulePlan(params, expert_parallel=...)``: how a pickled one is made again."""
+    return ModulePlan(params, expert_parallel=expert_parallel)
 
 
 def _is_module_fqn(name: object) -> bool:

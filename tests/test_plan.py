@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import re
 from collections.abc import Callable, Mapping
 
@@ -14,6 +16,7 @@ from layout_algebra import (
     LayoutError,
     ModulePlan,
     Partial,
+    Placement,
     Replicate,
     Shard,
     ShardingPlan,
@@ -195,3 +198,60 @@ def test_named_placements_walks_every_parameter_with_its_fqn() -> None:
         ("attn.wq.weight", ATTN, {"tp": Shard(0)}),
         ("attn.wo.weight", ATTN, {"tp": Shard(1)}),
     ]
+
+
+# --- module plans made anew for every module ----------------------------------------
+
+
+def test_equal_module_plans_are_one_object_however_made() -> None:
+    def params() -> dict[str, dict[str, Placement]]:
+        return {"wq.weight": {"tp": Shard(0)}, "wo.weight": {"tp": Shard(1)}}
+
+    first = ModulePlan(params())
+    assert ModulePlan(params()) is first
+    assert ModulePlan(params=params(), expert_parallel=False) is first
+    assert ModulePlan(params(), expert_parallel=True) is not first
+    assert ModulePlan(params(), expert_parallel=True) == ModulePlan(params(), expert_parallel=True)
+    for again in (
+        attrs.evolve(first),
+        copy.copy(first),
+        copy.deepcopy(first),
+        *(pickle.loads(pickle.dumps(first, protocol)) for protocol in range(6)),
+    ):
+        assert again == first
+        assert again is first
+
+
+def test_a_planner_changing_its_dicts_changes_no_plan_made_of_them() -> None:
+    named: dict[str, Placement] = {"tp": Shard(0)}
+    params: dict[str, dict[str, Placement]] = {"w": named}
+    before = ModulePlan(params)
+    named["tp"] = Shard(1)
+    after = ModulePlan(params)
+    assert dict(before.params["w"]) == {"tp": Shard(0)}
+    assert dict(after.params["w"]) == {"tp": Shard(1)}
+    params["v"] = {"tp": Replicate()}
+    assert set(ModulePlan(params).params) == {"w", "v"}
+    assert set(before.params) == {"w"}
+
+
+def test_a_value_whose_comparison_raises_gets_the_full_check() -> None:
+    class Touchy:
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("no comparing me")
+
+        __hash__ = object.__hash__
+
+    ModulePlan({"w": {"tp": Shard(0)}})  # a known kind of the same size
+    with pytest.raises(LayoutError, match=r"w: .* on axis 'tp' is not a placement"):
+        ModulePlan({"w": {"tp": Touchy()}})  # type: ignore[dict-item]
+
+
+def test_a_module_plan_subclass_is_its_own_object() -> None:
+    class Mine(ModulePlan):
+        pass
+
+    mine = Mine({"w": {"tp": Shard(0)}})
+    assert type(mine) is Mine
+    assert type(ModulePlan({"w": {"tp": Shard(0)}})) is ModulePlan
+    assert mine.params == ModulePlan({"w": {"tp": Shard(0)}}).params
