@@ -33,6 +33,7 @@ from layout_algebra.errors import (
 )
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.layout import (
+    ByModule,
     Drop,
     ParamLayoutTable,
     SourceLayout,
@@ -47,7 +48,15 @@ from layout_algebra.placements import (
     Shard,
     format_placement,
 )
-from layout_algebra.plan import NamedLike, NamedPlacements, ShardingPlan, as_named, as_pairs
+from layout_algebra.plan import (
+    ModuleParams,
+    ModulePlan,
+    NamedLike,
+    NamedPlacements,
+    ShardingPlan,
+    as_named,
+    as_pairs,
+)
 
 __all__ = [
     "TableDiff",
@@ -357,7 +366,7 @@ def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> Param
             axes; names the group, the axis, both placements and whose they are.
     """
     _check_table(table, "table")
-    merged = CheckedEntries(table)
+    merged = CheckedEntries(table.items())
     groups, conflicts = _merge_into(merged, table.tied, pairs, "pairs")
     if conflicts:
         raise conflicts[0]
@@ -413,7 +422,7 @@ def complete_default(
         raise LayoutError(msg)
     pairs = None if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
     default = SourceLayout(mesh, source, (_REPLICATE,) * len(source))
-    entries = CheckedEntries(table)
+    entries = CheckedEntries(table.items())
     for fqn in names:
         check_fqn(fqn, "fqns")
         entries.setdefault(fqn, default)
@@ -454,6 +463,7 @@ class _Builder:
         # Which source axes some parameter is sharded on, per mesh role.
         self.placed: dict[str, set[str]] = {"dense": set(), "expert": set()}
         self._by_value: dict[tuple[Mapping[str, Placement], bool], _Resolved] = {}
+        self.grouped: ByModule | None = None
         self._interned: dict[SourceLayout, SourceLayout] = {}
 
     def resolve(
@@ -500,6 +510,43 @@ class _Builder:
         )
         self.problems.append(LayoutError(msg, fqn=fqn))
 
+    def by_module(self, plan: ShardingPlan) -> ByModule | None:
+        """Every parameter of a plan without patterns, kept by module; ``None`` when a
+        parameter has a problem or a dropped placement, or one module's FQN and path spell
+        another's (``add_plan`` then enters and reports each parameter by FQN).
+
+        Modules with one params object (equal module plans are one object) share one
+        inner map of layouts, resolved once: a module costs a lookup, not its parameters.
+        """
+        memos: tuple[dict[int, tuple[ModuleParams, dict[str, SourceLayout]]], ...] = ({}, {})
+        modules: dict[str, Mapping[str, SourceLayout]] = {}
+        count = 0
+        for module, spec in plan.modules.items():
+            params = spec.params
+            memo = memos[spec.expert_parallel]
+            if (hit := memo.get(id(params))) is None or hit[0] is not params:
+                inner = self._module_layouts(module, spec)
+                if inner is None:
+                    self.problems.clear()  # add_plan reports them, parameter by parameter
+                    return None
+                hit = memo[id(params)] = (params, inner)
+            modules[module] = hit[1]
+            count += len(hit[1])
+        inners = [inner for memo in memos for _, inner in memo.values()]
+        if _spells_another(modules, inners):
+            return None
+        return ByModule(modules, count)
+
+    def _module_layouts(self, module: str, spec: ModulePlan) -> dict[str, SourceLayout] | None:
+        prefix = f"{module}." if module else ""
+        out: dict[str, SourceLayout] = {}
+        for path, named in spec.params.items():
+            resolved = self.resolve(prefix + path, module, spec.expert_parallel, named)
+            if resolved is None or resolved[2]:
+                return None
+            out[path] = resolved[0]
+        return out
+
     def add_plan(self, plan: ShardingPlan) -> None:
         """Every parameter of a plan without patterns, in plan order."""
         setdefault, resolve, enter = self.entries.setdefault, self.resolve, self.enter
@@ -529,11 +576,15 @@ class _Builder:
             for mesh in (self.dense, self.expert):
                 if mesh is not None:
                     self.problems.extend(_misspelt_axes(mesh, self.placed[mesh.role], self.drops))
-        groups, conflicts = _merge_into(self.entries, (), pairs, "tied_pairs")
+        entries: Mapping[str, SourceLayout] = self.entries
+        if self.grouped is not None:
+            entries, groups, conflicts = _merge_by_module(self.grouped, pairs)
+        else:
+            groups, conflicts = _merge_into(self.entries, (), pairs, "tied_pairs")
         self.problems.extend(conflicts)
         if self.problems:
             raise PlanError(_problem_report(self.problems), problems=self.problems)
-        return ParamLayoutTable(self.entries, tied=groups, dropped=self.drops)
+        return ParamLayoutTable(entries, tied=groups, dropped=self.drops)
 
 
 def build_table(
@@ -602,8 +653,54 @@ def build_table(
         )
         raise PlanError(_problem_report([LayoutError(msg)]), problems=[LayoutError(msg)])
     else:
-        builder.add_plan(plan)
+        builder.grouped = builder.by_module(plan)
+        if builder.grouped is None:
+            builder.add_plan(plan)
     return builder.table(pairs)
+
+
+def _spells_another(
+    modules: Mapping[str, Mapping[str, SourceLayout]], inners: Iterable[Mapping[str, SourceLayout]]
+) -> bool:
+    """Whether a module's FQN and a dotted path of its spell another module's parameter
+    (``moe`` + ``experts.w1`` and ``moe.experts`` + ``w1``): only then can two entries
+    share an FQN. A C-speed scan of the module FQNs for the last segment of each dotted
+    path's prefixes comes first; the exact check runs only when it finds one."""
+    prefixes: dict[int, tuple[Mapping[str, SourceLayout], set[str]]] = {}
+    for inner in inners:
+        heads = {path[:i] for path in inner for i, c in enumerate(path) if c == "."}
+        if heads:
+            prefixes[id(inner)] = (inner, heads)
+    if not prefixes:
+        return False
+    joined = "\n" + "\n".join(modules) + "\n"
+    tails = {head.rpartition(".")[2] for _, heads in prefixes.values() for head in heads}
+    if not any(f".{t}\n" in joined or f"\n{t}\n" in joined for t in tails):
+        return False
+    for module, inner in modules.items():
+        if (found := prefixes.get(id(inner))) is None or found[0] is not inner:
+            continue
+        for head in found[1]:
+            if (f"{module}.{head}" if module else head) in modules:
+                return True
+    return False
+
+
+def _merge_by_module(
+    entries: ByModule, pairs: Iterable[Iterable[str]]
+) -> tuple[Mapping[str, SourceLayout], tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
+    """``_merge_into`` for entries kept by module: the tied members merged on their own,
+    and the entries spelled out by FQN only when that changes one of them."""
+    checked = as_pairs(pairs, "tied_pairs")
+    members = {fqn for pair in checked for fqn in pair}
+    before = {fqn: layout for fqn in members if (layout := entries.get(fqn)) is not None}
+    merged = CheckedEntries(before)
+    groups, conflicts = _merge_into(merged, (), checked, "tied_pairs")
+    if merged == before:
+        return entries, groups, conflicts
+    flat = CheckedEntries(entries.items())
+    flat.update(merged)
+    return flat, groups, conflicts
 
 
 def _plan_keys(plan: ShardingPlan) -> Iterable[str]:

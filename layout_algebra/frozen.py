@@ -37,7 +37,7 @@ class DictView(Mapping[K, V]):
     """
 
     __slots__ = ("_hash",)
-    _items: dict[K, V]
+    _items: Mapping[K, V]
     _hash: int
 
     def __eq__(self, other: object) -> bool:

@@ -7,7 +7,8 @@ parameters share storage (``tied``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
+from typing import TypeVar, overload
 
 import attrs
 
@@ -26,6 +27,8 @@ from layout_algebra.placements import (
 )
 
 __all__ = ["Drop", "ParamLayoutTable", "SourceLayout"]
+
+T = TypeVar("T")
 
 
 def _as_placements(values: Iterable[Placement]) -> tuple[Placement, ...]:
@@ -120,8 +123,120 @@ class _CheckedEntries(dict[str, SourceLayout]):
     __slots__ = ()
 
 
-def _check_entries(entries: Mapping[str, SourceLayout]) -> dict[str, SourceLayout]:
-    if type(entries) is _CheckedEntries:
+_Inner = Mapping[str, SourceLayout]
+
+
+class ByModule(Mapping[str, SourceLayout]):
+    """Checked entries kept by module: ``{module FQN: {param path: layout}}``.
+
+    The read-only mapping from parameter FQN (``f"{module}.{path}"``, just ``path`` for the
+    root module) that a table holds when ``build_table`` made it from a plan without
+    patterns: the modules of a model are of a few kinds, so the inner maps are a few
+    objects shared by every module of a kind, and no FQN string is spelled until asked
+    for. Iteration is in plan order. Private to the package, like ``_CheckedEntries``:
+    built only from checked layouts and distinct FQNs (no module's FQN and path spell
+    another's), and never changed.
+    """
+
+    __slots__ = ("_len", "_modules")
+    _modules: dict[str, Mapping[str, SourceLayout]]
+    _len: int
+
+    def __init__(self, modules: dict[str, Mapping[str, SourceLayout]], length: int) -> None:
+        self._modules = modules
+        self._len = length
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[ByModule], tuple[dict[str, Mapping[str, SourceLayout]], int]]:
+        return (ByModule, (self._modules, self._len))
+
+    def _find(self, fqn: object) -> SourceLayout | None:
+        if type(fqn) is not str:
+            hash(fqn)  # an unhashable key raises TypeError, as a dict's lookup does
+            if not isinstance(fqn, str):
+                return None
+            fqn = str(fqn)
+        modules = self._modules
+        end = len(fqn)
+        while (end := fqn.rfind(".", 0, end)) > 0:  # the longest module FQN first
+            inner = modules.get(fqn[:end])
+            if inner is not None and (layout := inner.get(fqn[end + 1 :])) is not None:
+                return layout
+        root = modules.get("")
+        return None if root is None else root.get(fqn)
+
+    def __getitem__(self, fqn: str) -> SourceLayout:
+        layout = self._find(fqn)
+        if layout is None:
+            raise KeyError(fqn)
+        return layout
+
+    def __contains__(self, fqn: object) -> bool:
+        return self._find(fqn) is not None
+
+    @overload
+    def get(self, fqn: str, /) -> SourceLayout | None: ...
+    @overload
+    def get(self, fqn: str, /, default: SourceLayout) -> SourceLayout: ...
+    @overload
+    def get(self, fqn: str, /, default: T) -> SourceLayout | T: ...
+    def get(self, fqn: str, /, default: object = None) -> object:
+        layout = self._find(fqn)
+        return default if layout is None else layout
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[str]:
+        for module, inner in self._modules.items():
+            if module:
+                prefix = f"{module}."
+                for path in inner:
+                    yield prefix + path
+            else:
+                yield from inner
+
+    def items(self) -> ItemsView[str, SourceLayout]:
+        return _ByModuleItems(self)
+
+    def values(self) -> ValuesView[SourceLayout]:
+        return _ByModuleValues(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ByModule) and self._modules == other._modules:
+            return True
+        return Mapping.__eq__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]  # like a dict: the table hashes its items
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
+class _ByModuleItems(ItemsView[str, SourceLayout]):
+    _mapping: ByModule
+
+    def __iter__(self) -> Iterator[tuple[str, SourceLayout]]:
+        for module, inner in self._mapping._modules.items():
+            if module:
+                prefix = f"{module}."
+                for path, layout in inner.items():
+                    yield prefix + path, layout
+            else:
+                yield from inner.items()
+
+
+class _ByModuleValues(ValuesView[SourceLayout]):
+    _mapping: ByModule
+
+    def __iter__(self) -> Iterator[SourceLayout]:
+        for inner in self._mapping._modules.values():
+            yield from inner.values()
+
+
+def _check_entries(entries: Mapping[str, SourceLayout]) -> Mapping[str, SourceLayout]:
+    if type(entries) is _CheckedEntries or type(entries) is ByModule:
         return entries
     raw: object = entries
     if not isinstance(raw, Mapping):
@@ -266,7 +381,7 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
     also equals any other ``Mapping`` with the same entries, as a read-only mapping does.
     """
 
-    _items: dict[str, SourceLayout] = attrs.field(alias="entries", converter=_check_entries)
+    _items: Mapping[str, SourceLayout] = attrs.field(alias="entries", converter=_check_entries)
     tied: tuple[frozenset[str], ...] = attrs.field(default=(), kw_only=True, converter=as_groups)
     dropped: tuple[Drop, ...] = attrs.field(
         default=(), kw_only=True, converter=_as_drops, eq=False, repr=False
@@ -340,4 +455,6 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
         if not isinstance(raw, Mapping):
             msg = f"entries must map FQN to SourceLayout, got {quote(raw)}"
             raise LayoutError(msg)
-        return ParamLayoutTable({**self._items, **entries}, tied=self.tied, dropped=self.dropped)
+        merged = dict(self._items.items())
+        merged.update(entries.items())
+        return ParamLayoutTable(merged, tied=self.tied, dropped=self.dropped)

@@ -8,6 +8,7 @@ composition of the single steps.
 
 from __future__ import annotations
 
+import pickle
 import re
 from collections.abc import Sequence
 
@@ -33,6 +34,7 @@ from layout_algebra import (
     TableDiff,
     TiedLayoutConflict,
     UnknownAxisError,
+    algebra,
     build_table,
     complete_default,
     diff,
@@ -40,6 +42,7 @@ from layout_algebra import (
     resolve,
     strip,
 )
+from layout_algebra.layout import ByModule
 from layout_algebra.plan import NamedPlacements
 from tests.strategies import (
     KNOWN_SOURCE_AXES,
@@ -1192,3 +1195,118 @@ def test_complete_default_closes_tied_pairs_over_the_completed_table() -> None:
     assert tied["emb.weight"] == dense(tp=S0)
     with pytest.raises(LayoutError, match="tied_pairs"):
         complete_default(sharded, ["emb.weight"], DENSE, tied_pairs="ab")
+
+
+# --- entries kept by module ------------------------------------------------------------
+
+
+def _built_by_fqn(
+    plan: ShardingPlan, dense: Sequence[str], expert: Sequence[str] | None
+) -> ParamLayoutTable:
+    """The same plan built parameter by parameter, every entry spelled out by FQN."""
+    dense_mesh, expert_mesh = algebra._meshes(plan, dense, expert, FSDP_OWNED_AXES)
+    builder = algebra._Builder(dense_mesh, expert_mesh)
+    builder.add_plan(plan)
+    return builder.table(plan.tied_pairs)
+
+
+@given(st.data())
+def test_a_table_kept_by_module_is_the_table_spelled_out_by_fqn(data: st.DataObject) -> None:
+    plan = data.draw(sharding_plans())
+    dense, expert = data.draw(build_meshes(plan))
+    try:
+        expected = _built_by_fqn(plan, dense, expert)
+    except PlanError as e:
+        with pytest.raises(PlanError) as raised:
+            build_table(plan, dense, expert_axes=expert)
+        assert [p.message for p in raised.value.problems] == [p.message for p in e.problems]
+        return
+    table = build_table(plan, dense, expert_axes=expert)
+    assert table == expected
+    assert hash(table) == hash(expected)
+    assert list(table.items()) == list(expected.items())
+    assert list(table.values()) == list(expected.values())
+    assert len(table) == len(expected)
+    assert repr(table) == repr(expected)
+    assert str(table) == str(expected)
+    assert table.tied == expected.tied
+    for fqn, layout in expected.items():
+        assert table[fqn] == layout
+        assert fqn in table
+        assert table.get(fqn) == layout
+    for protocol in range(6):
+        assert pickle.loads(pickle.dumps(table, protocol)) == expected
+
+
+def _moe_plan(layers: int) -> ShardingPlan:
+    modules = {"emb": ModulePlan({"weight": {"tp": Shard(0)}})}
+    for i in range(layers):
+        modules[f"layers.{i}.attn"] = ModulePlan({"wq.weight": {"tp": Shard(0)}})
+        modules[f"layers.{i}.moe"] = ModulePlan(
+            {"experts.w1": {"ep": Shard(0), "tp": Shard(1)}, "router.gate.weight": {}},
+            expert_parallel=True,
+        )
+    modules["head"] = ModulePlan({"weight": {"tp": Shard(0)}})
+    return ShardingPlan(modules, mesh_axes=["ep", "tp"], tied_pairs=[("emb.weight", "head.weight")])
+
+
+def test_a_plan_of_a_few_module_kinds_is_kept_by_module_and_reads_as_any_table() -> None:
+    plan = _moe_plan(3)
+    table = build_table(plan, ["tp"], expert_axes=["ep", "tp"])
+    assert type(table._items) is ByModule
+    assert list(table) == [fqn for fqn, _, _ in plan.named_placements()]
+    assert table["layers.2.moe.experts.w1"] == SourceLayout(
+        "expert", ("ep", "tp"), (Shard(0), Shard(1))
+    )
+    assert table["layers.2.moe.router.gate.weight"] == SourceLayout(
+        "dense", ("tp",), (Replicate(),)
+    )
+    for missing in (
+        "layers.2.moe",
+        "layers.2.moe.experts",
+        "layers.9.attn.wq.weight",
+        "weight",
+        "",
+    ):
+        assert missing not in table
+        assert table.get(missing) is None
+        with pytest.raises(KeyError):
+            table[missing]
+    assert 1 not in table  # type: ignore[comparison-overlap]
+    with pytest.raises(TypeError):
+        [] in table  # type: ignore[comparison-overlap]  # noqa: B015  # unhashable, as for a dict
+    spelled = ParamLayoutTable(dict(table.items()), tied=table.tied)
+    assert table == spelled == dict(table.items())
+    assert hash(table) == hash(spelled)
+    assert diff(table, spelled).added == {}
+    assert not diff(table, spelled)
+
+
+def test_a_module_path_that_spells_another_modules_parameter_is_declared_once() -> None:
+    clash = {
+        "moe": ModulePlan({"experts.w1": {"tp": Shard(0)}}),
+        "moe.experts": ModulePlan({"w1": {"tp": Shard(1)}}),
+    }
+    with pytest.raises(PlanError, match=r"moe\.experts\.w1: declared twice"):
+        build_table(ShardingPlan(clash, mesh_axes=["tp"]), ["tp"])
+    same = {
+        "": ModulePlan({"moe.experts.w1": {"tp": Shard(0)}}),
+        "moe": ModulePlan({"experts.w1": {"tp": Shard(0)}}),
+    }
+    table = build_table(ShardingPlan(same, mesh_axes=["tp"]), ["tp"])
+    assert list(table) == ["moe.experts.w1"]
+    assert len(table) == 1
+
+
+def test_tied_members_merged_to_a_new_layout_are_spelled_out() -> None:
+    modules = {
+        "emb": ModulePlan({"weight": {"tp": Shard(0)}}),
+        "head": ModulePlan({"weight": {"tp": Replicate()}}),
+    }
+    plan = ShardingPlan(modules, mesh_axes=["tp"], tied_pairs=[("emb.weight", "head.weight")])
+    table = build_table(plan, ["tp"])
+    assert (
+        table["head.weight"] == table["emb.weight"] == SourceLayout("dense", ("tp",), (Shard(0),))
+    )
+    assert table.tied == (frozenset({"emb.weight", "head.weight"}),)
+    assert table == _built_by_fqn(plan, ["tp"], None)

@@ -252,7 +252,7 @@ def _bound(
     get_slot = binder.by_id.get
     entries = iter(table.items())
     next_fqn, next_layout = next(entries, _END)
-    by_fqn: dict[str, SourceLayout] | None = None
+    by_fqn: Mapping[str, SourceLayout] | None = None
     looked_up = 0  # FQNs found by hash; those found in step are counted at the end
     for walked, param in module.named_parameters(remove_duplicate=False):
         if walked == next_fqn:
