@@ -17,7 +17,9 @@ from typing import Final, TypeVar
 
 import attrs
 
+from layout_algebra import algebra
 from layout_algebra.algebra import build_table
+from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.plan import ShardingPlan
 from tests.bench.baseline import (
@@ -42,6 +44,18 @@ SCALES: Final = (100_000, 1_000_000)
 QUICK_SCALES: Final = (10_000, 100_000)
 
 _T = TypeVar("_T")
+
+
+def built_by_fqn(
+    plan: ShardingPlan, dense: Sequence[str], expert: Sequence[str] | None
+) -> ParamLayoutTable:
+    """``build_table`` with every entry spelled out by FQN, as it was before it kept a
+    plan's entries by module: the denominator the lint and reshard targets were set
+    against (both still walk every parameter, while ``build_table`` now walks modules)."""
+    dense_mesh, expert_mesh = algebra._meshes(plan, dense, expert, FSDP_OWNED_AXES)
+    builder = algebra._Builder(dense_mesh, expert_mesh)
+    builder.add_plan(plan)
+    return builder.table(plan.tied_pairs)
 
 
 def timed(fn: Callable[[], _T]) -> float:
