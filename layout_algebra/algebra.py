@@ -518,22 +518,28 @@ class _Builder:
         Modules with one params object (equal module plans are one object) share one
         inner map of layouts, resolved once: a module costs a lookup, not its parameters.
         """
-        memos: tuple[dict[int, tuple[ModuleParams, dict[str, SourceLayout]]], ...] = ({}, {})
+        # id of the module plan -> (it, its layouts, how many): the entry holds the plan.
+        memo: dict[int, tuple[ModulePlan, dict[str, SourceLayout], int]] = {}
+        by_params: dict[tuple[int, bool], tuple[ModuleParams, dict[str, SourceLayout]]] = {}
         modules: dict[str, Mapping[str, SourceLayout]] = {}
         count = 0
         for module, spec in plan.modules.items():
-            params = spec.params
-            memo = memos[spec.expert_parallel]
-            if (hit := memo.get(id(params))) is None or hit[0] is not params:
-                inner = self._module_layouts(module, spec)
-                if inner is None:
-                    self.problems.clear()  # add_plan reports them, parameter by parameter
-                    return None
-                hit = memo[id(params)] = (params, inner)
+            if (hit := memo.get(id(spec))) is None or hit[0] is not spec:
+                # Equal plans made apart (a subclass) still share their layouts by params.
+                key = (id(spec.params), spec.expert_parallel)
+                if (same := by_params.get(key)) is not None and same[0] is spec.params:
+                    inner = same[1]
+                else:
+                    found = self._module_layouts(module, spec)
+                    if found is None:
+                        self.problems.clear()  # add_plan reports them, parameter by parameter
+                        return None
+                    inner = found
+                    by_params[key] = (spec.params, inner)
+                hit = memo[id(spec)] = (spec, inner, len(inner))
             modules[module] = hit[1]
-            count += len(hit[1])
-        inners = [inner for memo in memos for _, inner in memo.values()]
-        if _spells_another(modules, inners):
+            count += hit[2]
+        if _spells_another(modules, [inner for _, inner in by_params.values()]):
             return None
         return ByModule(modules, count)
 
@@ -664,8 +670,10 @@ def _spells_another(
 ) -> bool:
     """Whether a module's FQN and a dotted path of its spell another module's parameter
     (``moe`` + ``experts.w1`` and ``moe.experts`` + ``w1``): only then can two entries
-    share an FQN. A C-speed scan of the module FQNs for the last segment of each dotted
-    path's prefixes comes first; the exact check runs only when it finds one."""
+    share an FQN. Such a module's FQN holds the first segment of a dotted path as a whole
+    segment after a dot (or is it, under the root module), so a C-speed scan of the
+    joined module FQNs for each first segment comes first; the exact check runs only when
+    it finds one."""
     prefixes: dict[int, tuple[Mapping[str, SourceLayout], set[str]]] = {}
     for inner in inners:
         heads = {path[:i] for path in inner for i, c in enumerate(path) if c == "."}
@@ -673,9 +681,13 @@ def _spells_another(
             prefixes[id(inner)] = (inner, heads)
     if not prefixes:
         return False
-    joined = "\n" + "\n".join(modules) + "\n"
-    tails = {head.rpartition(".")[2] for _, heads in prefixes.values() for head in heads}
-    if not any(f".{t}\n" in joined or f"\n{t}\n" in joined for t in tails):
+    root = modules.get("")  # its FQN and path spell a module's FQN and path: ``head``
+    found = None if root is None else prefixes.get(id(root))
+    if found is not None and found[0] is root and any(head in modules for head in found[1]):
+        return True
+    joined = "\n".join(modules) + "\n"
+    firsts = {head.partition(".")[0] for _, heads in prefixes.values() for head in heads}
+    if not any(_holds_segment(joined, first) for first in firsts):
         return False
     for module, inner in modules.items():
         if (found := prefixes.get(id(inner))) is None or found[0] is not inner:
@@ -683,6 +695,18 @@ def _spells_another(
         for head in found[1]:
             if (f"{module}.{head}" if module else head) in modules:
                 return True
+    return False
+
+
+def _holds_segment(joined: str, segment: str) -> bool:
+    """Whether a line of ``joined`` (newline-ended FQNs) holds ``segment`` as a whole
+    segment after a dot."""
+    needle = f".{segment}"
+    at = joined.find(needle)
+    while at >= 0:
+        if joined[at + len(needle)] in ".\n":
+            return True
+        at = joined.find(needle, at + 1)
     return False
 
 

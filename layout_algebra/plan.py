@@ -140,29 +140,41 @@ ModuleParams = FrozenMap[str, NamedPlacements]
 """A module's named placements by parameter path, frozen."""
 
 
-_KNOWN: dict[int, list[tuple[dict[str, dict[str, Placement]], ModuleParams]]] = {}
-"""Module params already checked and frozen, by their number of parameters: a plain-dict
-copy of each (the package's own, never changed) and the frozen value, the last one used
-first. A planner writes a new params dict for every module, but a model's modules are
-of a few kinds, so a new dict equal to one of these (compared by value at C speed: equal
-placements are one object) is that frozen value, checked again only when it differs."""
+class _Kind:
+    """One kind of module params already checked: the package's own plain-dict copy (never
+    changed), the frozen value, and the module plan made of it per ``expert_parallel``."""
+
+    __slots__ = ("frozen", "plain", "plans")
+
+    def __init__(self, frozen: ModuleParams) -> None:
+        self.frozen = frozen
+        self.plain = {path: dict(named.items()) for path, named in frozen.items()}
+        self.plans: list[ModulePlan | None] = [None, None]
+
+
+_KNOWN: dict[int, list[_Kind]] = {}
+"""Module params already checked and frozen, by their number of parameters, the last one
+used first. A planner writes a new params dict for every module, but a model's modules
+are of a few kinds, so a new dict equal to one of these (compared by value at C speed:
+equal placements are one object) is that frozen value, checked again only when it
+differs."""
 _MAX_KINDS: Final = 16
 """At most this many module params kept for one number of parameters."""
 _MAX_MODULE_PATHS: Final = 4096
 """Module params whose paths total more characters than this are never kept."""
 
 
-def _known_params(params: Mapping[object, object]) -> ModuleParams | None:
-    """The frozen value of module params equal to ``params`` already checked, if any."""
+def _known(params: Mapping[object, object]) -> _Kind | None:
+    """The kind of module params equal to ``params`` already checked, if any."""
     kinds = _KNOWN.get(len(params))
     if kinds is None:
         return None
     try:
-        for i, (plain, frozen) in enumerate(kinds):
-            if params == plain:
+        for i, kind in enumerate(kinds):
+            if params == kind.plain:
                 if i:
                     kinds.insert(0, kinds.pop(i))  # the last one used first
-                return frozen
+                return kind
     except Exception:  # a key or value whose == raises: the full check names it
         return None
     return None
@@ -171,17 +183,22 @@ def _known_params(params: Mapping[object, object]) -> ModuleParams | None:
 def _remember(frozen: ModuleParams) -> ModuleParams:
     if len(frozen) <= _MAX_SHARED and sum(map(len, frozen)) <= _MAX_MODULE_PATHS:
         kinds = _KNOWN.setdefault(len(frozen), [])
-        kinds.insert(0, ({path: dict(named.items()) for path, named in frozen.items()}, frozen))
+        kinds.insert(0, _Kind(frozen))
         del kinds[_MAX_KINDS:]
     return frozen
+
+
+def _kind_of(frozen: ModuleParams) -> _Kind | None:
+    """The kind ``frozen`` is the frozen value of, if it is still kept."""
+    return next((k for k in _KNOWN.get(len(frozen), ()) if k.frozen is frozen), None)
 
 
 def _as_params(params: Mapping[str, NamedLike]) -> ModuleParams:
     raw: object = params
     if type(raw) is dict or type(raw) is FrozenMap:  # a plan's own (evolve, unpickling)
-        known = _known_params(raw)
+        known = _known(raw)
         if known is not None:
-            return known
+            return known.frozen
     if type(raw) is dict:
         frozen = _frozen_params(raw)
         if frozen is not None:
@@ -226,11 +243,6 @@ def _is_path(name: object) -> bool:
     return type(name) is str and bool(name) and _segments_ok(name)
 
 
-_PLANS: tuple[dict[int, tuple[ModuleParams, ModulePlan]], ...] = ({}, {})
-"""Module plans already made, by ``expert_parallel`` and the id of their params, for the
-params ``_KNOWN`` keeps: each entry holds the params, so their ids stay unique."""
-
-
 @attrs.frozen(init=False)
 class ModulePlan:
     """The named placements of one module's parameters.
@@ -248,27 +260,35 @@ class ModulePlan:
         # Written out rather than generated: a planner makes one per module, a million
         # parameters' worth. Equal module plans are one object (a model's modules are of
         # a few kinds), so a plan made of them is checked by identity, module by module.
-        frozen = _as_params(params)
+        raw: object = params
         flag: object = expert_parallel
+        if type(raw) is dict and type(flag) is bool and cls is ModulePlan:
+            # The common case inline: params equal to the kind used last.
+            kinds = _KNOWN.get(len(raw))
+            if kinds:
+                last = kinds[0]
+                try:
+                    same = raw == last.plain
+                except Exception:  # a key or value whose == raises: the full check names it
+                    same = False
+                if same and (plan := last.plans[expert_parallel]) is not None:
+                    return plan  # type: ignore[return-value]  # cls is ModulePlan
+        frozen = _as_params(params)
         if type(flag) is not bool:
             msg = f"expert_parallel must be True or False, got {quote(flag)}"
             raise LayoutError(msg)
-        plans = _PLANS[expert_parallel]
-        if (hit := plans.get(id(frozen))) is not None and hit[0] is frozen and cls is ModulePlan:
-            return hit[1]  # type: ignore[return-value]  # cls is ModulePlan
+        kind = _kind_of(frozen) if cls is ModulePlan else None
+        if kind is not None and (plan := kind.plans[expert_parallel]) is not None:
+            return plan  # type: ignore[return-value]  # cls is ModulePlan
         self = object.__new__(cls)
         object.__setattr__(self, "params", frozen)
         object.__setattr__(self, "expert_parallel", expert_parallel)
-        if cls is ModulePlan and len(plans) < _MAX_SHARED and _is_known(frozen):
-            plans[id(frozen)] = (frozen, self)
+        if kind is not None:
+            kind.plans[expert_parallel] = self
         return self
 
     def __reduce__(self) -> tuple[Callable[..., ModulePlan], tuple[ModuleParams, bool]]:
         return (_module_plan, (self.params, self.expert_parallel))
-
-
-def _is_known(frozen: ModuleParams) -> bool:
-    return any(known is frozen for _, known in _KNOWN.get(len(frozen), ()))
 
 
 def _module_plan(params: ModuleParams, expert_parallel: bool) -> ModulePlan:
@@ -391,11 +411,12 @@ class ShardingPlan:
         """Whether a module key or parameter key holds ``*`` (``build_table`` then needs
         the model's FQNs, ``fqns=``)."""
         # Keys are checked to hold '*' only as whole segments, so a substring test is
-        # enough; one per module over its joined keys keeps this cheap at 1e6 parameters.
-        return any(
-            WILDCARD in module or WILDCARD in "\0".join(spec.params)
-            for module, spec in self.modules.items()
-        )
+        # enough: one over the joined module keys, one per distinct params object (equal
+        # module plans share theirs; the plan holds each for the whole call).
+        if WILDCARD in "\0".join(self.modules):
+            return True
+        distinct = {id(spec.params): spec.params for spec in self.modules.values()}
+        return any(WILDCARD in "\0".join(params) for params in distinct.values())
 
     def named_placements(self) -> Iterator[tuple[str, ModulePlan, NamedPlacements]]:
         """Every parameter of the plan as ``(fqn, module plan, named placements)``."""

@@ -1310,3 +1310,17 @@ def test_tied_members_merged_to_a_new_layout_are_spelled_out() -> None:
     )
     assert table.tied == (frozenset({"emb.weight", "head.weight"}),)
     assert table == _built_by_fqn(plan, ["tp"], None)
+
+
+def test_a_segment_that_only_looks_like_a_module_path_keeps_the_table_by_module() -> None:
+    near = {
+        "moe": ModulePlan({"experts.w1": {"tp": Shard(0)}}),
+        "moe.experts_gate": ModulePlan({"w1": {"tp": Shard(1)}}),
+        "a.b": ModulePlan({"c.d.e": {"tp": Shard(0)}}),
+    }
+    table = build_table(ShardingPlan(near, mesh_axes=["tp"]), ["tp"])
+    assert type(table._items) is ByModule
+    assert list(table) == ["moe.experts.w1", "moe.experts_gate.w1", "a.b.c.d.e"]
+    deep = {**near, "a.b.c.d": ModulePlan({"e": {"tp": Shard(1)}})}
+    with pytest.raises(PlanError, match=r"a\.b\.c\.d\.e: declared twice"):
+        build_table(ShardingPlan(deep, mesh_axes=["tp"]), ["tp"])
