@@ -14,7 +14,7 @@ from typing import Final, TypeAlias
 import attrs
 
 from layout_algebra._args import as_items
-from layout_algebra._patterns import Matcher, Rule, is_pattern
+from layout_algebra._patterns import WILDCARD, Matcher, Rule, is_pattern
 from layout_algebra._text import clip, quote, suggest
 from layout_algebra.axes import (
     FSDP_OWNED_AXES,
@@ -511,42 +511,48 @@ class _Builder:
         self.problems.append(LayoutError(msg, fqn=fqn))
 
     def by_module(self, plan: ShardingPlan) -> ByModule | None:
-        """Every parameter of a plan without patterns, kept by module; ``None`` when a
+        """Every parameter of a plan, kept by module; ``None`` when a key holds ``*``, a
         parameter has a problem or a dropped placement, or one module's FQN and path spell
         another's (``add_plan`` then enters and reports each parameter by FQN).
 
         Modules with one params object (equal module plans are one object) share one
         inner map of layouts, resolved once: a module costs a lookup, not its parameters.
         """
-        # id of the module plan -> (it, its layouts, how many): the entry holds the plan.
-        memo: dict[int, tuple[ModulePlan, dict[str, SourceLayout], int]] = {}
+        # Three passes at C speed over the modules, and a Python loop over the distinct
+        # module plans only. ``distinct`` holds every plan its ids are of (and the plan
+        # holds them all for the whole call), so no id stands for another object.
+        specs = plan.modules.values()
+        distinct = dict(zip(map(id, specs), specs, strict=True))
         by_params: dict[tuple[int, bool], tuple[ModuleParams, dict[str, SourceLayout]]] = {}
-        modules: dict[str, Mapping[str, SourceLayout]] = {}
-        count = 0
-        for module, spec in plan.modules.items():
-            if (hit := memo.get(id(spec))) is None or hit[0] is not spec:
-                # Equal plans made apart (a subclass) still share their layouts by params.
-                key = (id(spec.params), spec.expert_parallel)
-                if (same := by_params.get(key)) is not None and same[0] is spec.params:
-                    inner = same[1]
-                else:
-                    found = self._module_layouts(module, spec)
-                    if found is None:
-                        self.problems.clear()  # add_plan reports them, parameter by parameter
-                        return None
-                    inner = found
-                    by_params[key] = (spec.params, inner)
-                hit = memo[id(spec)] = (spec, inner, len(inner))
-            modules[module] = hit[1]
-            count += hit[2]
-        if _spells_another(modules, [inner for _, inner in by_params.values()]):
+        inner_of: dict[int, dict[str, SourceLayout]] = {}
+        first = dict(zip(map(id, specs), plan.modules.keys(), strict=True))  # a module of each
+        for key, spec in distinct.items():
+            # Equal plans made apart (a subclass) still share their layouts by params.
+            params_key = (id(spec.params), spec.expert_parallel)
+            same = by_params.get(params_key)
+            if same is not None and same[0] is spec.params:
+                inner_of[key] = same[1]
+                continue
+            found = self._module_layouts(first[key], spec)
+            if found is None:
+                self.problems.clear()  # add_plan reports them, parameter by parameter
+                return None
+            inner_of[key] = found
+            by_params[params_key] = (spec.params, found)
+        held = {key: (distinct[key], inner) for key, inner in inner_of.items()}
+        modules = plan.modules._items  # the frozen plan's own dict: it never changes
+        count = sum(map(len, map(inner_of.__getitem__, map(id, specs))))
+        joined = "\n".join(modules) + "\n"
+        if WILDCARD in joined or _spells_another(modules, held, joined, by_params.values()):
             return None
-        return ByModule(modules, count)
+        return ByModule(modules, held, count)
 
     def _module_layouts(self, module: str, spec: ModulePlan) -> dict[str, SourceLayout] | None:
         prefix = f"{module}." if module else ""
         out: dict[str, SourceLayout] = {}
         for path, named in spec.params.items():
+            if WILDCARD in path:
+                return None
             resolved = self.resolve(prefix + path, module, spec.expert_parallel, named)
             if resolved is None or resolved[2]:
                 return None
@@ -649,6 +655,8 @@ def build_table(
     builder = _Builder(dense, expert)
     if names is not None:
         _add_matched(builder, plan, names)
+    elif (grouped := builder.by_module(plan)) is not None:
+        builder.grouped = grouped
     elif plan.has_patterns:
         keys = [k for k in _plan_keys(plan) if is_pattern(k)]
         shown = clip(", ".join(repr(k) for k in keys[:5]))
@@ -659,43 +667,47 @@ def build_table(
         )
         raise PlanError(_problem_report([LayoutError(msg)]), problems=[LayoutError(msg)])
     else:
-        builder.grouped = builder.by_module(plan)
-        if builder.grouped is None:
-            builder.add_plan(plan)
+        builder.add_plan(plan)
     return builder.table(pairs)
 
 
 def _spells_another(
-    modules: Mapping[str, Mapping[str, SourceLayout]], inners: Iterable[Mapping[str, SourceLayout]]
+    modules: Mapping[str, object],
+    held: Mapping[int, tuple[object, Mapping[str, SourceLayout]]],
+    joined: str,
+    kinds: Iterable[tuple[object, Mapping[str, SourceLayout]]],
 ) -> bool:
     """Whether a module's FQN and a dotted path of its spell another module's parameter
     (``moe`` + ``experts.w1`` and ``moe.experts`` + ``w1``): only then can two entries
     share an FQN. Such a module's FQN holds the first segment of a dotted path as a whole
     segment after a dot (or is it, under the root module), so a C-speed scan of the
-    joined module FQNs for each first segment comes first; the exact check runs only when
-    it finds one."""
-    prefixes: dict[int, tuple[Mapping[str, SourceLayout], set[str]]] = {}
-    for inner in inners:
-        heads = {path[:i] for path in inner for i, c in enumerate(path) if c == "."}
-        if heads:
-            prefixes[id(inner)] = (inner, heads)
-    if not prefixes:
+    joined module FQNs (``joined``) for each first segment comes first; the exact check
+    runs only when it finds one. ``held`` maps the id of each module's key object to it
+    and its layouts; ``kinds`` are the distinct inner maps (with their params)."""
+    heads_of: dict[int, tuple[Mapping[str, SourceLayout], set[str]]] = {}
+    for _, inner in kinds:
+        dotted = {path[:i] for path in inner for i, c in enumerate(path) if c == "."}
+        if dotted:
+            heads_of[id(inner)] = (inner, dotted)  # the entry holds inner
+    if not heads_of:
         return False
+
+    def heads(key: object) -> set[str]:
+        inner = held[id(key)][1]  # the key is held by ``modules``
+        found = heads_of.get(id(inner))  # inner is held by ``held``
+        return found[1] if found is not None and found[0] is inner else set()
+
     root = modules.get("")  # its FQN and path spell a module's FQN and path: ``head``
-    found = None if root is None else prefixes.get(id(root))
-    if found is not None and found[0] is root and any(head in modules for head in found[1]):
+    if root is not None and any(head in modules for head in heads(root)):
         return True
-    joined = "\n".join(modules) + "\n"
-    firsts = {head.partition(".")[0] for _, heads in prefixes.values() for head in heads}
+    firsts = {head.partition(".")[0] for _, found in heads_of.values() for head in found}
     if not any(_holds_segment(joined, first) for first in firsts):
         return False
-    for module, inner in modules.items():
-        if (found := prefixes.get(id(inner))) is None or found[0] is not inner:
-            continue
-        for head in found[1]:
-            if (f"{module}.{head}" if module else head) in modules:
-                return True
-    return False
+    return any(
+        (f"{module}.{head}" if module else head) in modules
+        for module, key in modules.items()
+        for head in heads(key)
+    )
 
 
 def _holds_segment(joined: str, segment: str) -> bool:

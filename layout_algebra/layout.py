@@ -7,7 +7,7 @@ parameters share storage (``tied``).
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, ValuesView
 from typing import TypeVar, overload
 
 import attrs
@@ -127,29 +127,48 @@ _Inner = Mapping[str, SourceLayout]
 
 
 class ByModule(Mapping[str, SourceLayout]):
-    """Checked entries kept by module: ``{module FQN: {param path: layout}}``.
+    """Checked entries kept by module: each module FQN's key object, and the inner map
+    ``{param path: layout}`` of each distinct key object.
 
     The read-only mapping from parameter FQN (``f"{module}.{path}"``, just ``path`` for the
     root module) that a table holds when ``build_table`` made it from a plan without
-    patterns: the modules of a model are of a few kinds, so the inner maps are a few
-    objects shared by every module of a kind, and no FQN string is spelled until asked
-    for. Iteration is in plan order. Private to the package, like ``_CheckedEntries``:
-    built only from checked layouts and distinct FQNs (no module's FQN and path spell
-    another's), and never changed.
+    patterns. ``modules`` is the plan's own dict of module plans (never changed: the plan
+    is frozen), and ``inner_of`` maps the id of each distinct module plan to it and its
+    layouts (each entry holds the object its id is of). The modules of a model are of a
+    few kinds, so a table of a million parameters holds a few inner maps, and no FQN
+    string is spelled until asked for. Iteration is in plan order. Private to the
+    package, like ``_CheckedEntries``: built only from checked layouts and distinct FQNs
+    (no module's FQN and path spell another's), and never changed.
     """
 
-    __slots__ = ("_len", "_modules")
-    _modules: dict[str, Mapping[str, SourceLayout]]
+    __slots__ = ("_inner_of", "_len", "_modules")
+    _modules: Mapping[str, object]
+    _inner_of: Mapping[int, tuple[object, Mapping[str, SourceLayout]]]
     _len: int
 
-    def __init__(self, modules: dict[str, Mapping[str, SourceLayout]], length: int) -> None:
+    def __init__(
+        self,
+        modules: Mapping[str, object],
+        inner_of: Mapping[int, tuple[object, Mapping[str, SourceLayout]]],
+        length: int,
+    ) -> None:
         self._modules = modules
+        self._inner_of = inner_of
         self._len = length
+
+    @classmethod
+    def of_inner(cls, modules: dict[str, Mapping[str, SourceLayout]], length: int) -> ByModule:
+        """Entries from ``{module FQN: {param path: layout}}`` (how one is unpickled)."""
+        inner_of = {id(inner): (inner, inner) for inner in modules.values()}
+        return cls(modules, inner_of, length)
 
     def __reduce__(
         self,
-    ) -> tuple[type[ByModule], tuple[dict[str, Mapping[str, SourceLayout]], int]]:
-        return (ByModule, (self._modules, self._len))
+    ) -> tuple[Callable[..., ByModule], tuple[dict[str, Mapping[str, SourceLayout]], int]]:
+        # By value: ids mean nothing in another process (shared inner maps pickle once).
+        inner_of = self._inner_of
+        modules = {m: inner_of[id(key)][1] for m, key in self._modules.items()}  # key held
+        return (ByModule.of_inner, (modules, self._len))
 
     def _find(self, fqn: object) -> SourceLayout | None:
         if type(fqn) is not str:
@@ -157,14 +176,16 @@ class ByModule(Mapping[str, SourceLayout]):
             if not isinstance(fqn, str):
                 return None
             fqn = str(fqn)
-        modules = self._modules
+        modules, inner_of = self._modules, self._inner_of
         end = len(fqn)
         while (end := fqn.rfind(".", 0, end)) > 0:  # the longest module FQN first
-            inner = modules.get(fqn[:end])
-            if inner is not None and (layout := inner.get(fqn[end + 1 :])) is not None:
-                return layout
-        root = modules.get("")
-        return None if root is None else root.get(fqn)
+            key = modules.get(fqn[:end])
+            if key is not None:
+                layout = inner_of[id(key)][1].get(fqn[end + 1 :])  # key held by modules
+                if layout is not None:
+                    return layout
+        key = modules.get("")
+        return None if key is None else inner_of[id(key)][1].get(fqn)  # key held
 
     def __getitem__(self, fqn: str) -> SourceLayout:
         layout = self._find(fqn)
@@ -188,8 +209,14 @@ class ByModule(Mapping[str, SourceLayout]):
     def __len__(self) -> int:
         return self._len
 
+    def by_module(self) -> Iterator[tuple[str, Mapping[str, SourceLayout]]]:
+        """``(module FQN, {param path: layout})`` in plan order."""
+        inner_of = self._inner_of
+        for module, key in self._modules.items():
+            yield module, inner_of[id(key)][1]  # key held by modules
+
     def __iter__(self) -> Iterator[str]:
-        for module, inner in self._modules.items():
+        for module, inner in self.by_module():
             if module:
                 prefix = f"{module}."
                 for path in inner:
@@ -204,8 +231,6 @@ class ByModule(Mapping[str, SourceLayout]):
         return _ByModuleValues(self)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, ByModule) and self._modules == other._modules:
-            return True
         return Mapping.__eq__(self, other)
 
     __hash__ = None  # type: ignore[assignment]  # like a dict: the table hashes its items
@@ -218,7 +243,7 @@ class _ByModuleItems(ItemsView[str, SourceLayout]):
     _mapping: ByModule
 
     def __iter__(self) -> Iterator[tuple[str, SourceLayout]]:
-        for module, inner in self._mapping._modules.items():
+        for module, inner in self._mapping.by_module():
             if module:
                 prefix = f"{module}."
                 for path, layout in inner.items():
@@ -231,7 +256,7 @@ class _ByModuleValues(ValuesView[SourceLayout]):
     _mapping: ByModule
 
     def __iter__(self) -> Iterator[SourceLayout]:
-        for inner in self._mapping._modules.values():
+        for _, inner in self._mapping.by_module():
             yield from inner.values()
 
 
