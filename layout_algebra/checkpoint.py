@@ -25,7 +25,7 @@ import attrs
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap
+from layout_algebra.frozen import FrozenMap, getter
 from layout_algebra.geometry import (
     MAX_NDIM,
     MAX_TENSOR_SIZE,
@@ -619,7 +619,7 @@ def _plan_all(
     # id() of objects they keep alive (the tables hold the layouts, ``read`` the shapes).
     read: dict[int, tuple[HasShape, tuple[tuple[int, ...], int]]] = {}
     known: dict[tuple[int, int, int], _Pattern] = {}
-    src_get, shapes_get = src.get, shapes.get
+    src_get, shapes_get = getter(src), getter(shapes)
     for fqn, layout in dst.items():
         old = src_get(fqn)
         found = shapes_get(fqn)

@@ -8,7 +8,7 @@ hashable, compare-by-value mapping the plan types are made of.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
 from typing import Generic, TypeVar, overload
 
 import attrs
@@ -86,6 +86,15 @@ class DictView(Mapping[K, V]):
 
     def items(self) -> ItemsView[K, V]:
         return self._items.items()
+
+
+def getter(mapping: Mapping[K, V]) -> Callable[[K], V | None]:
+    """``mapping.get`` at dict speed: a view's own dict's ``get`` (a C method), for the
+    loops that look up every parameter."""
+    if isinstance(mapping, DictView):
+        items: Mapping[K, V] = mapping._items
+        return items.get
+    return mapping.get
 
 
 def _as_dict(items: Mapping[K, V]) -> dict[K, V]:

@@ -30,7 +30,7 @@ import attrs
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap
+from layout_algebra.frozen import FrozenMap, getter
 from layout_algebra.geometry import (
     FsdpAxes,
     FsdpParts,
@@ -728,7 +728,7 @@ class _Run:
     def count(self) -> None:
         """One pass over the parameters: count each (layout, shape, dim)."""
         shapes_get, dims, default_dim, owner = (
-            self.shapes.get,
+            getter(self.shapes),
             self.dims,
             self.default_dim,
             self.owner,

@@ -38,6 +38,7 @@ from layout_algebra import (
     format_placement,
     local_shape_and_offset,
 )
+from layout_algebra.layout import ByModule
 from layout_algebra.torch_bridge import (
     Binding,
     ParamBindings,
@@ -252,6 +253,21 @@ def test_bind_unknown_fqn_suggests_close_names(
     assert "did you mean 'layers.0.attn.wq.weight'" in msg
     assert msg.endswith("fix the table's FQN or bind the module the table was built for")
     assert info.value.fqn == "layers.0.attn.wqq.weight"
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_bind_finds_an_fqn_the_module_lacks_in_a_table_kept_by_module(
+    meshes: dict[str, DeviceMesh], where: str
+) -> None:
+    # Entries after the ghost are found by hash, not in step: they must not count for it.
+    modules = list(make_plan().modules.items())
+    at = {"first": 0, "middle": len(modules) // 2, "last": len(modules)}[where]
+    modules.insert(at, ("ghost", ModulePlan({"weight": {"tp": Shard(0)}})))
+    plan = ShardingPlan(dict(modules), mesh_axes=WORLD)
+    table = build_table(plan, DENSE, expert_axes=WORLD)
+    assert type(table._items) is ByModule
+    with pytest.raises(BindError, match=r"^ghost\.weight: unknown parameter FQN"):
+        bind(table, make_model(), meshes)
 
 
 def test_bind_missing_mesh_role(table: ParamLayoutTable, dense: DeviceMesh) -> None:
