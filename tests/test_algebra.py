@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from layout_algebra import (
@@ -1111,6 +1111,27 @@ def _brute_force(keys: list[str], fqn: str) -> list[str]:
     return [k for k in matching if sum(s != "*" for s in k.split(".")) == top]
 
 
+_WORDS = st.sampled_from(["layers", "attn", "mlp", "w", "b"])
+_NUMBERED = st.sampled_from(["layers", "attn", "w", "0", "1", "12", "w1", "w2", "a#", "a3"])
+
+
+@given(
+    st.lists(
+        st.lists(_WORDS | st.just("*"), min_size=1, max_size=4).map(".".join),
+        min_size=1,
+        max_size=8,
+        unique=True,
+    ),
+    st.lists(st.lists(_NUMBERED, min_size=1, max_size=4).map(".".join), max_size=30, unique=True),
+)
+@example(keys=["layers.*.w", "a#"], fqns=["layers.1.w", "layers.12.w", "a3", "a#", "layers.a#.w"])
+def test_pattern_matching_of_numbered_fqns_agrees_with_one_regex_per_key(
+    keys: list[str], fqns: list[str]
+) -> None:
+    # Keys of words, FQNs of numbered layers and names that differ only in digits.
+    _agrees_with_one_regex_per_key(keys, fqns)
+
+
 @given(
     st.lists(
         st.lists(_SEGMENTS | st.just("*"), min_size=1, max_size=4).map(".".join),
@@ -1120,7 +1141,13 @@ def _brute_force(keys: list[str], fqn: str) -> list[str]:
     ),
     st.lists(st.lists(_SEGMENTS, min_size=1, max_size=4).map(".".join), max_size=20, unique=True),
 )
+@example(keys=["layers.0.w", "layers.*.w"], fqns=["layers.0.w", "layers.1.w", "layers.10.w"])
+@example(keys=["1", "*"], fqns=["0", "1"])
 def test_pattern_matching_agrees_with_one_regex_per_key(keys: list[str], fqns: list[str]) -> None:
+    _agrees_with_one_regex_per_key(keys, fqns)
+
+
+def _agrees_with_one_regex_per_key(keys: list[str], fqns: list[str]) -> None:
     # Each key gets its own placement (its index as a dim), so every tie is a conflict.
     plan = ShardingPlan(
         {"": ModulePlan({k: {"tp": Shard(i)} for i, k in enumerate(keys)})}, mesh_axes=["tp"]
