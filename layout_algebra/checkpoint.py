@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
@@ -38,7 +38,7 @@ from layout_algebra.geometry import (
     plan_error,
     size_of,
 )
-from layout_algebra.layout import ParamLayoutTable, SourceLayout, partial_error
+from layout_algebra.layout import ByModule, ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
 from layout_algebra.shapes import DTYPE_BYTES, as_dtype
 
@@ -609,6 +609,31 @@ def _read_shape(fqn: str, found: HasShape) -> tuple[tuple[int, ...], int]:
     return checked, DTYPE_BYTES[name]
 
 
+def _with_sources(
+    src: ParamLayoutTable, dst: ParamLayoutTable
+) -> Iterator[tuple[str, SourceLayout, SourceLayout | None]]:
+    """``(fqn, layout in dst, layout in src or None)`` for every entry of ``dst``, in order.
+
+    Tables kept by module are walked module by module: a parameter's source layout is
+    found in its module's inner map, by its path, and its FQN is looked up in ``src`` as
+    a whole only when that module has no such path there.
+    """
+    src_entries, dst_entries = src._items, dst._items
+    src_get = getter(src)
+    if type(src_entries) is not ByModule or type(dst_entries) is not ByModule:
+        for fqn, layout in dst.items():
+            yield fqn, layout, src_get(fqn)
+        return
+    for module, inner in dst_entries.by_module():
+        there = src_entries.inner_at(module)
+        same = getter(there) if there is not None else None
+        prefix = f"{module}." if module else ""
+        for path, layout in inner.items():
+            fqn = prefix + path
+            old = None if same is None else same(path)
+            yield fqn, layout, src_get(fqn) if old is None else old
+
+
 def _plan_all(
     planner: _Planner, src: ParamLayoutTable, dst: ParamLayoutTable, shapes: ShapesLike
 ) -> tuple[list[tuple[str, _Pattern]], list[LayoutError]]:
@@ -619,9 +644,8 @@ def _plan_all(
     # id() of objects they keep alive (the tables hold the layouts, ``read`` the shapes).
     read: dict[int, tuple[HasShape, tuple[tuple[int, ...], int]]] = {}
     known: dict[tuple[int, int, int], _Pattern] = {}
-    src_get, shapes_get = getter(src), getter(shapes)
-    for fqn, layout in dst.items():
-        old = src_get(fqn)
+    shapes_get = getter(shapes)
+    for fqn, layout, old in _with_sources(src, dst):
         found = shapes_get(fqn)
         if old is not None and found is not None:
             done = read.get(id(found))

@@ -29,7 +29,7 @@ from layout_algebra.axes import (
     axis_str,
 )
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.layout import ParamLayoutTable, SourceLayout, partial_error
+from layout_algebra.layout import ByModule, ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (
     MAX_SPLIT_FACTOR,
@@ -761,6 +761,23 @@ def compose_table(
             problems.append(LayoutError(msg, fqn=first))
     # Tables repeat a few layouts many times: compose each (layout, dim) once.
     done: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
+    entries = table._items
+    if type(entries) is ByModule and not dims and not problems:
+        # Kept by module: each distinct inner map composed once (a problem sends the
+        # table to the loop below, which names every parameter it concerns).
+        def compose(layout: SourceLayout) -> SourceLayout:
+            got = done.get((layout, default_dim))
+            if got is None:
+                got = _compose_entry(layout, default_dim, roles, sizes, owned_names)
+                done[layout, default_dim] = got
+            if isinstance(got, LayoutError):
+                raise got
+            return got
+
+        try:
+            return attrs.evolve(table, entries=entries.with_layouts(compose))
+        except LayoutError:
+            done.clear()
     out = CheckedEntries()
     for fqn, layout in table.items():
         dim = dims.get(fqn, default_dim)

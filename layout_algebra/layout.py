@@ -209,6 +209,24 @@ class ByModule(Mapping[str, SourceLayout]):
     def __len__(self) -> int:
         return self._len
 
+    def inner_at(self, module: str) -> Mapping[str, SourceLayout] | None:
+        """``{param path: layout}`` of ``module``, or ``None`` when no entry is under it."""
+        key = self._modules.get(module)
+        return None if key is None else self._inner_of[id(key)][1]  # key held by modules
+
+    def with_layouts(self, change: Callable[[SourceLayout], SourceLayout]) -> ByModule:
+        r"""These entries with every layout ``change``\ d, each inner map once: the
+        same modules, the same sharing of inner maps between them."""
+        done: dict[int, tuple[Mapping[str, SourceLayout], dict[str, SourceLayout]]] = {}
+        held: dict[int, tuple[object, Mapping[str, SourceLayout]]] = {}
+        for key_id, (key, inner) in self._inner_of.items():
+            hit = done.get(id(inner))  # the entry holds inner
+            if hit is None or hit[0] is not inner:
+                changed = {path: change(layout) for path, layout in inner.items()}
+                hit = done[id(inner)] = (inner, changed)
+            held[key_id] = (key, hit[1])
+        return ByModule(self._modules, held, self._len)
+
     def by_module(self) -> Iterator[tuple[str, Mapping[str, SourceLayout]]]:
         """``(module FQN, {param path: layout})`` in plan order."""
         inner_of = self._inner_of

@@ -33,13 +33,16 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from layout_algebra import (
     LayoutError,
+    ModulePlan,
     ParamLayoutTable,
     Partial,
     PlanError,
     Replicate,
     Shard,
+    ShardingPlan,
     SourceLayout,
     StridedShard,
+    build_table,
     local_shape_and_offset,
 )
 from layout_algebra.checkpoint import (
@@ -50,6 +53,7 @@ from layout_algebra.checkpoint import (
 )
 from layout_algebra.cli import main
 from layout_algebra.geometry import compose_table
+from layout_algebra.layout import ByModule
 from layout_algebra.serialization import shapes_to_json, to_json
 from layout_algebra.shapes import ParamShape
 from tests.torch_oracle import dtensor_shape_and_offset, rank_coordinates
@@ -583,3 +587,59 @@ def test_work_is_bounded_by_the_ranks_a_world_has() -> None:
             src_sizes={"dense": {"a": 2}},
             dst_sizes={"dense": huge},
         )
+
+
+# --- tables kept by module ------------------------------------------------------------
+
+
+def _moe_table(split: bool, expert: Shard) -> ParamLayoutTable:
+    """The MODEL's parameters by a plan without ties (kept by module), ``experts.w1``
+    under the root module or, with ``split``, as ``w1`` of a module ``experts``."""
+    modules = {
+        "": ModulePlan(
+            {
+                "emb.weight": {"tp": S0},
+                "head.weight": {"tp": S0},
+                "up.weight": {"tp": S0},
+                "up.bias": {"tp": S0},
+                "norm.weight": {},
+            }
+        )
+    }
+    experts = {"ep": expert}
+    if split:
+        modules["experts"] = ModulePlan({"w1": experts}, expert_parallel=True)
+    else:
+        modules[""] = ModulePlan(
+            {**modules[""].params, "experts.w1": experts}, expert_parallel=True
+        )
+    plan = ShardingPlan(modules, mesh_axes=["dp_shard", "edp_shard", "ep", "tp"])
+    table = build_table(plan, ["dp_shard", "tp"], expert_axes=["edp_shard", "ep"])
+    assert type(table._items) is ByModule
+    return table
+
+
+def _spelled(table: ParamLayoutTable) -> ParamLayoutTable:
+    return ParamLayoutTable(dict(table.items()), tied=table.tied)
+
+
+@pytest.mark.parametrize(("src_split", "dst_split"), [(False, False), (True, False), (False, True)])
+def test_tables_kept_by_module_compose_and_reshard_as_spelled_out_ones(
+    src_split: bool, dst_split: bool
+) -> None:
+    source = _moe_table(src_split, S0)
+    composed = compose_table(source, fsdp=FSDP, mesh_sizes=SRC_SIZES)
+    assert composed == compose_table(_spelled(source), fsdp=FSDP, mesh_sizes=SRC_SIZES)
+    assert list(composed.items()) == list(
+        compose_table(_spelled(source), fsdp=FSDP, mesh_sizes=SRC_SIZES).items()
+    )
+    dst = _moe_table(dst_split, S0)
+    shapes = {f: MODEL[f] for f in source}
+    ours = reshard_plan(composed, dst, shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
+    spelled = reshard_plan(
+        _spelled(composed), _spelled(dst), shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES
+    )
+    assert ours.bytes_read == spelled.bytes_read
+    assert ours.by_param == spelled.by_param
+    for rank in range(ours.world_size):
+        assert list(ours.reads(rank)) == list(spelled.reads(rank))
