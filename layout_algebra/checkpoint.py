@@ -18,6 +18,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import attrgetter, itemgetter
 from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
@@ -25,7 +26,7 @@ import attrs
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap, getter
+from layout_algebra.frozen import FrozenMap, frozen_map_of, getter
 from layout_algebra.geometry import (
     MAX_NDIM,
     MAX_TENSOR_SIZE,
@@ -758,15 +759,17 @@ def reshard_plan(
     patterns, problems = _plan_all(planner, src, dst, shapes)
     if problems:
         raise plan_error("the reshard", problems)
-    counts = Counter(id(p) for _, p in patterns)
-    unique = {id(p): p for _, p in patterns}
+    # Per parameter at C speed: a few patterns stand for a million parameters.
+    fqns, kinds = list(map(itemgetter(0), patterns)), list(map(itemgetter(1), patterns))
+    counts = Counter(map(id, kinds))
+    unique = dict(zip(map(id, kinds), kinds, strict=True))  # holds every pattern it names
     bytes_read = [0] * world_size
     for key, count in counts.items():
         for rank, n in enumerate(unique[key].bytes):
             bytes_read[rank] += count * n
     return ReshardPlan(
         tuple(bytes_read),
-        FrozenMap({fqn: p.total for fqn, p in patterns}),
+        frozen_map_of(dict(zip(fqns, map(attrgetter("total"), kinds), strict=True))),
         src=src,
         dst=dst,
         patterns=tuple(patterns),
