@@ -39,6 +39,7 @@ from layout_algebra.layout import (
     SourceLayout,
     as_groups,
     check_fqn,
+    groups_repr,
     partial_error,
 )
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
@@ -951,8 +952,12 @@ class TableDiff:
     added: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
     removed: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
     changed: FrozenMap[str, tuple[SourceLayout, SourceLayout]] = attrs.field(converter=_changes)
-    tied_added: tuple[frozenset[str], ...] = attrs.field(default=(), converter=_tied_added)
-    tied_removed: tuple[frozenset[str], ...] = attrs.field(default=(), converter=_tied_removed)
+    tied_added: tuple[frozenset[str], ...] = attrs.field(
+        default=(), converter=_tied_added, repr=groups_repr
+    )
+    tied_removed: tuple[frozenset[str], ...] = attrs.field(
+        default=(), converter=_tied_removed, repr=groups_repr
+    )
 
     def __bool__(self) -> bool:
         """Whether the two tables differ at all."""

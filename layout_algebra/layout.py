@@ -369,6 +369,14 @@ def as_groups(groups: Iterable[Iterable[str]], arg: str = "tied") -> tuple[froze
     return tuple(out)
 
 
+def groups_repr(groups: tuple[frozenset[str], ...]) -> str:
+    """``repr(groups)`` with each group's members sorted: a set's own order can differ
+    between equal sets (one unpickled, under another hash seed), so equal values print
+    alike."""
+    shown = [f"frozenset({{{', '.join(map(repr, sorted(g)))}}})" for g in groups]
+    return f"({', '.join(shown)}{',' * (len(shown) == 1)})"
+
+
 def _check_drop_fqn(_: object, __: attrs.Attribute[str], value: object) -> None:
     check_fqn(value, "Drop.fqn")
 
@@ -473,7 +481,7 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
     __hash__ = DictView.__hash__  # the entries' hash: equal tables, and equal mappings
 
     def __repr__(self) -> str:
-        tied = f", tied={self.tied!r}" if self.tied else ""
+        tied = f", tied={groups_repr(self.tied)}" if self.tied else ""
         return f"ParamLayoutTable({self._items!r}{tied})"
 
     def __str__(self) -> str:
