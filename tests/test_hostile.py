@@ -87,6 +87,18 @@ PLAN = ShardingPlan(
     mesh_axes=["dp_shard", "tp"],
     tied_pairs=[("attn.wq.weight", "attn.wo.weight")],
 )
+BY_MODULE = build_table(
+    ShardingPlan(
+        {
+            "emb": ModulePlan({"weight": {"tp": Shard(0)}}),
+            "head": ModulePlan({"weight": {"tp": Shard(0)}}),
+            "norm": ModulePlan({"weight": {"tp": Replicate()}}),
+        },
+        mesh_axes=["dp_shard", "tp"],
+    ),
+    ["dp_shard", "tp"],
+)
+"""TABLE's entries as ``build_table`` keeps a plan's: by module (``layout.ByModule``)."""
 SHAPE = (16, 8)
 SHAPES = {f: layout_algebra.ParamShape(SHAPE, "float32") for f in TABLE}
 COMPOSED = SourceLayout("dense", ["dp_shard", "tp"], [StridedShard(0, split_factor=2), Shard(0)])
@@ -226,6 +238,31 @@ def _shapes() -> dict[str, Case]:
             layout_algebra.from_partition_spec,
             (("tp", None),),
             {"mesh": "dense", "axes": ["tp"], "mesh_sizes": {"tp": 2}},
+        ),
+        # The paths a table kept by module takes.
+        "compose_table, kept by module": Case(
+            layout_algebra.compose_table,
+            (BY_MODULE,),
+            {"fsdp": {"dense": "dp_shard"}, "mesh_sizes": composed, "shard_dim": 0},
+        ),
+        "lint, kept by module": Case(
+            layout_algebra.lint,
+            (BY_MODULE, SHAPES),
+            {"mesh_sizes": composed, "fsdp": {"dense": "dp_shard"}, "shard_dim": 0},
+        ),
+        "reshard_plan, kept by module": Case(
+            layout_algebra.reshard_plan,
+            (BY_MODULE, BY_MODULE, SHAPES),
+            {"src_sizes": composed, "dst_sizes": composed, "fsdp": {"dense": "dp_shard"}},
+        ),
+        "merge_tied, kept by module": Case(
+            merge_tied, (BY_MODULE, [("emb.weight", "head.weight")])
+        ),
+        "complete_default, kept by module": Case(
+            complete_default, (BY_MODULE, ["x.weight"], ["dp_shard", "tp"])
+        ),
+        "ParamLayoutTable.with_entries, kept by module": Case(
+            BY_MODULE.with_entries, ({"x.weight": LAYOUT},)
         ),
         # Methods of the values take user input too.
         "SourceLayout.placement_on": Case(LAYOUT.placement_on, ("tp",)),
@@ -369,6 +406,7 @@ HOSTILE_VALUES: list[object] = [
     Replicate(),
     LAYOUT,
     TABLE,
+    BY_MODULE,
     PLAN,
     object(),
     _Lazy(["a", "b"]),
