@@ -464,7 +464,6 @@ class _Builder:
         # Which source axes some parameter is sharded on, per mesh role.
         self.placed: dict[str, set[str]] = {"dense": set(), "expert": set()}
         self._by_value: dict[tuple[Mapping[str, Placement], bool], _Resolved] = {}
-        self.grouped: ByModule | None = None
         self._interned: dict[SourceLayout, SourceLayout] = {}
 
     def resolve(
@@ -523,24 +522,24 @@ class _Builder:
         # module plans only. ``distinct`` holds every plan its ids are of (and the plan
         # holds them all for the whole call), so no id stands for another object.
         specs = plan.modules.values()
-        distinct = dict(zip(map(id, specs), specs, strict=True))
+        # id of each distinct module plan -> a module of it, and it
+        distinct = dict(zip(map(id, specs), plan.modules.items(), strict=True))
         by_params: dict[tuple[int, bool], tuple[ModuleParams, dict[str, SourceLayout]]] = {}
         inner_of: dict[int, dict[str, SourceLayout]] = {}
-        first = dict(zip(map(id, specs), plan.modules.keys(), strict=True))  # a module of each
-        for key, spec in distinct.items():
+        for key, (module, spec) in distinct.items():
             # Equal plans made apart (a subclass) still share their layouts by params.
             params_key = (id(spec.params), spec.expert_parallel)
             same = by_params.get(params_key)
             if same is not None and same[0] is spec.params:
                 inner_of[key] = same[1]
                 continue
-            found = self._module_layouts(first[key], spec)
+            found = self._module_layouts(module, spec)
             if found is None:
                 self.problems.clear()  # add_plan reports them, parameter by parameter
                 return None
             inner_of[key] = found
             by_params[params_key] = (spec.params, found)
-        held = {key: (distinct[key], inner) for key, inner in inner_of.items()}
+        held = {key: (distinct[key][1], inner) for key, inner in inner_of.items()}
         modules = plan.modules._items  # the frozen plan's own dict: it never changes
         count = sum(map(len, map(inner_of.__getitem__, map(id, specs))))
         joined = "\n".join(modules) + "\n"
@@ -583,15 +582,18 @@ class _Builder:
                 elif setdefault(fqn, hit[1]) is not hit[1]:
                     self.declared_twice(fqn, self.entries[fqn], hit[1])
 
-    def table(self, pairs: Iterable[Iterable[str]]) -> ParamLayoutTable:
-        """The table of every parameter added, tied ones merged, or every problem."""
+    def table(
+        self, pairs: Iterable[Iterable[str]], grouped: ByModule | None = None
+    ) -> ParamLayoutTable:
+        """The table of every parameter added (or ``grouped``, what ``by_module`` gave),
+        tied ones merged, or every problem."""
         if self.drops:
             for mesh in (self.dense, self.expert):
                 if mesh is not None:
                     self.problems.extend(_misspelt_axes(mesh, self.placed[mesh.role], self.drops))
         entries: Mapping[str, SourceLayout] = self.entries
-        if self.grouped is not None:
-            entries, groups, conflicts = _merge_by_module(self.grouped, pairs)
+        if grouped is not None:
+            entries, groups, conflicts = _merge_by_module(grouped, pairs)
         else:
             groups, conflicts = _merge_into(self.entries, (), pairs, "tied_pairs")
         self.problems.extend(conflicts)
@@ -656,9 +658,9 @@ def build_table(
     builder = _Builder(dense, expert)
     if names is not None:
         _add_matched(builder, plan, names)
-    elif (grouped := builder.by_module(plan)) is not None:
-        builder.grouped = grouped
-    elif plan.has_patterns:
+        return builder.table(pairs)
+    grouped = builder.by_module(plan)
+    if grouped is None and plan.has_patterns:
         keys = [k for k in _plan_keys(plan) if is_pattern(k)]
         shown = clip(", ".join(repr(k) for k in keys[:5]))
         msg = (
@@ -667,9 +669,9 @@ def build_table(
             "build_table(..., fqns=[n for n, _ in model.named_parameters()])"
         )
         raise PlanError(_problem_report([LayoutError(msg)]), problems=[LayoutError(msg)])
-    else:
+    if grouped is None:
         builder.add_plan(plan)
-    return builder.table(pairs)
+    return builder.table(pairs, grouped)
 
 
 def _spells_another(
