@@ -761,34 +761,34 @@ def compose_table(
             problems.append(LayoutError(msg, fqn=first))
     # Tables repeat a few layouts many times: compose each (layout, dim) once.
     done: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
-    entries = table._items
-    if type(entries) is ByModule and not dims and not problems:
-        # Kept by module: each distinct inner map composed once (a problem sends the
-        # table to the loop below, which names every parameter it concerns).
-        def compose(layout: SourceLayout) -> SourceLayout:
-            got = done.get((layout, default_dim))
-            if got is None:
-                got = _compose_entry(layout, default_dim, roles, sizes, owned_names)
-                done[layout, default_dim] = got
-            if isinstance(got, LayoutError):
-                raise got
-            return got
 
-        try:
-            return attrs.evolve(table, entries=entries.with_layouts(compose))
-        except LayoutError:
-            done.clear()
-    out = CheckedEntries()
-    for fqn, layout in table.items():
-        dim = dims.get(fqn, default_dim)
-        key = (layout, dim)
-        got = done.get(key)
+    def composed(layout: SourceLayout, dim: int) -> SourceLayout | LayoutError:
+        got = done.get((layout, dim))
         if got is None:
             try:
                 got = _compose_entry(layout, dim, roles, sizes, owned_names)
             except LayoutError as error:
                 got = error
-            done[key] = got
+            done[layout, dim] = got
+        return got
+
+    def composed_or_raise(layout: SourceLayout) -> SourceLayout:
+        got = composed(layout, default_dim)
+        if isinstance(got, LayoutError):
+            raise got
+        return got
+
+    entries = table._items
+    if type(entries) is ByModule and not dims and not problems:
+        # Kept by module: each distinct inner map composed once (a problem sends the
+        # table to the loop below, which names every parameter it concerns).
+        try:
+            return attrs.evolve(table, entries=entries.with_layouts(composed_or_raise))
+        except LayoutError:
+            pass
+    out = CheckedEntries()
+    for fqn, layout in table.items():
+        got = composed(layout, dims.get(fqn, default_dim))
         if isinstance(got, LayoutError):
             problems.append(_with_fqn(fqn, got))
         else:
