@@ -8,6 +8,7 @@ parameters share storage (``tied``).
 from __future__ import annotations
 
 from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, ValuesView
+from operator import itemgetter
 from typing import TypeVar, overload
 
 import attrs
@@ -234,13 +235,7 @@ class ByModule(Mapping[str, SourceLayout]):
             yield module, inner_of[id(key)][1]  # key held by modules
 
     def __iter__(self) -> Iterator[str]:
-        for module, inner in self.by_module():
-            if module:
-                prefix = f"{module}."
-                for path in inner:
-                    yield prefix + path
-            else:
-                yield from inner
+        return map(itemgetter(0), _ByModuleItems(self))
 
     def items(self) -> ItemsView[str, SourceLayout]:
         return _ByModuleItems(self)
