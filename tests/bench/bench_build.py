@@ -35,7 +35,7 @@ from tests.bench.baseline import (
 )
 from tests.bench.targets import record
 
-__all__ = ["Scale", "main", "measure", "report", "run", "verdict"]
+__all__ = ["Scale", "agree", "built_by_fqn", "main", "measure", "report", "run", "verdict"]
 
 TIME_TARGET: Final = 0.8
 MEMORY_TARGET: Final = 0.45
@@ -115,7 +115,7 @@ class Scale:
         return self.ours_bytes / self.baseline_bytes
 
 
-def _agree(ours: ParamLayoutTable, theirs: PlainTable) -> None:
+def agree(ours: ParamLayoutTable, theirs: PlainTable) -> None:
     """Both sides give every parameter the same placements on the same source axes."""
     assert len(ours) == len(theirs), (len(ours), len(theirs))
     for fqn, layout in ours.items():
@@ -146,7 +146,7 @@ def measure(n: int, repeats: int) -> Scale:
                 out[prefix + path] = None
         return out
 
-    _agree(ours(), theirs())
+    agree(ours(), theirs())
     baseline_best = ours_best = floor_best = float("inf")
     for _ in range(repeats):  # interleaved, so all three see the same machine
         baseline_best = min(baseline_best, timed(theirs))

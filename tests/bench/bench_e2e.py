@@ -47,7 +47,7 @@ from tests.bench.baseline import (
     resolve_plan,
     sharding_plan,
 )
-from tests.bench.bench_build import retained, timed
+from tests.bench.bench_build import agree, retained, timed
 from tests.bench.targets import record
 
 __all__ = ["E2E_TARGET", "GROWTH_TARGET", "PATTERN_TARGET", "Scale", "main", "measure", "run"]
@@ -142,16 +142,6 @@ class Scale:
     ours_peak: int
 
 
-def _agree(ours: ParamLayoutTable, theirs: PlainTable) -> None:
-    """Both give every parameter the same placements on the same mesh and axes."""
-    assert len(ours) == len(theirs), (len(ours), len(theirs))
-    for fqn, layout in ours.items():
-        placements, key = theirs[fqn]
-        assert key is not None
-        assert layout.placements == placements, (fqn, layout, placements)
-        assert (layout.mesh, tuple(a.name for a in layout.axes)) == key, (fqn, layout, key)
-
-
 def measure(n: int, repeats: int) -> Scale:
     """Every workload at about ``n`` parameters, best of ``repeats`` runs each."""
     fresh: PlainPlan = fresh_moe_plan(n)
@@ -171,11 +161,11 @@ def measure(n: int, repeats: int) -> Scale:
         build: Callable[..., ParamLayoutTable] = build_table
         return build(pattern_plan(), DENSE_AXES, expert_axes=EXPERT_AXES, fqns=fqns)
 
-    _agree(ours(fresh)(), theirs(fresh)())
-    _agree(ours(reused)(), theirs(reused)())
+    agree(ours(fresh)(), theirs(fresh)())
+    agree(ours(reused)(), theirs(reused)())
     if patterns:
         table = by_pattern()
-        _agree(table, theirs(reused)())
+        agree(table, theirs(reused)())
         assert list(table) == fqns
     prepare_floor(fresh)
     best = dict.fromkeys(("ft", "fo", "rt", "ro", "po", "ff", "pf"), float("inf"))
