@@ -243,11 +243,6 @@ class ByModule(Mapping[str, SourceLayout]):
     def values(self) -> ValuesView[SourceLayout]:
         return _ByModuleValues(self)
 
-    def __eq__(self, other: object) -> bool:
-        return Mapping.__eq__(self, other)
-
-    __hash__ = None  # type: ignore[assignment]  # like a dict: the table hashes its items
-
     def __repr__(self) -> str:
         return repr(dict(self.items()))
 
