@@ -1115,15 +1115,19 @@ _WORDS = st.sampled_from(["layers", "attn", "mlp", "w", "b"])
 _NUMBERED = st.sampled_from(["layers", "attn", "w", "0", "1", "12", "w1", "w2", "a#", "a3"])
 
 
-@given(
-    st.lists(
-        st.lists(_WORDS | st.just("*"), min_size=1, max_size=4).map(".".join),
-        min_size=1,
-        max_size=8,
-        unique=True,
-    ),
-    st.lists(st.lists(_NUMBERED, min_size=1, max_size=4).map(".".join), max_size=30, unique=True),
-)
+def _keys_and_fqns(
+    key_segments: st.SearchStrategy[str], fqn_segments: st.SearchStrategy[str], max_fqns: int
+) -> tuple[st.SearchStrategy[list[str]], st.SearchStrategy[list[str]]]:
+    """Plan keys of ``key_segments`` and ``*``, and FQNs of ``fqn_segments``."""
+
+    def dotted(segments: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        return st.lists(segments, min_size=1, max_size=4).map(".".join)
+
+    keys = st.lists(dotted(key_segments | st.just("*")), min_size=1, max_size=8, unique=True)
+    return keys, st.lists(dotted(fqn_segments), max_size=max_fqns, unique=True)
+
+
+@given(*_keys_and_fqns(_WORDS, _NUMBERED, 30))
 @example(keys=["layers.*.w", "a#"], fqns=["layers.1.w", "layers.12.w", "a3", "a#", "layers.a#.w"])
 def test_pattern_matching_of_numbered_fqns_agrees_with_one_regex_per_key(
     keys: list[str], fqns: list[str]
@@ -1132,15 +1136,7 @@ def test_pattern_matching_of_numbered_fqns_agrees_with_one_regex_per_key(
     _agrees_with_one_regex_per_key(keys, fqns)
 
 
-@given(
-    st.lists(
-        st.lists(_SEGMENTS | st.just("*"), min_size=1, max_size=4).map(".".join),
-        min_size=1,
-        max_size=8,
-        unique=True,
-    ),
-    st.lists(st.lists(_SEGMENTS, min_size=1, max_size=4).map(".".join), max_size=20, unique=True),
-)
+@given(*_keys_and_fqns(_SEGMENTS, _SEGMENTS, 20))
 @example(keys=["layers.0.w", "layers.*.w"], fqns=["layers.0.w", "layers.1.w", "layers.10.w"])
 @example(keys=["1", "*"], fqns=["0", "1"])
 def test_pattern_matching_agrees_with_one_regex_per_key(keys: list[str], fqns: list[str]) -> None:

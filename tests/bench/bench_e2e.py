@@ -235,6 +235,11 @@ def report(small: Scale, large: Scale) -> str:
             )
         )
 
+    def floor_rows(label: str, floors: tuple[float, float], theirs: tuple[float, float]) -> None:
+        times(label, *floors)
+        small_ratio, large_ratio = (f"{f / t:.2f}" for f, t in zip(floors, theirs, strict=True))
+        rows.append(("  floor / baseline", "", small_ratio, large_ratio))
+
     def growth(label: str, ours: tuple[float, float], theirs: tuple[float, float]) -> None:
         mine = (ours[1] / large.params) / (ours[0] / small.params)
         base = (theirs[1] / large.params) / (theirs[0] / small.params)
@@ -258,15 +263,8 @@ def report(small: Scale, large: Scale) -> str:
         fresh_t,
         note=f"reading-constructor floor {large.fresh_floor / large.fresh_theirs:.2f}",
     )
-    floor_f = (small.fresh_floor, large.fresh_floor)
-    times("  floor: a constructor reading its dicts", *floor_f)
-    rows.append(
-        (
-            "  floor / baseline",
-            "",
-            f"{floor_f[0] / fresh_t[0]:.2f}",
-            f"{floor_f[1] / fresh_t[1]:.2f}",
-        )
+    floor_rows(
+        "  floor: a constructor reading its dicts", (small.fresh_floor, large.fresh_floor), fresh_t
     )
     times("  baseline, reused dicts", *reused_t)
     times("  ShardingPlan + build_table, reused dicts", *reused_o)
@@ -281,15 +279,10 @@ def report(small: Scale, large: Scale) -> str:
             reused_t,
             note=f"C-speed split-and-enter floor {large.pattern_floor / large.reused_theirs:.2f}",
         )
-        floor_p = (small.pattern_floor, large.pattern_floor)
-        times("  floor: each FQN split and entered, C speed", *floor_p)
-        rows.append(
-            (
-                "  floor / baseline",
-                "",
-                f"{floor_p[0] / reused_t[0]:.2f}",
-                f"{floor_p[1] / reused_t[1]:.2f}",
-            )
+        floor_rows(
+            "  floor: each FQN split and entered, C speed",
+            (small.pattern_floor, large.pattern_floor),
+            reused_t,
         )
     else:
         rows.append(("  pattern plan -> table", "", "", "(build_table takes no fqns=)"))
