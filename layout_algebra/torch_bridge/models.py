@@ -22,6 +22,7 @@ from layout_algebra.torch_bridge._checks import (
     check_type,
     owned_names,
 )
+from layout_algebra.torch_bridge._walk import named_parameters
 from layout_algebra.torch_bridge.binding import _slice, bind
 from layout_algebra.torch_bridge.convert import from_torch
 
@@ -88,11 +89,7 @@ def distribute(
                 param.detach(), binding.mesh, binding.placements, src_data_rank=src_data_rank
             )
             replaced[id(param)] = nn.Parameter(local, requires_grad=param.requires_grad)
-    targets = [
-        (fqn, replaced[id(p)])
-        for fqn, p in module.named_parameters(remove_duplicate=False)
-        if id(p) in replaced
-    ]
+    targets = [(fqn, replaced[id(p)]) for fqn, p in named_parameters(module) if id(p) in replaced]
     for fqn, new in targets:
         prefix, _, leaf = fqn.rpartition(".")
         setattr(module.get_submodule(prefix), leaf, new)
@@ -172,7 +169,7 @@ def table_from_module(
     aliases: dict[int, list[str]] = {}
     layouts: dict[int, SourceLayout] = {}
     interned: dict[SourceLayout, SourceLayout] = {}
-    for fqn, param in module.named_parameters(remove_duplicate=False):
+    for fqn, param in named_parameters(module):
         pid = id(param)
         known = layouts.get(pid)
         if known is not None:
@@ -254,7 +251,7 @@ def tied_pairs_from_module(module: nn.Module) -> tuple[tuple[str, str], ...]:
     """
     check_module(module, "tied_pairs_from_module(module=...)")
     names: dict[int, list[str]] = {}
-    for fqn, param in module.named_parameters(remove_duplicate=False):
+    for fqn, param in named_parameters(module):
         names.setdefault(id(param), []).append(fqn)
     return tuple(
         (group[i], later)

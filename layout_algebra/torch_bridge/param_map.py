@@ -199,32 +199,6 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
                 ref = refs[pid] = _ParamRef(param, drop)
                 ref.pid, ref.fqn, ref.entry = pid, binding.fqn, binding
 
-    @classmethod
-    def _of_slots(
-        cls,
-        entries: Iterable[tuple[str, nn.Parameter, _Slot]],
-        conflict: Callable[[str, str], Exception],
-    ) -> ParamBindings:
-        """The map ``bind`` builds: each parameter bound under its first FQN, to a slot.
-
-        ``entries`` gives ``(fqn, param, slot)`` for every FQN bound, aliases included;
-        an alias bound to another slot than the parameter's first FQN (equal layouts
-        share one slot, so another slot means another layout) raises
-        ``conflict(first_fqn, fqn)``. The ``Binding`` of an entry is made on first access.
-        """
-        out = cls()
-        drop = out._drop
-        setdefault = out._refs.setdefault
-        for fqn, param, slot in entries:
-            pid = id(param)
-            ref = _ParamRef(param, drop)
-            first = setdefault(pid, ref)
-            if first is ref:
-                ref.pid, ref.fqn, ref.entry = pid, fqn, slot
-            elif first.entry is not slot:
-                raise conflict(first.fqn, fqn)
-        return out
-
     @staticmethod
     def _binding(ref: _ParamRef) -> Binding:
         entry = ref.entry

@@ -10,6 +10,7 @@ from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.shapes import ParamShape
 from layout_algebra.torch_bridge._checks import check_module
+from layout_algebra.torch_bridge._walk import named_parameters
 
 __all__ = ["shapes_from_module"]
 
@@ -29,7 +30,7 @@ def shapes_from_module(module: nn.Module) -> Mapping[str, ParamShape]:
     check_module(module, "shapes_from_module(module=...)")
     shapes: dict[str, ParamShape] = {}
     seen: dict[int, ParamShape] = {}
-    for fqn, param in module.named_parameters(remove_duplicate=False):
+    for fqn, param in named_parameters(module):
         shape = seen.get(id(param))
         if shape is None:
             try:

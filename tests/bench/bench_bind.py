@@ -5,8 +5,9 @@ and of a bare ``dict(module.named_parameters(remove_duplicate=False))``, and the
 (target <= 1.3 at 1e5: binding costs about one more pass over the parameters). The table
 lists the parameters in the module's order, as tables built from the model do; the same
 table in shuffled order (every FQN looked up by hash; target <= 1.5) is timed beside it,
-and so is ``bind`` filling a read-only map over ``torch.utils.weak.WeakIdKeyDictionary``
-instead of ``ParamBindings`` (the alternative weighed in ``param_map``). The module
+and so is the same walk, lookups and checks over the shuffled table filling a read-only
+map over ``torch.utils.weak.WeakIdKeyDictionary`` instead of ``ParamBindings`` (the
+alternative weighed in ``param_map``). The module
 lives on the meta device, so its values take no memory; the mesh comes from a fake
 8-rank process group started in this process. Each timing collects garbage first and
 runs with the collector off, as the other benchmarks do. Run alone with
@@ -18,7 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -32,8 +33,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from layout_algebra import ParamLayoutTable, Replicate, Shard, SourceLayout
 from layout_algebra.layout import ParamLayoutTable as Table
 from layout_algebra.torch_bridge import Binding, bind
-from layout_algebra.torch_bridge.binding import _Binder, _bound, _gc_paused
-from layout_algebra.torch_bridge.param_map import _Slot
+from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups
+from layout_algebra.torch_bridge.binding import _Binder, _gc_paused
 from tests.bench.bench_build import timed, verdict
 from tests.bench.targets import record
 
@@ -59,17 +60,8 @@ class WeakIdBindings(Mapping[nn.Parameter, Binding]):
     makes it.
     """
 
-    def __init__(
-        self, entries: Iterable[tuple[str, nn.Parameter, _Slot]], conflict: Callable[[str], None]
-    ) -> None:
+    def __init__(self) -> None:
         self._data: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        data = self._data
-        for fqn, param, slot in entries:
-            first = data.get(param)  # type: ignore[no-untyped-call]  # torch.utils.weak is untyped
-            if first is None:
-                data[param] = (fqn, slot)
-            elif first[1] is not slot:
-                conflict(fqn)
 
     def __getitem__(self, param: nn.Parameter) -> Binding:
         fqn, slot = self._data[param]
@@ -83,14 +75,29 @@ class WeakIdBindings(Mapping[nn.Parameter, Binding]):
 
 
 def bind_weakid(table: Table, module: nn.Module, meshes: Mapping[str, DeviceMesh]) -> object:
-    """``bind`` with the same checks and loop, filling a ``WeakIdBindings``."""
-
-    def conflict(fqn: str) -> None:
-        msg = f"{fqn}: conflicting aliases"
-        raise ValueError(msg)
-
+    """``bind``'s walk, lookups and checks, filling a ``WeakIdBindings`` instead."""
+    binder = _Binder(meshes)
+    out = WeakIdBindings()
+    data, by_fqn = out._data, table._items
     with _gc_paused():
-        return WeakIdBindings(_bound(table, module, _Binder(meshes)), conflict)
+        for prefix, group in parameter_groups(module):
+            for name, param in group:
+                if param is None:
+                    continue
+                fqn = prefix + name
+                layout = by_fqn.get(fqn)
+                if layout is None:
+                    continue
+                slot = binder.slot(fqn, layout)
+                if slot.min_ndim and param.dim() < slot.min_ndim:
+                    raise binder.dim_error(fqn, layout, param)
+                first = data.get(param)  # type: ignore[no-untyped-call]  # torch.utils.weak is untyped
+                if first is None:
+                    data[param] = (fqn, slot)
+                elif first[1] is not slot:
+                    msg = f"{fqn}: conflicting aliases"
+                    raise ValueError(msg)
+    return out
 
 
 @attrs.frozen
@@ -122,16 +129,16 @@ def measure(modules: int, repeats: int = REPEATS) -> Scale:
     meshes = {"dense": mesh}
     assert len(bind(table, module, meshes)) == len(bind(shuffled, module, meshes)) == len(table)
 
-    weakid = bind_weakid(table, module, meshes)
+    weakid = bind_weakid(shuffled, module, meshes)
     assert isinstance(weakid, WeakIdBindings)
     assert len(weakid) == len(table)
-    first = next(iter(bind(table, module, meshes).items()))
+    first = next(iter(bind(shuffled, module, meshes).items()))
     assert weakid[first[0]] == first[1]
     del weakid, first
 
     def floor() -> list[weakref.ref[nn.Parameter]]:
         # what any map held weakly costs: the walk and one weak reference per parameter
-        return [weakref.ref(p, _ignore) for _, p in module.named_parameters(remove_duplicate=False)]
+        return [weakref.ref(p, _ignore) for _, p in named_parameters(module)]
 
     best = dict.fromkeys(("named", "bind", "shuffled", "weakid", "floor"), float("inf"))
     for _ in range(repeats):  # interleaved, so every side sees the same machine
@@ -140,7 +147,7 @@ def measure(modules: int, repeats: int = REPEATS) -> Scale:
         )
         best["bind"] = min(best["bind"], timed(lambda: bind(table, module, meshes)))
         best["shuffled"] = min(best["shuffled"], timed(lambda: bind(shuffled, module, meshes)))
-        best["weakid"] = min(best["weakid"], timed(lambda: bind_weakid(table, module, meshes)))
+        best["weakid"] = min(best["weakid"], timed(lambda: bind_weakid(shuffled, module, meshes)))
         best["floor"] = min(best["floor"], timed(floor))
     return Scale(len(table), **best)
 
@@ -179,7 +186,8 @@ def run(*, quick: bool = False) -> None:
             f"(target <= {RATIO_TARGET}) {verdict(s.bind / s.named, RATIO_TARGET)}; shuffled "
             f"table {s.shuffled * 1e3:.0f} ms, ratio {s.shuffled / s.named:.2f} (target <= "
             f"{SHUFFLED_TARGET}) {verdict(s.shuffled / s.named, SHUFFLED_TARGET)}; over "
-            f"WeakIdKeyDictionary {s.weakid * 1e3:.0f} ms, ratio {s.weakid / s.named:.2f}; "
+            f"WeakIdKeyDictionary (shuffled) {s.weakid * 1e3:.0f} ms, ratio "
+            f"{s.weakid / s.named:.2f}; "
             f"floor (the walk and a weak reference each) {s.floor / s.named:.2f}"
         )
     print(

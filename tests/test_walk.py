@@ -1,0 +1,173 @@
+"""The bridge's walk of a module's parameters against torch's ``named_parameters``.
+
+``named_parameters(module)`` must give exactly the pairs of
+``module.named_parameters(remove_duplicate=False)``, in the same order, the parameter
+objects themselves: on random module trees with shared submodules, shared parameters,
+``None`` children and ``None`` parameters, and on trees where a class overrides what
+torch's walk calls (then torch's walk is used from that module on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.nn.utils import parametrize
+
+from layout_algebra import BindError, ParamLayoutTable, Shard, SourceLayout
+from layout_algebra.torch_bridge import bind, shapes_from_module, table_from_module
+from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups
+from tests.torch_oracle import MeshFactory
+
+
+def torch_pairs(module: nn.Module) -> list[tuple[str, int]]:
+    return [(n, id(p)) for n, p in module.named_parameters(remove_duplicate=False)]
+
+
+def our_pairs(module: nn.Module) -> list[tuple[str, int]]:
+    return [(n, id(p)) for n, p in named_parameters(module)]
+
+
+def grouped_pairs(module: nn.Module) -> list[tuple[str, int]]:
+    return [
+        (prefix + n, id(p))
+        for prefix, group in parameter_groups(module)
+        for n, p in group
+        if p is not None
+    ]
+
+
+def same_as_torch(module: nn.Module) -> None:
+    expected = torch_pairs(module)
+    assert our_pairs(module) == expected
+    assert grouped_pairs(module) == expected
+
+
+class _Shadowing(nn.Module):
+    """A module whose ``named_modules`` hides its children: torch's walk honours it."""
+
+    def named_modules(
+        self, memo: set[nn.Module] | None = None, prefix: str = "", remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Module]]:
+        yield prefix, self
+
+
+class _Renaming(nn.Module):
+    """A root whose ``named_parameters`` renames every parameter."""
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        for name, p in super().named_parameters(prefix, recurse, remove_duplicate):
+            yield f"renamed.{name}", p
+
+
+@st.composite
+def trees(draw: st.DrawFn) -> nn.Module:
+    """A random module tree: up to 4 levels, shared modules and parameters, ``None``s."""
+    done: list[nn.Module] = []  # finished subtrees: sharing one makes no cycle
+    params: list[nn.Parameter] = []
+
+    def module(depth: int) -> nn.Module:
+        m = _Shadowing() if draw(st.integers(0, 12)) == 0 else nn.Module()
+        for i in range(draw(st.integers(0, 3))):
+            choice = draw(st.integers(0, 5))
+            if choice == 0:
+                m.register_parameter(f"p{i}", None)
+            elif choice == 1 and params:
+                m.register_parameter(f"p{i}", draw(st.sampled_from(params)))  # tied
+            else:
+                p = nn.Parameter(torch.empty(1))
+                params.append(p)
+                m.register_parameter(f"p{i}", p)
+        for i in range(draw(st.integers(0, 3)) if depth < 4 else 0):
+            choice = draw(st.integers(0, 6))
+            if choice == 0:
+                m.register_module(f"c{i}", None)
+            elif choice == 1 and done:
+                m.register_module(f"c{i}", draw(st.sampled_from(done)))  # shared
+            else:
+                m.register_module(f"c{i}", module(depth + 1))
+        done.append(m)
+        return m
+
+    return module(0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees())
+def test_the_walk_is_torchs_on_random_trees(tree: nn.Module) -> None:
+    same_as_torch(tree)
+
+
+def test_the_walk_of_real_modules() -> None:
+    with torch.device("meta"):
+        encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(16, 2, batch_first=True), num_layers=2
+        )
+        lstm = nn.LSTM(4, 4, num_layers=2)
+        tied = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10))
+    tied[1].weight = tied[0].weight
+    shared = nn.Linear(2, 2)
+    twice = nn.Sequential(shared, nn.ReLU(), shared)
+    for module in (encoder, lstm, tied, twice, nn.Linear(2, 2, bias=False), nn.Module()):
+        same_as_torch(module)
+    assert [n for n, _ in named_parameters(twice)] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_the_walk_of_a_parametrized_module() -> None:
+    class Symmetric(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.triu() + x.triu(1).transpose(-1, -2)
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    parametrize.register_parametrization(model[1], "weight", Symmetric())
+    same_as_torch(model)
+    assert "1.parametrizations.weight.original" in dict(named_parameters(model))
+
+
+def test_a_class_hiding_its_children_is_walked_as_torch_walks_it() -> None:
+    hider = _Shadowing()
+    hider.inner = nn.Linear(2, 2)
+    hider.own = nn.Parameter(torch.empty(1))
+    model = nn.Sequential(nn.Linear(2, 2), hider, nn.Linear(2, 2))
+    same_as_torch(model)
+    names = [n for n, _ in named_parameters(model)]
+    assert "1.own" in names
+    assert "1.inner.weight" not in names
+    assert names[-2:] == ["2.weight", "2.bias"]
+
+
+def test_a_root_renaming_its_parameters_is_walked_by_torch() -> None:
+    root = _Renaming()
+    root.lin = nn.Linear(2, 2)
+    same_as_torch(root)
+    assert [n for n, _ in named_parameters(root)] == ["renamed.lin.weight", "renamed.lin.bias"]
+
+
+def test_a_name_registered_empty_behind_torchs_back_is_joined_as_torch_joins_it() -> None:
+    model = nn.Module()
+    model._modules[""] = nn.Linear(2, 2)  # add_module refuses "", the dict does not
+    model._modules["a.b"] = nn.Linear(2, 2)
+    same_as_torch(model)
+
+
+def test_the_bridge_reads_what_torch_walks(world_mesh: MeshFactory) -> None:
+    """bind, table_from_module and shapes_from_module see a hiding class as torch does."""
+    hider = _Shadowing()
+    hider.inner = nn.Linear(4, 4)
+    model = nn.Sequential(nn.Linear(4, 4), hider)
+    shapes = shapes_from_module(model)
+    assert list(shapes) == [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    layout = SourceLayout("dense", ("tp",), (Shard(0),))
+    table = ParamLayoutTable({"0.weight": layout})
+    mesh = world_mesh({"dp_shard": 2, "tp": 4})
+    bindings = bind(table, model, {"dense": mesh})
+    assert [b.fqn for b in bindings.values()] == ["0.weight"]
+    assert list(table_from_module(model)) == list(shapes)
+    with pytest.raises(BindError, match="unknown parameter FQN"):
+        bind(ParamLayoutTable({"1.inner.weight": layout}), model, {"dense": mesh})
