@@ -14,7 +14,7 @@ from typing import Final, TypeAlias
 import attrs
 
 from layout_algebra._args import as_items
-from layout_algebra._patterns import WILDCARD, Matcher, Rule, is_pattern
+from layout_algebra._patterns import Matcher, Rule, is_pattern
 from layout_algebra._text import clip, quote, suggest
 from layout_algebra.axes import (
     FSDP_OWNED_AXES,
@@ -516,43 +516,34 @@ class _Builder:
         another's (``add_plan`` then enters and reports each parameter by FQN).
 
         Modules with one params object (equal module plans are one object) share one
-        inner map of layouts, resolved once: a module costs a lookup, not its parameters.
+        inner map of layouts, resolved once: a module costs nothing here, and a Python
+        loop runs over the distinct module plans only (the plan's index lists them).
         """
-        # Three passes at C speed over the modules, and a Python loop over the distinct
-        # module plans only. ``distinct`` holds every plan its ids are of (and the plan
-        # holds them all for the whole call), so no id stands for another object.
-        specs = plan.modules.values()
-        # id of each distinct module plan -> a module of it, and it
-        distinct = dict(zip(map(id, specs), plan.modules.items(), strict=True))
+        index = plan._index
+        if index.patterns or index.nested:
+            return None
         by_params: dict[tuple[int, bool], tuple[ModuleParams, dict[str, SourceLayout]]] = {}
-        inner_of: dict[int, dict[str, SourceLayout]] = {}
-        for key, (module, spec) in distinct.items():
+        # id of each distinct module plan -> it and its layouts (the entry holds it)
+        held: dict[int, tuple[object, Mapping[str, SourceLayout]]] = {}
+        for module, spec in index.kinds:
             # Equal plans made apart (a subclass) still share their layouts by params.
             params_key = (id(spec.params), spec.expert_parallel)
             same = by_params.get(params_key)
             if same is not None and same[0] is spec.params:
-                inner_of[key] = same[1]
+                held[id(spec)] = (spec, same[1])
                 continue
             found = self._module_layouts(module, spec)
             if found is None:
                 self.problems.clear()  # add_plan reports them, parameter by parameter
                 return None
-            inner_of[key] = found
+            held[id(spec)] = (spec, found)
             by_params[params_key] = (spec.params, found)
-        held = {key: (distinct[key][1], inner) for key, inner in inner_of.items()}
-        modules = plan.modules._items  # the frozen plan's own dict: it never changes
-        count = sum(map(len, map(inner_of.__getitem__, map(id, specs))))
-        joined = "\n".join(modules) + "\n"
-        if WILDCARD in joined or _spells_another(modules, held, joined, by_params.values()):
-            return None
-        return ByModule(modules, held, count)
+        return ByModule(plan.modules._items, held)  # the frozen plan's own dict
 
     def _module_layouts(self, module: str, spec: ModulePlan) -> dict[str, SourceLayout] | None:
         prefix = f"{module}." if module else ""
         out: dict[str, SourceLayout] = {}
         for path, named in spec.params.items():
-            if WILDCARD in path:
-                return None
             resolved = self.resolve(prefix + path, module, spec.expert_parallel, named)
             if resolved is None or resolved[2]:
                 return None
@@ -672,57 +663,6 @@ def build_table(
     if grouped is None:
         builder.add_plan(plan)
     return builder.table(pairs, grouped)
-
-
-def _spells_another(
-    modules: Mapping[str, object],
-    held: Mapping[int, tuple[object, Mapping[str, SourceLayout]]],
-    joined: str,
-    kinds: Iterable[tuple[object, Mapping[str, SourceLayout]]],
-) -> bool:
-    """Whether a module's FQN and a dotted path of its spell another module's parameter
-    (``moe`` + ``experts.w1`` and ``moe.experts`` + ``w1``): only then can two entries
-    share an FQN. Such a module's FQN holds the first segment of a dotted path as a whole
-    segment after a dot (or is it, under the root module), so a C-speed scan of the
-    joined module FQNs (``joined``) for each first segment comes first; the exact check
-    runs only when it finds one. ``held`` maps the id of each module's key object to it
-    and its layouts; ``kinds`` are the distinct inner maps (with their params)."""
-    heads_of: dict[int, tuple[Mapping[str, SourceLayout], set[str]]] = {}
-    for _, inner in kinds:
-        dotted = {path[:i] for path in inner for i, c in enumerate(path) if c == "."}
-        if dotted:
-            heads_of[id(inner)] = (inner, dotted)  # the entry holds inner
-    if not heads_of:
-        return False
-
-    def heads(key: object) -> set[str]:
-        inner = held[id(key)][1]  # the key is held by ``modules``
-        found = heads_of.get(id(inner))  # inner is held by ``held``
-        return found[1] if found is not None and found[0] is inner else set()
-
-    root = modules.get("")  # its FQN and path spell a module's FQN and path: ``head``
-    if root is not None and any(head in modules for head in heads(root)):
-        return True
-    firsts = {head.partition(".")[0] for _, found in heads_of.values() for head in found}
-    if not any(_holds_segment(joined, first) for first in firsts):
-        return False
-    return any(
-        (f"{module}.{head}" if module else head) in modules
-        for module, key in modules.items()
-        for head in heads(key)
-    )
-
-
-def _holds_segment(joined: str, segment: str) -> bool:
-    """Whether a line of ``joined`` (newline-ended FQNs) holds ``segment`` as a whole
-    segment after a dot."""
-    needle = f".{segment}"
-    at = joined.find(needle)
-    while at >= 0:
-        if joined[at + len(needle)] in ".\n":
-            return True
-        at = joined.find(needle, at + 1)
-    return False
 
 
 def _merge_by_module(

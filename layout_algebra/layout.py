@@ -145,13 +145,14 @@ class ByModule(Mapping[str, SourceLayout]):
     __slots__ = ("_inner_of", "_len", "_modules")
     _modules: Mapping[str, object]
     _inner_of: Mapping[int, tuple[object, Mapping[str, SourceLayout]]]
-    _len: int
+    _len: int | None
+    """The number of entries, counted when first asked for (a pass over the modules)."""
 
     def __init__(
         self,
         modules: Mapping[str, object],
         inner_of: Mapping[int, tuple[object, Mapping[str, SourceLayout]]],
-        length: int,
+        length: int | None = None,
     ) -> None:
         self._modules = modules
         self._inner_of = inner_of
@@ -169,7 +170,7 @@ class ByModule(Mapping[str, SourceLayout]):
         # By value: ids mean nothing in another process (shared inner maps pickle once).
         inner_of = self._inner_of
         modules = {m: inner_of[id(key)][1] for m, key in self._modules.items()}  # key held
-        return (ByModule.of_inner, (modules, self._len))
+        return (ByModule.of_inner, (modules, len(self)))
 
     def _find(self, fqn: object) -> SourceLayout | None:
         if type(fqn) is not str:
@@ -208,6 +209,14 @@ class ByModule(Mapping[str, SourceLayout]):
         return default if layout is None else layout
 
     def __len__(self) -> int:
+        if self._len is None:
+            inner_of = self._inner_of  # every key is held by modules
+            self._len = sum(
+                map(
+                    len,
+                    map(itemgetter(1), map(inner_of.__getitem__, map(id, self._modules.values()))),
+                )
+            )
         return self._len
 
     def inner_at(self, module: str) -> Mapping[str, SourceLayout] | None:

@@ -301,37 +301,12 @@ def _is_module_fqn(name: object) -> bool:
     return type(name) is str and (not name or _segments_ok(name))
 
 
-def _plain_modules(modules: dict[object, object]) -> bool:
-    """Whether every key of ``modules`` is a module FQN without ``*`` and every value a
-    ``ModulePlan``, checked at C speed (``False`` sends them to the full check).
+def _check_modules(modules: Mapping[str, ModulePlan]) -> None:
+    """Every key of ``modules`` a module FQN and every value a ``ModulePlan``.
 
-    The FQNs joined by newlines show an empty segment as ``..``, ``\n.``, ``.\n`` or a dot
-    at either end (an FQN holding a newline itself may look bad here: the full check then
-    decides).
+    Raises:
+        LayoutError: naming the first key or value that is not.
     """
-    try:
-        joined = "\n".join(modules)  # type: ignore[arg-type]  # a non-str raises TypeError
-    except TypeError:
-        return False
-    return not (
-        WILDCARD in joined
-        or ".." in joined
-        or "\n." in joined
-        or ".\n" in joined
-        or joined.startswith(".")
-        or joined.endswith(".")
-        or set(map(type, modules)) - {str}
-        or set(map(type, modules.values())) - {ModulePlan}
-    )
-
-
-def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]:
-    raw: object = modules
-    if type(raw) is dict and _plain_modules(raw):
-        return FrozenMap(modules)
-    if not isinstance(raw, Mapping):
-        msg = f"a plan's modules must map module FQNs to ModulePlan, got {quote(raw)}"
-        raise LayoutError(msg)
     for fqn, spec in modules.items():
         if not _is_module_fqn(fqn):
             msg = (
@@ -346,7 +321,98 @@ def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]
                 "in ModulePlan(...)"
             )
             raise LayoutError(msg, fqn=fqn)
+
+
+def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]:
+    raw: object = modules
+    if type(raw) is dict or type(raw) is FrozenMap:
+        return FrozenMap(modules)  # checked with the plan's index (_index_of), at C speed
+    if not isinstance(raw, Mapping):
+        msg = f"a plan's modules must map module FQNs to ModulePlan, got {quote(raw)}"
+        raise LayoutError(msg)
+    _check_modules(modules)  # before it is copied: a lazily built mapping is read once
     return FrozenMap(modules)
+
+
+@attrs.frozen
+class _Index:
+    """What ``build_table`` needs to know of a plan's modules, found when the plan is made.
+
+    ``kinds`` holds each distinct module plan object once, with a module FQN of it (a
+    model's modules are of a few kinds, and equal module plans are one object);
+    ``patterns`` says a module key or parameter path holds ``*``; ``nested`` says a
+    module's FQN joined with a dotted path of its names another module of the plan
+    (``moe`` with ``experts.w1`` and a module ``moe.experts``), so two of its entries
+    may share an FQN.
+    """
+
+    kinds: tuple[tuple[str, ModulePlan], ...]
+    patterns: bool
+    nested: bool
+
+
+def _index_of(modules: dict[str, ModulePlan]) -> _Index:
+    """The plan's index, its modules checked on the way: at C speed when every key is a
+    plain module FQN (no ``*``) and every distinct value a ``ModulePlan``, else by
+    ``_check_modules``.
+
+    The FQNs but the root's (``""``), joined by dots, show an empty segment as ``..`` or
+    a dot at either end.
+    """
+    keys_ok = not set(map(type, modules)) - {str}
+    joined = ".".join(filter(None, modules)) if keys_ok else ""
+    first_of = dict(zip(map(id, modules.values()), modules, strict=True))  # id -> an FQN
+    kinds = tuple((fqn, modules[fqn]) for fqn in first_of.values())
+    if not (
+        keys_ok
+        and WILDCARD not in joined
+        and ".." not in joined
+        and not joined.startswith(".")
+        and not joined.endswith(".")
+        and all(type(spec) is ModulePlan for _, spec in kinds)
+    ):
+        _check_modules(modules)  # raises, or passes keys with '*' and subclasses
+    distinct = {id(spec.params): spec.params for _, spec in kinds}  # kinds hold them
+    patterns = WILDCARD in joined or any(WILDCARD in "\0".join(p) for p in distinct.values())
+    nested = not patterns and _nested(modules, joined, kinds)
+    return _Index(kinds, patterns, nested)
+
+
+def _nested(
+    modules: dict[str, ModulePlan], joined: str, kinds: tuple[tuple[str, ModulePlan], ...]
+) -> bool:
+    """Whether a module's FQN joined with a dotted path of its is another module's FQN.
+
+    Such an FQN holds the first segment of the path as a whole segment after a dot (or
+    is the path's head, under the root module), so a C-speed scan of ``joined`` (the
+    FQNs but the root's, joined by dots) for each first segment comes first, and the
+    exact check over the modules runs only when one is found.
+    """
+    heads_of: dict[int, tuple[ModuleParams, set[str]]] = {}
+    for _, spec in kinds:
+        params = spec.params
+        dotted = {path[:i] for path in params for i, c in enumerate(path) if c == "."}
+        if dotted:
+            heads_of[id(params)] = (params, dotted)  # the entry holds params
+    if not heads_of:
+        return False
+
+    def heads(spec: ModulePlan) -> set[str]:
+        found = heads_of.get(id(spec.params))
+        return found[1] if found is not None and found[0] is spec.params else set()
+
+    root = modules.get("")
+    if root is not None and any(head in modules for head in heads(root)):
+        return True
+    firsts = {head.partition(".")[0] for _, found in heads_of.values() for head in found}
+    if not any(f".{first}." in joined or joined.endswith(f".{first}") for first in firsts):
+        return False
+    return any(
+        f"{module}.{head}" in modules
+        for module, spec in modules.items()
+        if module
+        for head in heads(spec)
+    )
 
 
 def as_pairs(
@@ -405,18 +471,16 @@ class ShardingPlan:
     tied_pairs: tuple[tuple[str, str], ...] = attrs.field(
         default=(), kw_only=True, converter=_as_pairs
     )
+    _index: _Index = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_index", _index_of(self.modules._items))
 
     @property
     def has_patterns(self) -> bool:
         """Whether a module key or parameter key holds ``*`` (``build_table`` then needs
         the model's FQNs, ``fqns=``)."""
-        # Keys are checked to hold '*' only as whole segments, so a substring test is
-        # enough: one over the joined module keys, one per distinct params object (equal
-        # module plans share theirs; the plan holds each for the whole call).
-        if WILDCARD in "\0".join(self.modules):
-            return True
-        distinct = {id(spec.params): spec.params for spec in self.modules.values()}
-        return any(WILDCARD in "\0".join(params) for params in distinct.values())
+        return self._index.patterns
 
     def named_placements(self) -> Iterator[tuple[str, ModulePlan, NamedPlacements]]:
         """Every parameter of the plan as ``(fqn, module plan, named placements)``."""

@@ -20,7 +20,9 @@ from layout_algebra import (
     Replicate,
     Shard,
     ShardingPlan,
+    build_table,
 )
+from layout_algebra.layout import ByModule
 from layout_algebra.plan import param_fqn
 from tests.strategies import sharding_plans
 
@@ -255,3 +257,60 @@ def test_a_module_plan_subclass_is_its_own_object() -> None:
     assert type(mine) is Mine
     assert type(ModulePlan({"w": {"tp": Shard(0)}})) is ModulePlan
     assert mine.params == ModulePlan({"w": {"tp": Shard(0)}}).params
+
+
+# --- what a plan knows of its modules (its index) -----------------------------------
+
+
+def test_every_copy_of_a_plan_builds_its_table_by_module() -> None:
+    attn = ModulePlan({"wq.weight": {"tp": Shard(0)}})
+    norm = ModulePlan({"weight": {"tp": Replicate()}})
+    modules = {"": norm, **{f"layers.{i}.attn": attn for i in range(3)}, "layers.0.norm": norm}
+    plan = ShardingPlan(modules, mesh_axes=["tp"])
+    expected = build_table(plan, ["tp"])
+    assert type(expected._items) is ByModule
+    assert list(expected) == ["weight"] + [f"layers.{i}.attn.wq.weight" for i in range(3)] + [
+        "layers.0.norm.weight"
+    ]
+    for again in (
+        attrs.evolve(plan),
+        ShardingPlan(plan.modules, mesh_axes=["tp"]),
+        copy.deepcopy(plan),
+        *(pickle.loads(pickle.dumps(plan, protocol)) for protocol in range(6)),
+    ):
+        table = build_table(again, ["tp"])
+        assert type(table._items) is ByModule
+        assert table == expected
+        assert list(table) == list(expected)
+        assert len(table) == len(expected) == 5
+
+
+@pytest.mark.parametrize(
+    ("key", "match"),
+    [
+        ("layers..attn", "must be a dotted name"),
+        (".attn", "must be a dotted name"),
+        ("attn.", "must be a dotted name"),
+        ("la*yers.attn", "must be a dotted name"),
+        (7, "must be a dotted name"),
+    ],
+)
+def test_a_bad_module_key_among_good_ones_is_named(key: object, match: str) -> None:
+    attn = ModulePlan({"wq.weight": {"tp": Shard(0)}})
+    modules: dict[object, object] = {f"layers.{i}.attn": attn for i in range(100)}
+    modules[key] = attn
+    modules[""] = attn
+    with pytest.raises(LayoutError, match=match) as info:
+        ShardingPlan(modules, mesh_axes=["tp"])  # type: ignore[arg-type]
+    assert info.value.fqn == (key if isinstance(key, str) else repr(key))
+
+
+def test_a_str_subclass_as_module_key_is_refused() -> None:
+    class Name(str):
+        __slots__ = ()
+
+    attn = ModulePlan({"wq.weight": {"tp": Shard(0)}})
+    with pytest.raises(LayoutError, match="must be a dotted name"):
+        ShardingPlan({Name("attn"): attn}, mesh_axes=["tp"])
+    with pytest.raises(LayoutError, match="is not a ModulePlan"):
+        ShardingPlan({"attn": attn, "norm": {"weight": {}}}, mesh_axes=["tp"])  # type: ignore[dict-item]
