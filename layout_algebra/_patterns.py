@@ -116,6 +116,13 @@ class Matcher(Generic[T]):
         self._head: Callable[[list[str]], object] = itemgetter(*kept, self._split_at)
         self._by_head: dict[object, tuple[int, ...]] = {}
 
+    def answers(self) -> set[tuple[int, ...]]:
+        """Every distinct answer ``match`` and ``match_all`` can have given so far (``()``,
+        each exact key's, and each pattern signature's)."""
+        found = {(), *self._by_signature.values()}
+        found.update(map(tuple, self._exact.values()))
+        return found
+
     def rule(self, index: int) -> Rule[T]:
         """The rule at ``index``, as ``match`` returns them."""
         return self._rules[index]

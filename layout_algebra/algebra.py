@@ -9,7 +9,9 @@ arguments alone. ``build_table`` composes the others into the plan → table pip
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, TypeAlias
+from itertools import compress, repeat
+from operator import is_not
+from typing import Final, TypeAlias, cast
 
 import attrs
 
@@ -701,16 +703,35 @@ def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> 
         for module, spec in plan.modules.items()
         for path, named in spec.params.items()
     )
+    names = fqns if isinstance(fqns, tuple) else tuple(fqns)
+    for raw in () if set(map(type, names)) <= {str} and all(names) else names:
+        if type(raw) is not str or not raw:
+            check_fqn(raw, "fqns")  # the first FQN that is not one
+    answers = matcher.match_all(names)
+    if not _enter_matched(builder, matcher, names, answers):
+        _enter_by_fqn(builder, matcher, names, answers)
+    for unused in matcher.unused():
+        msg = (
+            f"key {clip(unused.key)!r} of the plan matches no parameter FQN of the model; "
+            "fix its spelling (a '*' matches exactly one dotted segment) or remove it"
+        )
+        builder.problems.append(LayoutError(msg, fqn=unused.key))
+
+
+def _enter_by_fqn(
+    builder: _Builder,
+    matcher: Matcher[_PlanRule],
+    names: Sequence[str],
+    answers: Sequence[tuple[int, ...]],
+) -> None:
+    """Each FQN entered under its answer, one by one: ties, problems and drops reported
+    by name."""
     # What each answer of the matcher resolves to: None for no key, a tie (reported
     # once) or a problem. Few distinct answers for a million FQNs, so decided once each,
     # except that problems are reported for every FQN they concern.
     decided: dict[tuple[int, ...], _Resolved | None] = {}
     enter, setdefault = builder.enter, builder.entries.setdefault
-    names = fqns if isinstance(fqns, tuple) else tuple(fqns)
-    for raw in () if set(map(type, names)) <= {str} and all(names) else names:
-        if type(raw) is not str or not raw:
-            check_fqn(raw, "fqns")  # the first FQN that is not one
-    for fqn, found in zip(names, matcher.match_all(names), strict=True):
+    for fqn, found in zip(names, answers, strict=True):
         if found in decided:
             resolved = decided[found]
         else:
@@ -724,12 +745,40 @@ def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> 
             enter(fqn, resolved)
         elif setdefault(fqn, resolved[0]) is not resolved[0]:
             builder.declared_twice(fqn, builder.entries[fqn], resolved[0])
-    for unused in matcher.unused():
-        msg = (
-            f"key {clip(unused.key)!r} of the plan matches no parameter FQN of the model; "
-            "fix its spelling (a '*' matches exactly one dotted segment) or remove it"
-        )
-        builder.problems.append(LayoutError(msg, fqn=unused.key))
+
+
+def _enter_matched(
+    builder: _Builder,
+    matcher: Matcher[_PlanRule],
+    names: Sequence[str],
+    answers: Sequence[tuple[int, ...]],
+) -> bool:
+    """Every matched FQN entered at C speed, when each distinct answer of the matcher
+    resolves to a layout with nothing dropped and no FQN is given twice; ``False`` with
+    nothing entered and no problem recorded otherwise (the loop by FQN then reports
+    each parameter by name)."""
+    layout_of: dict[tuple[int, ...], SourceLayout | None] = {}
+    problems = len(builder.problems)
+    for found in matcher.answers():
+        rules = [matcher.rule(i) for i in found]
+        if not rules:
+            layout_of[found] = None
+            continue
+        if len(rules) > 1 and len({_route(r.value) for r in rules}) > 1:
+            return False  # a tie: reported for an FQN it concerns
+        resolved = builder.resolve(rules[0].key, *rules[0].value)
+        if resolved is None or resolved[2]:
+            del builder.problems[problems:]
+            return False
+        layout_of[found] = resolved[0]
+    layouts = list(map(layout_of.__getitem__, answers))
+    matched = list(map(is_not, layouts, repeat(None)))
+    kept = cast("list[SourceLayout]", layouts)  # the None ones are left out by ``matched``
+    entries = CheckedEntries(compress(zip(names, kept, strict=True), matched))
+    if len(entries) != matched.count(True):  # bools: counted by identity, at C speed
+        return False  # an FQN given twice: declared twice, unless with one layout
+    builder.entries = entries
+    return True
 
 
 def _decide(builder: _Builder, fqn: str, rules: list[Rule[_PlanRule]]) -> _PlanRule | None:

@@ -992,6 +992,28 @@ def test_a_pattern_plan_is_resolved_against_the_model_fqns() -> None:
     assert table.tied == (frozenset({"tok_embeddings.weight", "output.weight"}),)
 
 
+def test_an_fqn_given_twice_to_a_pattern_plan_is_one_entry() -> None:
+    plan = plan_of({"layers.*.attention": ModulePlan({"wq.weight": {"tp": S0}})})
+    once = build_table(plan, DENSE, fqns=LLAMA_FQNS)
+    twice = build_table(plan, DENSE, fqns=LLAMA_FQNS + LLAMA_FQNS[::-1])
+    assert twice == once
+    assert list(twice) == list(once) == [f"layers.{i}.attention.wq.weight" for i in range(3)]
+
+
+def test_a_pattern_plan_with_a_problem_names_every_fqn_it_concerns() -> None:
+    plan = plan_of(
+        {
+            "layers.*.attention": ModulePlan({"wq.weight": {"tp": S0}, "wo.weight": {"tpp": S1}}),
+            "layers.*": ModulePlan({"feed_forward.*.weight": {"tp": S0}}),
+        }
+    )
+    with pytest.raises(PlanError) as info:
+        build_table(plan, DENSE, fqns=LLAMA_FQNS)
+    assert [p.fqn for p in info.value.problems] == [
+        f"layers.{i}.attention.wo.weight" for i in range(3)
+    ]
+
+
 def test_the_most_specific_key_wins() -> None:
     plan = plan_of(
         {

@@ -119,9 +119,11 @@ def prepare_floor(plain: PlainPlan) -> None:
 
 
 def pattern_floor(fqns: list[str]) -> dict[str, object]:
-    """What any matcher that looks at an FQN's segments costs before it matches, with no
-    Python loop at all: each FQN split at its dots and entered into a dict, at C speed."""
-    return dict(zip(fqns, map(methodcaller("split", "."), fqns), strict=True))
+    """What a table keyed by FQN costs, from a plan by pattern, before any matching: each
+    FQN split at its first two dots (where ``layers.*.attention`` tells one layer from
+    another: the fewest splits any matcher of these keys needs) and entered into a dict
+    with a small value, at C speed, with no Python loop at all."""
+    return dict(zip(fqns, map(len, map(methodcaller("split", ".", 2), fqns)), strict=True))
 
 
 @attrs.frozen
@@ -280,7 +282,7 @@ def report(small: Scale, large: Scale) -> str:
             note=f"C-speed split-and-enter floor {large.pattern_floor / large.reused_theirs:.2f}",
         )
         floor_rows(
-            "  floor: each FQN split and entered, C speed",
+            "  floor: each FQN split at 2 dots, into a dict",
             (small.pattern_floor, large.pattern_floor),
             reused_t,
         )
