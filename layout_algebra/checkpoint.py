@@ -17,8 +17,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from operator import attrgetter, itemgetter
+from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
@@ -468,7 +468,9 @@ class ReshardPlan:
     by_param: FrozenMap[str, int]
     _src: ParamLayoutTable = attrs.field(alias="src")
     _dst: ParamLayoutTable = attrs.field(alias="dst")
-    _patterns: tuple[tuple[str, _Pattern], ...] = attrs.field(alias="patterns", eq=False)
+    _fqns: tuple[str, ...] = attrs.field(alias="fqns", eq=False)
+    _kinds: tuple[_Pattern, ...] = attrs.field(alias="kinds", eq=False)
+    """Each parameter's reads (``_fqns[i]``'s are ``_kinds[i]``): a few shared patterns."""
 
     def __repr__(self) -> str:
         return (
@@ -506,7 +508,7 @@ class ReshardPlan:
             raise LayoutError(msg)
         return tuple(
             Read(fqn, p.chunk, p.dest_offsets, p.storage_offsets, p.lengths)
-            for fqn, pattern in self._patterns
+            for fqn, pattern in zip(self._fqns, self._kinds, strict=True)
             for p in pattern.pieces[rank]
         )
 
@@ -516,7 +518,7 @@ class ReshardPlan:
         Raises:
             LayoutError: ``fqn`` is not loaded.
         """
-        for name, pattern in self._patterns:
+        for name, pattern in zip(self._fqns, self._kinds, strict=True):
             if name == fqn:
                 return sum(map(len, pattern.pieces))
         msg = f"{quote(fqn)} is not a parameter of the destination table; check the spelling"
@@ -553,7 +555,7 @@ class ReshardPlan:
         for rank in shown:
             if rank != last + 1:
                 lines.append(f"  ... {rank - last - 1} ranks more")
-            count = sum(len(pattern.pieces[rank]) for _, pattern in self._patterns)
+            count = sum(len(pattern.pieces[rank]) for pattern in self._kinds)
             lines.append(
                 f"  rank {rank:>{width}}  {_format_bytes(self.bytes_read[rank]):>10}  "
                 f"{count:>5} reads"
@@ -561,7 +563,10 @@ class ReshardPlan:
             last = rank
         named = sorted(self.by_param, key=lambda f: (-self.by_param[f], f))[:top]
         if named:
-            reads = {name: sum(map(len, pattern.pieces)) for name, pattern in self._patterns}
+            reads = {
+                name: sum(map(len, pattern.pieces))
+                for name, pattern in zip(self._fqns, self._kinds, strict=True)
+            }
             lines.append("parameters that move most (bytes read by all ranks):")
             shown_fqns = {fqn: escape(fqn) for fqn in named}
             fqn_width = max(map(len, shown_fqns.values()))
@@ -610,51 +615,26 @@ def _read_shape(fqn: str, found: HasShape) -> tuple[tuple[int, ...], int]:
     return checked, DTYPE_BYTES[name]
 
 
-def _with_sources(
-    src: ParamLayoutTable, dst: ParamLayoutTable
-) -> Iterator[tuple[str, SourceLayout, SourceLayout | None]]:
-    """``(fqn, layout in dst, layout in src or None)`` for every entry of ``dst``, in order.
-
-    Tables kept by module are walked module by module: a parameter's source layout is
-    found in its module's inner map, by its path, and its FQN is looked up in ``src`` as
-    a whole only when that module has no such path there.
-    """
-    src_entries, dst_entries = src._items, dst._items
-    src_get = getter(src)
-    if type(src_entries) is not ByModule or type(dst_entries) is not ByModule:
-        for fqn, layout in dst.items():
-            yield fqn, layout, src_get(fqn)
-        return
-    for module, inner in dst_entries.by_module():
-        there = src_entries.inner_at(module)
-        same = getter(there) if there is not None else None
-        prefix = f"{module}." if module else ""
-        for path, layout in inner.items():
-            fqn = prefix + path
-            old = None if same is None else same(path)
-            yield fqn, layout, src_get(fqn) if old is None else old
+_Paths: TypeAlias = list[
+    tuple[str, SourceLayout, SourceLayout | None, dict[int, tuple[object, "_Pattern"]]]
+]
+"""A module kind's paths: each with its layout, its source layout, and its reads by shape."""
 
 
-def _plan_all(
-    planner: _Planner, src: ParamLayoutTable, dst: ParamLayoutTable, shapes: ShapesLike
-) -> tuple[list[tuple[str, _Pattern]], list[LayoutError]]:
-    """Every parameter of ``dst``'s reads, and every problem found on the way."""
-    problems: list[LayoutError] = []
-    patterns: list[tuple[str, _Pattern]] = []
-    # Models repeat a few (layout, layout, shape) many times. Both caches are keyed by
-    # id() of objects they keep alive (the tables hold the layouts, ``read`` the shapes).
-    read: dict[int, tuple[HasShape, tuple[tuple[int, ...], int]]] = {}
-    known: dict[tuple[int, int, int], _Pattern] = {}
-    shapes_get = getter(shapes)
-    for fqn, layout, old in _with_sources(src, dst):
-        found = shapes_get(fqn)
-        if old is not None and found is not None:
-            done = read.get(id(found))
-            if done is not None and done[0] is found:
-                pattern = known.get((id(old), id(layout), id(done[1])))
-                if pattern is not None:
-                    patterns.append((fqn, pattern))
-                    continue
+class _Reads:
+    """The reads of each parameter, planned once per distinct (source layout, layout,
+    shape) and shared: models repeat a few of them many times."""
+
+    def __init__(self, planner: _Planner, dst: ParamLayoutTable, shapes: ShapesLike) -> None:
+        self.planner, self.dst, self.shapes = planner, dst, shapes
+        self.problems: list[LayoutError] = []
+        # Keyed by id() of objects they keep alive (the tables hold the layouts, ``read``
+        # the shapes).
+        self.read: dict[int, tuple[HasShape, tuple[tuple[int, ...], int]]] = {}
+        self.known: dict[tuple[int, int, int], _Pattern] = {}
+
+    def pattern(self, fqn: str, layout: SourceLayout, old: SourceLayout | None) -> _Pattern | None:
+        """The reads of ``fqn``, or ``None`` with its problem recorded."""
         try:
             if old is None:
                 msg = (
@@ -662,15 +642,17 @@ def _plan_all(
                     "refuses a missing key: add it to src, or leave it out of dst"
                 )
                 raise LayoutError(msg, fqn=fqn)
-            found = _find_shape(fqn, shapes, dst)
-            done = read.get(id(found))
+            found = _find_shape(fqn, self.shapes, self.dst)
+            done = self.read.get(id(found))
             if done is None or done[0] is not found:
                 done = found, _read_shape(fqn, found)
-                read[id(found)] = done
-            (shape, itemsize) = done[1]
-            pattern = planner.pattern(fqn, old, layout, shape, itemsize)
-            known[id(old), id(layout), id(done[1])] = pattern
-            patterns.append((fqn, pattern))
+                self.read[id(found)] = done
+            key = (id(old), id(layout), id(done[1]))
+            pattern = self.known.get(key)
+            if pattern is None:
+                (shape, itemsize) = done[1]
+                pattern = self.known[key] = self.planner.pattern(fqn, old, layout, shape, itemsize)
+            return pattern
         except LayoutError as error:
             if error.fqn != fqn:
                 error = LayoutError(
@@ -679,8 +661,64 @@ def _plan_all(
                     axis=error.axis,
                     placement=error.placement,
                 )
-            problems.append(error)
-    return patterns, problems
+            self.problems.append(error)
+            return None
+
+
+def _plan_all(
+    planner: _Planner, src: ParamLayoutTable, dst: ParamLayoutTable, shapes: ShapesLike
+) -> tuple[list[str], list[_Pattern], list[LayoutError]]:
+    """Every parameter of ``dst`` and its reads, in order, and every problem found on the
+    way.
+
+    Tables kept by module are walked module by module: a parameter's source layout is
+    found in its module's inner map by its path (its FQN is looked up in ``src`` as a
+    whole only when that module has no such path there), and modules with the same
+    inner maps in both tables share what is known of each path's reads, so a parameter
+    costs its FQN, a lookup of its shape and a lookup of its reads by that shape.
+    """
+    reads = _Reads(planner, dst, shapes)
+    fqns: list[str] = []
+    kinds: list[_Pattern] = []
+    add_fqn, add_kind, shapes_get = fqns.append, kinds.append, getter(shapes)
+    src_entries, dst_entries = src._items, dst._items
+    src_get = getter(src)
+    if type(src_entries) is not ByModule or type(dst_entries) is not ByModule:
+        for fqn, layout in dst.items():
+            pattern = reads.pattern(fqn, layout, src_get(fqn))
+            if pattern is not None:
+                add_fqn(fqn)
+                add_kind(pattern)
+        return fqns, kinds, reads.problems
+    # (id of dst's inner map, id of src's) -> them, and per path its layouts and the reads
+    # of each shape object (by id; the entry holds the shape). The tables hold the maps.
+    modules: dict[tuple[int, int], tuple[object, object, _Paths]] = {}
+    for module, inner, there in dst_entries.by_module_with(src_entries):
+        kind = modules.get((id(inner), id(there)))
+        if kind is None or kind[0] is not inner or kind[1] is not there:
+            olds = there.get if there is not None else _nothing
+            paths: _Paths = [(path, layout, olds(path), {}) for path, layout in inner.items()]
+            kind = modules[id(inner), id(there)] = (inner, there, paths)
+        prefix = f"{module}." if module else ""
+        for path, layout, old, by_shape in kind[2]:
+            fqn = prefix + path
+            found = shapes_get(fqn)
+            hit = by_shape.get(id(found))
+            if hit is not None and hit[0] is found:
+                add_fqn(fqn)
+                add_kind(hit[1])
+                continue
+            pattern = reads.pattern(fqn, layout, src_get(fqn) if old is None else old)
+            if pattern is not None:
+                add_fqn(fqn)
+                add_kind(pattern)
+                if found is not None and old is not None:  # else its source is by FQN
+                    by_shape[id(found)] = (found, pattern)
+    return fqns, kinds, reads.problems
+
+
+def _nothing(_: str) -> None:
+    """No source layout for any path: the module is not in the source table."""
 
 
 def reshard_plan(
@@ -756,11 +794,10 @@ def reshard_plan(
         )
         raise LayoutError(msg)
     planner = _Planner(src_roles, dst_roles, world_size)
-    patterns, problems = _plan_all(planner, src, dst, shapes)
+    fqns, kinds, problems = _plan_all(planner, src, dst, shapes)
     if problems:
         raise plan_error("the reshard", problems)
     # Per parameter at C speed: a few patterns stand for a million parameters.
-    fqns, kinds = list(map(itemgetter(0), patterns)), list(map(itemgetter(1), patterns))
     counts = Counter(map(id, kinds))
     unique = dict(zip(map(id, kinds), kinds, strict=True))  # holds every pattern it names
     bytes_read = [0] * world_size
@@ -772,5 +809,6 @@ def reshard_plan(
         frozen_map_of(dict(zip(fqns, map(attrgetter("total"), kinds), strict=True))),
         src=src,
         dst=dst,
-        patterns=tuple(patterns),
+        fqns=tuple(fqns),
+        kinds=tuple(kinds),
     )

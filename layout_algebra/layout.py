@@ -243,6 +243,22 @@ class ByModule(Mapping[str, SourceLayout]):
         for module, key in self._modules.items():
             yield module, inner_of[id(key)][1]  # key held by modules
 
+    def by_module_with(
+        self, other: ByModule
+    ) -> Iterator[tuple[str, Mapping[str, SourceLayout], Mapping[str, SourceLayout] | None]]:
+        """``(module FQN, {param path: layout}, other's map of that module or None)`` in
+        plan order; in step when both tables were built from one plan's modules."""
+        inner_of, there_of = self._inner_of, other._inner_of
+        if other._modules is self._modules:  # every key is held by the one dict
+            for module, key in self._modules.items():
+                yield module, inner_of[id(key)][1], there_of[id(key)][1]  # key held
+            return
+        there_at = other._modules.get
+        for module, key in self._modules.items():
+            inner = inner_of[id(key)][1]  # key is held by modules
+            there = there_at(module)  # held by other's modules
+            yield module, inner, None if there is None else there_of[id(there)][1]
+
     def __iter__(self) -> Iterator[str]:
         return map(itemgetter(0), _ByModuleItems(self))
 

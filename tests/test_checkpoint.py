@@ -643,3 +643,33 @@ def test_tables_kept_by_module_compose_and_reshard_as_spelled_out_ones(
     assert ours.by_param == spelled.by_param
     for rank in range(ours.world_size):
         assert list(ours.reads(rank)) == list(spelled.reads(rank))
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_tables_of_one_plan_reshard_in_step_as_spelled_out_ones(split: bool) -> None:
+    """Train and serve tables built from one plan share its modules: walked in step."""
+    modules = {
+        "": ModulePlan({"emb.weight": {"tp": S0}, "head.weight": {"tp": S1}, "norm.weight": {}}),
+        "up": ModulePlan({"weight": {"tp": S0}, "bias": {"tp": S0}}),
+    }
+    if split:
+        modules["experts"] = ModulePlan({"w1": {"ep": S0}}, expert_parallel=True)
+    else:
+        modules[""] = ModulePlan(
+            {**modules[""].params, "experts.w1": {"ep": S0}}, expert_parallel=True
+        )
+    plan = ShardingPlan(modules, mesh_axes=["dp_shard", "edp_shard", "ep", "tp"])
+    train = build_table(plan, ["dp_shard", "tp"], expert_axes=["edp_shard", "ep"])
+    serve = build_table(plan, ["tp"], expert_axes=["ep"])
+    composed = compose_table(train, fsdp=FSDP, mesh_sizes=SRC_SIZES)
+    assert type(composed._items) is ByModule and type(serve._items) is ByModule
+    assert composed._items._modules is serve._items._modules
+    shapes = {f: MODEL[f] for f in serve}
+    ours = reshard_plan(composed, serve, shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
+    spelled = reshard_plan(
+        _spelled(composed), _spelled(serve), shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES
+    )
+    assert ours == spelled
+    assert ours.by_param == spelled.by_param
+    for rank in range(ours.world_size):
+        assert list(ours.reads(rank)) == list(spelled.reads(rank))

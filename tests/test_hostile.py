@@ -227,7 +227,7 @@ def _shapes() -> dict[str, Case]:
         "ReshardPlan": Case(
             layout_algebra.ReshardPlan,
             ((0, 0, 0, 0), FrozenMap({})),
-            {"src": TABLE, "dst": TABLE, "patterns": ()},
+            {"src": TABLE, "dst": TABLE, "fqns": (), "kinds": ()},
         ),
         "to_partition_spec": Case(
             layout_algebra.to_partition_spec,
