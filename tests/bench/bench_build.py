@@ -199,7 +199,7 @@ def report(small: Scale, large: Scale) -> tuple[str, int, int]:
     )
     check("  time ratio", TIME_TARGET, small.time_ratio, large.time_ratio)
     row("  baseline retained", "", _mb(small.baseline_bytes), _mb(large.baseline_bytes))
-    row("  their table retained", "", _mb(small.ours_bytes), _mb(large.ours_bytes))
+    row("  table retained", "", _mb(small.ours_bytes), _mb(large.ours_bytes))
     check("  memory ratio", MEMORY_TARGET, small.memory_ratio, large.memory_ratio)
     row("  for scale: FQN dict alone", "", _mb(small.floor_bytes), _mb(large.floor_bytes))
     row(
