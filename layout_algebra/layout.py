@@ -219,11 +219,6 @@ class ByModule(Mapping[str, SourceLayout]):
             )
         return self._len
 
-    def inner_at(self, module: str) -> Mapping[str, SourceLayout] | None:
-        """``{param path: layout}`` of ``module``, or ``None`` when no entry is under it."""
-        key = self._modules.get(module)
-        return None if key is None else self._inner_of[id(key)][1]  # key held by modules
-
     def with_layouts(self, change: Callable[[SourceLayout], SourceLayout]) -> ByModule:
         r"""These entries with every layout ``change``\ d, each inner map once: the
         same modules, the same sharing of inner maps between them."""
