@@ -476,6 +476,22 @@ class ShardingPlan:
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_index", _index_of(self.modules._items))
 
+    def __reduce__(
+        self,
+    ) -> tuple[
+        Callable[..., ShardingPlan],
+        tuple[
+            type[ShardingPlan],
+            FrozenMap[str, ModulePlan],
+            tuple[str, ...],
+            tuple[tuple[str, str], ...],
+        ],
+    ]:
+        # By its arguments: what the plan found of its modules is found again when it is
+        # made again (pickles and copies carry no derived state).
+        names = tuple(a.name for a in self.mesh_axes)
+        return (_sharding_plan, (type(self), self.modules, names, self.tied_pairs))
+
     @property
     def has_patterns(self) -> bool:
         """Whether a module key or parameter key holds ``*`` (``build_table`` then needs
@@ -487,3 +503,13 @@ class ShardingPlan:
         for module, spec in self.modules.items():
             for path, named in spec.params.items():
                 yield param_fqn(module, path), spec, named
+
+
+def _sharding_plan(
+    cls: type[ShardingPlan],
+    modules: FrozenMap[str, ModulePlan],
+    mesh_axes: tuple[str, ...],
+    tied_pairs: tuple[tuple[str, str], ...],
+) -> ShardingPlan:
+    """``cls(modules, mesh_axes=..., tied_pairs=...)``: how a pickled plan is made again."""
+    return cls(modules, mesh_axes=mesh_axes, tied_pairs=tied_pairs)

@@ -262,6 +262,10 @@ def test_a_module_plan_subclass_is_its_own_object() -> None:
 # --- what a plan knows of its modules (its index) -----------------------------------
 
 
+class MyPlan(ShardingPlan):
+    """A planner's own kind of plan: pickled and copied as itself."""
+
+
 def test_every_copy_of_a_plan_builds_its_table_by_module() -> None:
     attn = ModulePlan({"wq.weight": {"tp": Shard(0)}})
     norm = ModulePlan({"weight": {"tp": Replicate()}})
@@ -283,6 +287,11 @@ def test_every_copy_of_a_plan_builds_its_table_by_module() -> None:
         assert table == expected
         assert list(table) == list(expected)
         assert len(table) == len(expected) == 5
+    # What the plan found of its modules is found again, never pickled.
+    assert all(b"_index" not in pickle.dumps(plan, protocol) for protocol in range(6))
+    mine = MyPlan(modules, mesh_axes=["tp"])
+    assert type(pickle.loads(pickle.dumps(mine))) is MyPlan
+    assert type(copy.deepcopy(mine)) is MyPlan
 
 
 @pytest.mark.parametrize(
