@@ -1343,6 +1343,19 @@ def test_a_module_path_that_spells_another_modules_parameter_is_declared_once() 
     assert len(table) == 1
 
 
+def test_a_clash_is_found_beside_paths_whose_segments_no_module_spells() -> None:
+    clash = {
+        "moe": ModulePlan({"qq.w": {"tp": Shard(0)}, "experts.w1": {"tp": Shard(0)}}),
+        "moe.experts": ModulePlan({"w1": {"tp": Shard(1)}}),
+    }
+    with pytest.raises(PlanError, match=r"moe\.experts\.w1: declared twice"):
+        build_table(ShardingPlan(clash, mesh_axes=["tp"]), ["tp"])
+    apart = {"moe": clash["moe"], "mlp.zz": ModulePlan({"w1": {"tp": Shard(1)}})}
+    table = build_table(ShardingPlan(apart, mesh_axes=["tp"]), ["tp"])
+    assert type(table._items) is ByModule
+    assert list(table) == ["moe.qq.w", "moe.experts.w1", "mlp.zz.w1"]
+
+
 def test_tied_members_merged_to_a_new_layout_are_spelled_out() -> None:
     modules = {
         "emb": ModulePlan({"weight": {"tp": Shard(0)}}),
