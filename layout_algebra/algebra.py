@@ -527,14 +527,14 @@ class _Builder:
         by_params: dict[tuple[int, bool], tuple[ModuleParams, dict[str, SourceLayout]]] = {}
         # id of each distinct module plan -> it and its layouts (the entry holds it)
         held: dict[int, tuple[object, Mapping[str, SourceLayout]]] = {}
-        for module, spec in index.kinds:
+        for spec in index.kinds:
             # Equal plans made apart (a subclass) still share their layouts by params.
             params_key = (id(spec.params), spec.expert_parallel)
             same = by_params.get(params_key)
             if same is not None and same[0] is spec.params:
                 held[id(spec)] = (spec, same[1])
                 continue
-            found = self._module_layouts(module, spec)
+            found = self._module_layouts(spec)
             if found is None:
                 self.problems.clear()  # add_plan reports them, parameter by parameter
                 return None
@@ -542,11 +542,12 @@ class _Builder:
             by_params[params_key] = (spec.params, found)
         return ByModule(plan.modules._items, held)  # the frozen plan's own dict
 
-    def _module_layouts(self, module: str, spec: ModulePlan) -> dict[str, SourceLayout] | None:
-        prefix = f"{module}." if module else ""
+    def _module_layouts(self, spec: ModulePlan) -> dict[str, SourceLayout] | None:
+        """The layout of each path of ``spec``, or ``None`` on a problem or a drop (each
+        parameter is then reported by its FQN, so none is named here)."""
         out: dict[str, SourceLayout] = {}
         for path, named in spec.params.items():
-            resolved = self.resolve(prefix + path, module, spec.expert_parallel, named)
+            resolved = self.resolve(path, "", spec.expert_parallel, named)
             if resolved is None or resolved[2]:
                 return None
             out[path] = resolved[0]

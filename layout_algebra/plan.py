@@ -7,7 +7,7 @@ placements*, ``{axis: placement}``. All three are frozen, hashable and equal by 
 
 from __future__ import annotations
 
-from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, ItemsView, Iterable, Iterator, Mapping
 from typing import Final, Protocol, Self
 
 import attrs
@@ -338,17 +338,37 @@ def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]
 class _Index:
     """What ``build_table`` needs to know of a plan's modules, found when the plan is made.
 
-    ``kinds`` holds each distinct module plan object once, with a module FQN of it (a
-    model's modules are of a few kinds, and equal module plans are one object);
-    ``patterns`` says a module key or parameter path holds ``*``; ``nested`` says a
-    module's FQN joined with a dotted path of its names another module of the plan
-    (``moe`` with ``experts.w1`` and a module ``moe.experts``), so two of its entries
-    may share an FQN.
+    ``kinds`` holds each distinct module plan object once (a model's modules are of a
+    few kinds, and equal module plans are one object); ``patterns`` says a module key or
+    parameter path holds ``*``; ``nested`` says a module's FQN joined with a dotted path
+    of its names another module of the plan (``moe`` with ``experts.w1`` and a module
+    ``moe.experts``), so two of its entries may share an FQN.
     """
 
-    kinds: tuple[tuple[str, ModulePlan], ...]
+    kinds: tuple[ModulePlan, ...]
     patterns: bool
     nested: bool
+
+
+_FEW_KINDS: Final = 64
+"""At most this many distinct module plans are looked for among the known kinds."""
+
+
+def _distinct(values: Collection[ModulePlan]) -> tuple[ModulePlan, ...]:
+    """Each distinct object of ``values`` once (by identity), in one C-speed pass.
+
+    Module plans made from plain dicts are the known kinds' (``_KNOWN`` holds them), so
+    the set of the values' ids is usually a subset of theirs: each id is of an object
+    alive in ``values`` or in ``_KNOWN``, so equal ids are one object.
+    """
+    ids = set(map(id, values))
+    if len(ids) <= _FEW_KINDS:
+        known = {
+            id(p): p for kinds in _KNOWN.values() for k in kinds for p in k.plans if p is not None
+        }
+        if ids <= known.keys():
+            return tuple(known[i] for i in ids)
+    return tuple(dict(zip(map(id, values), values, strict=True)).values())
 
 
 def _index_of(modules: dict[str, ModulePlan]) -> _Index:
@@ -360,27 +380,29 @@ def _index_of(modules: dict[str, ModulePlan]) -> _Index:
     a dot at either end.
     """
     keys_ok = not set(map(type, modules)) - {str}
-    joined = ".".join(filter(None, modules)) if keys_ok else ""
-    first_of = dict(zip(map(id, modules.values()), modules, strict=True))  # id -> an FQN
-    kinds = tuple((fqn, modules[fqn]) for fqn in first_of.values())
+    if not keys_ok:
+        joined = ""
+    elif "" in modules:
+        joined = ".".join(filter(None, modules))
+    else:
+        joined = ".".join(modules)
+    kinds = _distinct(modules.values())
     if not (
         keys_ok
         and WILDCARD not in joined
         and ".." not in joined
         and not joined.startswith(".")
         and not joined.endswith(".")
-        and all(type(spec) is ModulePlan for _, spec in kinds)
+        and all(type(spec) is ModulePlan for spec in kinds)
     ):
         _check_modules(modules)  # raises, or passes keys with '*' and subclasses
-    distinct = {id(spec.params): spec.params for _, spec in kinds}  # kinds hold them
+    distinct = {id(spec.params): spec.params for spec in kinds}  # kinds hold them
     patterns = WILDCARD in joined or any(WILDCARD in "\0".join(p) for p in distinct.values())
     nested = not patterns and _nested(modules, joined, kinds)
     return _Index(kinds, patterns, nested)
 
 
-def _nested(
-    modules: dict[str, ModulePlan], joined: str, kinds: tuple[tuple[str, ModulePlan], ...]
-) -> bool:
+def _nested(modules: dict[str, ModulePlan], joined: str, kinds: tuple[ModulePlan, ...]) -> bool:
     """Whether a module's FQN joined with a dotted path of its is another module's FQN.
 
     Such an FQN holds the first segment of the path as a whole segment after a dot (or
@@ -390,7 +412,7 @@ def _nested(
     runs only when one is found.
     """
     heads_of: dict[int, tuple[ModuleParams, set[str]]] = {}
-    for _, spec in kinds:
+    for spec in kinds:
         params = spec.params
         dotted = {path[:i] for path in params for i, c in enumerate(path) if c == "."}
         if dotted:
