@@ -631,7 +631,10 @@ class _Reads:
         # Keyed by id() of objects they keep alive (the tables hold the layouts, ``read``
         # the shapes).
         self.read: dict[int, tuple[HasShape, tuple[tuple[int, ...], int]]] = {}
-        self.known: dict[tuple[int, int, int], _Pattern] = {}
+        self.known: dict[
+            tuple[int, int, int],
+            tuple[SourceLayout, SourceLayout, tuple[tuple[int, ...], int], _Pattern],
+        ] = {}
 
     def pattern(self, fqn: str, layout: SourceLayout, old: SourceLayout | None) -> _Pattern | None:
         """The reads of ``fqn``, or ``None`` with its problem recorded."""
@@ -647,11 +650,14 @@ class _Reads:
             if done is None or done[0] is not found:
                 done = found, _read_shape(fqn, found)
                 self.read[id(found)] = done
-            key = (id(old), id(layout), id(done[1]))
-            pattern = self.known.get(key)
-            if pattern is None:
-                (shape, itemsize) = done[1]
-                pattern = self.known[key] = self.planner.pattern(fqn, old, layout, shape, itemsize)
+            read = done[1]
+            key = (id(old), id(layout), id(read))
+            hit = self.known.get(key)  # the entry holds old, layout and read
+            if hit is not None and hit[0] is old and hit[1] is layout and hit[2] is read:
+                return hit[3]
+            (shape, itemsize) = read
+            pattern = self.planner.pattern(fqn, old, layout, shape, itemsize)
+            self.known[key] = (old, layout, read, pattern)
             return pattern
         except LayoutError as error:
             if error.fqn != fqn:

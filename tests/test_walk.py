@@ -19,7 +19,12 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from layout_algebra import BindError, ParamLayoutTable, Shard, SourceLayout
-from layout_algebra.torch_bridge import bind, shapes_from_module, table_from_module
+from layout_algebra.torch_bridge import (
+    bind,
+    shapes_from_module,
+    table_from_module,
+    tied_pairs_from_module,
+)
 from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups
 from tests.torch_oracle import MeshFactory
 
@@ -171,3 +176,24 @@ def test_the_bridge_reads_what_torch_walks(world_mesh: MeshFactory) -> None:
     assert list(table_from_module(model)) == list(shapes)
     with pytest.raises(BindError, match="unknown parameter FQN"):
         bind(ParamLayoutTable({"1.inner.weight": layout}), model, {"dense": mesh})
+
+
+class _Fresh(nn.Module):
+    """A root whose ``named_parameters`` makes a new parameter for each name, freed when
+    the next is made: its ids come round again."""
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        for i in range(6):
+            yield f"p{i}", nn.Parameter(torch.empty(i + 1))
+
+
+def test_parameters_freed_during_the_walk_are_never_taken_for_one_another() -> None:
+    model = _Fresh()
+    assert tied_pairs_from_module(model) == ()
+    shapes = shapes_from_module(model)
+    assert [s.shape for s in shapes.values()] == [(i + 1,) for i in range(6)]
+    table = table_from_module(model)
+    assert list(table) == [f"p{i}" for i in range(6)]
+    assert table.tied == ()

@@ -71,16 +71,18 @@ class _Binder:
         self.meshes = meshes
         self.slices: dict[tuple[str, tuple[str, ...]], DeviceMesh] = {}
         self.by_value: dict[SourceLayout, _Slot] = {}
-        # layouts are kept alive by the table for the whole call, so ids are stable
-        self.by_id: dict[int, _Slot] = {}
+        # id of a layout -> it and its slot: the entry holds the layout, so no id stands
+        # for another object while the binder lives
+        self.by_id: dict[int, tuple[SourceLayout, _Slot]] = {}
 
     def slot(self, fqn: str, layout: SourceLayout) -> _Slot:
-        found = self.by_id.get(id(layout))
+        hit = self.by_id.get(id(layout))
+        if hit is not None and hit[0] is layout:
+            return hit[1]
+        found = self.by_value.get(layout)
         if found is None:
-            found = self.by_value.get(layout)
-            if found is None:
-                found = self.by_value[layout] = self._prepare(fqn, layout)
-            self.by_id[id(layout)] = found
+            found = self.by_value[layout] = self._prepare(fqn, layout)
+        self.by_id[id(layout)] = (layout, found)
         return found
 
     def _prepare(self, fqn: str, layout: SourceLayout) -> _Slot:
@@ -271,9 +273,8 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
                     continue
                 fqn, layout = walked, looked_up
             found += 1
-            slot = get_slot(id(layout))
-            if slot is None:
-                slot = binder.slot(fqn, layout)
+            hit = get_slot(id(layout))
+            slot = hit[1] if hit is not None and hit[0] is layout else binder.slot(fqn, layout)
             if slot.min_ndim and param.dim() < slot.min_ndim:
                 raise binder.dim_error(fqn, layout, param)
             pid = id(param)

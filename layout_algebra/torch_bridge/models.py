@@ -80,7 +80,7 @@ def distribute(
                 f"{param.device_mesh}; distribute a model whose parameters are plain tensors"
             )
             raise BindError(msg, fqn=binding.fqn)
-    replaced: dict[int, nn.Parameter] = {}
+    replaced: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id -> it, its replacement
     with torch.no_grad():
         for param, binding in bindings.items():
             if binding.mesh is None:
@@ -88,8 +88,13 @@ def distribute(
             local = distribute_tensor(
                 param.detach(), binding.mesh, binding.placements, src_data_rank=src_data_rank
             )
-            replaced[id(param)] = nn.Parameter(local, requires_grad=param.requires_grad)
-    targets = [(fqn, replaced[id(p)]) for fqn, p in named_parameters(module) if id(p) in replaced]
+            new = nn.Parameter(local, requires_grad=param.requires_grad)
+            replaced[id(param)] = (param, new)
+    targets = [
+        (fqn, hit[1])
+        for fqn, p in named_parameters(module)
+        if (hit := replaced.get(id(p))) is not None and hit[0] is p
+    ]
     for fqn, new in targets:
         prefix, _, leaf = fqn.rpartition(".")
         setattr(module.get_submodule(prefix), leaf, new)
@@ -166,21 +171,20 @@ def table_from_module(
     owned_axes = owned_names(owned, "table_from_module(owned=...)")
     role_of = _Roles(roles)
     entries: dict[str, SourceLayout] = {}
-    aliases: dict[int, list[str]] = {}
-    layouts: dict[int, SourceLayout] = {}
+    # id of each parameter -> it, its layout and its FQNs (the entry holds the parameter)
+    seen: dict[int, tuple[nn.Parameter, SourceLayout, list[str]]] = {}
     interned: dict[SourceLayout, SourceLayout] = {}
     for fqn, param in named_parameters(module):
-        pid = id(param)
-        known = layouts.get(pid)
-        if known is not None:
-            entries[fqn] = known
-            aliases[pid].append(fqn)
+        hit = seen.get(id(param))
+        if hit is not None and hit[0] is param:
+            entries[fqn] = hit[1]
+            hit[2].append(fqn)
             continue
         layout = _layout_of(fqn, param, owned_axes, role_of)
         layout = interned.setdefault(layout, layout)
-        layouts[pid] = entries[fqn] = layout
-        aliases[pid] = [fqn]
-    tied = [group for group in aliases.values() if len(group) > 1]
+        entries[fqn] = layout
+        seen[id(param)] = (param, layout, [fqn])
+    tied = [group for _, _, group in seen.values() if len(group) > 1]
     return ParamLayoutTable(entries, tied=tied)
 
 
@@ -250,12 +254,12 @@ def tied_pairs_from_module(module: nn.Module) -> tuple[tuple[str, str], ...]:
         BindError: ``module`` is not an ``nn.Module``.
     """
     check_module(module, "tied_pairs_from_module(module=...)")
-    names: dict[int, list[str]] = {}
+    names: dict[int, tuple[nn.Parameter, list[str]]] = {}  # each entry holds its parameter
     for fqn, param in named_parameters(module):
-        names.setdefault(id(param), []).append(fqn)
+        names.setdefault(id(param), (param, []))[1].append(fqn)
     return tuple(
         (group[i], later)
-        for group in names.values()
+        for _, group in names.values()
         if len(group) > 1
         for i in range(len(group))
         for later in group[i + 1 :]

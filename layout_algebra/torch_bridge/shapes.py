@@ -29,15 +29,17 @@ def shapes_from_module(module: nn.Module) -> Mapping[str, ParamShape]:
     """
     check_module(module, "shapes_from_module(module=...)")
     shapes: dict[str, ParamShape] = {}
-    seen: dict[int, ParamShape] = {}
+    seen: dict[int, tuple[nn.Parameter, ParamShape]] = {}  # each entry holds its parameter
     for fqn, param in named_parameters(module):
-        shape = seen.get(id(param))
-        if shape is None:
-            try:
-                shape = ParamShape(tuple(param.shape), str(param.dtype))
-            except LayoutError as e:
-                msg = f"{fqn}: {e.message}"
-                raise BindError(msg, fqn=fqn) from e
-            seen[id(param)] = shape
+        hit = seen.get(id(param))
+        if hit is not None and hit[0] is param:
+            shapes[fqn] = hit[1]
+            continue
+        try:
+            shape = ParamShape(tuple(param.shape), str(param.dtype))
+        except LayoutError as e:
+            msg = f"{fqn}: {e.message}"
+            raise BindError(msg, fqn=fqn) from e
+        seen[id(param)] = (param, shape)
         shapes[fqn] = shape
     return FrozenMap(shapes)
