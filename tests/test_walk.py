@@ -9,7 +9,8 @@ torch's walk calls (then torch's walk is used from that module on).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import pytest
 import torch
@@ -27,6 +28,8 @@ from layout_algebra.torch_bridge import (
 )
 from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups
 from tests.torch_oracle import MeshFactory
+
+T = TypeVar("T")
 
 
 def torch_pairs(module: nn.Module) -> list[tuple[str, int]]:
@@ -77,26 +80,25 @@ def trees(draw: st.DrawFn) -> nn.Module:
     done: list[nn.Module] = []  # finished subtrees: sharing one makes no cycle
     params: list[nn.Parameter] = []
 
+    def member(pool: Sequence[T], make: Callable[[], T], odds: int) -> T | None:
+        """``None``, one of ``pool`` (shared), or a new one."""
+        choice = draw(st.integers(0, odds))
+        if choice == 0:
+            return None
+        if choice == 1 and pool:
+            return draw(st.sampled_from(pool))
+        return make()
+
+    def param() -> nn.Parameter:
+        params.append(nn.Parameter(torch.empty(1)))
+        return params[-1]
+
     def module(depth: int) -> nn.Module:
         m = _Shadowing() if draw(st.integers(0, 12)) == 0 else nn.Module()
         for i in range(draw(st.integers(0, 3))):
-            choice = draw(st.integers(0, 5))
-            if choice == 0:
-                m.register_parameter(f"p{i}", None)
-            elif choice == 1 and params:
-                m.register_parameter(f"p{i}", draw(st.sampled_from(params)))  # tied
-            else:
-                p = nn.Parameter(torch.empty(1))
-                params.append(p)
-                m.register_parameter(f"p{i}", p)
+            m.register_parameter(f"p{i}", member(params, param, 5))
         for i in range(draw(st.integers(0, 3)) if depth < 4 else 0):
-            choice = draw(st.integers(0, 6))
-            if choice == 0:
-                m.register_module(f"c{i}", None)
-            elif choice == 1 and done:
-                m.register_module(f"c{i}", draw(st.sampled_from(done)))  # shared
-            else:
-                m.register_module(f"c{i}", module(depth + 1))
+            m.register_module(f"c{i}", member(done, lambda: module(depth + 1), 6))
         done.append(m)
         return m
 
