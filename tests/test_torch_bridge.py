@@ -963,7 +963,24 @@ def test_param_bindings_lookups_are_bind_errors_and_key_errors(calls: Calls) -> 
 
 JUNK: Final = st.one_of(
     st.sampled_from(
-        [None, 0, -1, 2**70, True, 1.5, "", "dp", b"x", [], [1], ("tp",), {}, {1: 2}, object()]
+        [
+            None,
+            0,
+            -1,
+            2**70,
+            10**5000,
+            True,
+            1.5,
+            "",
+            "dp",
+            b"x",
+            [],
+            [1],
+            ("tp",),
+            {},
+            {1: 2},
+            object(),
+        ]
     ),
     st.builds(torch.zeros, st.integers(0, 3)),
     st.text(max_size=5),
