@@ -765,8 +765,8 @@ def _enter_matched(
         if not rules:
             layout_of[found] = None
             continue
-        if len(rules) > 1 and len({_route(r.value) for r in rules}) > 1:
-            return False  # a tie: reported for an FQN it concerns
+        if _is_tie(rules):
+            return False  # reported for an FQN it concerns
         resolved = builder.resolve(rules[0].key, *rules[0].value)
         if resolved is None or resolved[2]:
             del builder.problems[problems:]
@@ -786,10 +786,15 @@ def _decide(builder: _Builder, fqn: str, rules: list[Rule[_PlanRule]]) -> _PlanR
     """The rule of the most specific keys matching ``fqn``; a tie is a problem."""
     if not rules:
         return None
-    if len(rules) > 1 and len({_route(r.value) for r in rules}) > 1:
+    if _is_tie(rules):
         builder.problems.append(_tie_error(fqn, rules))
         return None
     return rules[0].value
+
+
+def _is_tie(rules: Sequence[Rule[_PlanRule]]) -> bool:
+    """Whether equally specific keys give different layouts (or meshes)."""
+    return len(rules) > 1 and len({_route(r.value) for r in rules}) > 1
 
 
 def _route(rule: _PlanRule) -> tuple[NamedPlacements, bool]:
