@@ -210,13 +210,7 @@ class ByModule(Mapping[str, SourceLayout]):
 
     def __len__(self) -> int:
         if self._len is None:
-            inner_of = self._inner_of  # every key is held by modules
-            self._len = sum(
-                map(
-                    len,
-                    map(itemgetter(1), map(inner_of.__getitem__, map(id, self._modules.values()))),
-                )
-            )
+            self._len = sum(map(len, map(itemgetter(1), self.by_module())))
         return self._len
 
     def with_layouts(self, change: Callable[[SourceLayout], SourceLayout]) -> ByModule:
