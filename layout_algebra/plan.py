@@ -180,25 +180,23 @@ def _known(params: Mapping[object, object]) -> _Kind | None:
     return None
 
 
-def _remember(frozen: ModuleParams) -> ModuleParams:
-    if len(frozen) <= _MAX_SHARED and sum(map(len, frozen)) <= _MAX_MODULE_PATHS:
-        kinds = _KNOWN.setdefault(len(frozen), [])
-        kinds.insert(0, _Kind(frozen))
-        del kinds[_MAX_KINDS:]
-    return frozen
+def _remember(frozen: ModuleParams) -> tuple[ModuleParams, _Kind | None]:
+    """``frozen`` and its kind, kept unless it is too large to keep."""
+    if len(frozen) > _MAX_SHARED or sum(map(len, frozen)) > _MAX_MODULE_PATHS:
+        return frozen, None
+    kinds = _KNOWN.setdefault(len(frozen), [])
+    kinds.insert(0, _Kind(frozen))
+    del kinds[_MAX_KINDS:]
+    return frozen, kinds[0]
 
 
-def _kind_of(frozen: ModuleParams) -> _Kind | None:
-    """The kind ``frozen`` is the frozen value of, if it is still kept."""
-    return next((k for k in _KNOWN.get(len(frozen), ()) if k.frozen is frozen), None)
-
-
-def _as_params(params: Mapping[str, NamedLike]) -> ModuleParams:
+def _as_params(params: Mapping[str, NamedLike]) -> tuple[ModuleParams, _Kind | None]:
+    """``params`` checked and frozen, and the kind kept of it (if it is kept)."""
     raw: object = params
     if type(raw) is dict or type(raw) is FrozenMap:  # a plan's own (evolve, unpickling)
         known = _known(raw)
         if known is not None:
-            return known.frozen
+            return known.frozen, known
     if type(raw) is dict:
         frozen = _frozen_params(raw)
         if frozen is not None:
@@ -273,11 +271,12 @@ class ModulePlan:
                     same = False
                 if same and (plan := last.plans[expert_parallel]) is not None:
                     return plan  # type: ignore[return-value]  # cls is ModulePlan
-        frozen = _as_params(params)
+        frozen, kind = _as_params(params)
         if type(flag) is not bool:
             msg = f"expert_parallel must be True or False, got {quote(flag)}"
             raise LayoutError(msg)
-        kind = _kind_of(frozen) if cls is ModulePlan else None
+        if cls is not ModulePlan:
+            kind = None  # a subclass's plans are its own
         if kind is not None and (plan := kind.plans[expert_parallel]) is not None:
             return plan  # type: ignore[return-value]  # cls is ModulePlan
         self = object.__new__(cls)
