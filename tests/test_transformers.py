@@ -11,6 +11,7 @@ No weights are needed: ``from_pretrained`` shards the model before it loads any.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -325,6 +326,23 @@ def test_tied_head_takes_the_embeddings_layout() -> None:
     assert str(expected["lm_head.weight"]) == "dense[tp=S(1)]"
     transformers_tp_ep(model, run)
     assert table_from_module(model) == expected
+
+
+@pytest.mark.parametrize("version", ["5.25.0", "6.0.0.dev0", "5.30"])
+def test_a_transformers_newer_than_the_known_styles_is_refused(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    import transformers  # noqa: PLC0415
+
+    model = llama()
+    monkeypatch.setattr(transformers, "__version__", version)
+    with pytest.raises(
+        LayoutError, match=rf"transformers {re.escape(version)} is newer than 5\.24"
+    ):
+        plan_from_hf(model, ep_axis=None, mesh_axes=AXES)
+    for older in ("5.24.0", "4.57.1", "5.24.0.dev0", "unknown"):
+        monkeypatch.setattr(transformers, "__version__", older)
+        assert plan_from_hf(model, ep_axis=None, mesh_axes=AXES).modules
 
 
 def test_a_model_built_tied_reads_the_same() -> None:

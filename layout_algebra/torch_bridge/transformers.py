@@ -27,12 +27,13 @@ The package never imports transformers: everything is read off the model object
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, TypeAlias
 
 from torch import nn
 
-from layout_algebra._text import quote
+from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
 from layout_algebra.placements import (
@@ -245,6 +246,33 @@ def _active(axis: AxisLike | None, axes: tuple[AxisName, ...], arg: str) -> Axis
     return name if name in axes else None
 
 
+NEWEST_KNOWN: Final = (5, 24)
+"""The newest transformers (major, minor) whose parallel styles ``KNOWN_STYLES`` mirrors.
+5.25 renamed and re-meant some (``moe_tp_experts`` shards the experts over tp there)."""
+
+
+def _check_version(transformers: object) -> None:
+    """Refuse a transformers newer than the styles this module knows: its plans would be
+    read by the old styles' meaning, silently wrong."""
+    version = getattr(transformers, "__version__", None)
+    if not isinstance(version, str):
+        return  # not imported (a model that only looks like one): read what it holds
+    parts = version.split(".")
+    try:
+        release = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return
+    if release > NEWEST_KNOWN:
+        known = ".".join(map(str, NEWEST_KNOWN))
+        msg = (
+            f"plan_from_hf: transformers {clip(version)} is newer than {known}, the newest "
+            "whose tensor-parallel styles this version of layout_algebra knows (5.25 changed "
+            f"their names and meaning); install transformers<={known}.* or write the "
+            "ShardingPlan"
+        )
+        raise LayoutError(msg)
+
+
 def plan_from_hf(
     model: nn.Module,
     *,
@@ -277,13 +305,15 @@ def plan_from_hf(
 
     Raises:
         LayoutError: ``model`` is not an ``nn.Module``, or has neither ``tp_plan`` nor
-            ``ep_plan``.
+            ``ep_plan``, or the transformers imported is newer than ``NEWEST_KNOWN``
+            (its styles would be read with the wrong meaning).
         PlanError: every problem at once, each naming the rule or parameter and the
             style: a style transformers does not register, a removed expert style in the
             ``ep_plan``, an axis read whose plan is empty, a shard dim the parameter lacks,
             a parameter two rules place, a tied name that is not a parameter.
     """
     root = check_module(model, "plan_from_hf(model=...)")
+    _check_version(sys.modules.get("transformers"))
     if not hasattr(root, "tp_plan") and not hasattr(root, "ep_plan"):
         msg = (
             f"plan_from_hf(model=...): a {type(root).__qualname__} has neither tp_plan nor "
