@@ -85,15 +85,28 @@ def columns(rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
-def escape(text: str) -> str:
+def escape(text: str, encoding: str | None = None) -> str:
     """``text`` with every character that is not printable escaped, as ``repr`` spells it.
 
     Control characters, line breaks and lone surrogates in an FQN would otherwise move
-    the cursor, split a line or fail to encode: ``"a\\nb"`` is shown as ``a\\nb``.
+    the cursor, split a line or fail to encode: ``"a\\nb"`` is shown as ``a\\nb``. With
+    ``encoding`` (the terminal's), a printable character it cannot write is escaped too,
+    as the terminal's stream would write it (``\\xe9`` for ``é`` in ASCII), so a column
+    of escaped names is as wide as it is counted.
 
     >>> print(escape("layers.0\\x1b[2J.w"))
     layers.0\\x1b[2J.w
+    >>> print(escape("caf\\u00e9.w", "ascii"))
+    caf\\xe9.w
     """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    shown = (
+        text
+        if text.isprintable()
+        else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    )
+    if encoding is None or shown.isascii():
+        return shown
+    try:
+        return shown.encode(encoding, "backslashreplace").decode(encoding)
+    except (LookupError, UnicodeError):  # an encoding Python does not know, or not text
+        return shown

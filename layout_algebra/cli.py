@@ -39,7 +39,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
 from layout_algebra._text import clip, columns, did_you_mean, escape
 from layout_algebra.algebra import build_table, diff
@@ -54,6 +54,9 @@ from layout_algebra.placements import format_placement
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 __all__ = ["MAX_INPUT_BYTES", "PROG", "main"]
 
@@ -196,8 +199,24 @@ def owned_axes(args: argparse.Namespace) -> frozenset[str]:
     return base | frozenset(args.also_owned)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but help that cannot be written to stdout (closed, a full disk)
+    raises instead of being dropped with exit 0, as argparse drops it."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        out: TextIO | None = sys.stdout
+        if message and file is sys.stdout:  # help: stdout's, None when it is closed
+            if out is None:
+                msg = "stdout is closed"
+                raise ValueError(msg)
+            out.write(message)
+            out.flush()
+            return
+        super()._print_message(message, file)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog=PROG,
         description=(
             "Source layouts for DTensor / FSDP2 planners: show, compare, check and draw "
@@ -478,11 +497,19 @@ def _group_str(group: Iterable[str]) -> str:
     return ", ".join(escape(fqn) for fqn in sorted(group))
 
 
+def _stdout_encoding() -> str | None:
+    """The encoding stdout writes in, if it says."""
+    encoding: object = getattr(sys.stdout, "encoding", None)
+    return encoding if isinstance(encoding, str) else None
+
+
 def _table_lines(table: ParamLayoutTable) -> list[str]:
-    """The table as ``str(table)`` prints it, FQNs escaped."""
+    """The table as ``str(table)`` prints it, FQNs escaped (for stdout's encoding too, so
+    the layouts stay in one column on an ASCII terminal)."""
     if not table:
         return ["(empty table)"]
-    lines = columns([[escape(fqn), str(layout)] for fqn, layout in table.items()])
+    encoding = _stdout_encoding()
+    lines = columns([[escape(fqn, encoding), str(layout)] for fqn, layout in table.items()])
     lines.extend(f"tied: {_group_str(g)}" for g in table.tied)
     return lines
 
@@ -892,6 +919,10 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
 # entry point: the one place problems become messages and exit codes
 
 
+_REMEDY: Final = "give the command somewhere to write"
+"""What to do about output that cannot be written."""
+
+
 def _say(stream: TextIO | None, line: str) -> None:
     """One line on ``stream`` (stderr); a stream that cannot take it is left alone."""
     if stream is None:
@@ -929,7 +960,7 @@ def _deliver(text: str) -> None:
         return
     out = sys.stdout
     if out is None:
-        msg = "cannot write the output: stdout is closed; give the command somewhere to write"
+        msg = f"cannot write the output: stdout is closed; {_REMEDY}"
         raise _Problem(msg)
     try:
         out.write(text)
@@ -939,7 +970,7 @@ def _deliver(text: str) -> None:
     except (OSError, ValueError) as e:
         reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
         _silence_stdout()
-        msg = f"cannot write the output: {reason}; give the command somewhere to write"
+        msg = f"cannot write the output: {reason}; {_REMEDY}"
         raise _Problem(msg) from None
 
 
@@ -962,6 +993,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
         return _parser().parse_args(argv)
     except SystemExit as e:  # argparse exits on usage errors (2) and after --help (0)
         code = e.code if isinstance(e.code, int) else 2
+    except BrokenPipeError:  # `layout-algebra --help | head`: no problem
+        _silence_stdout()
+        return 0
+    except (OSError, ValueError) as e:  # --help to a closed or full stdout
+        reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
+        _silence_stdout()
+        _say(sys.stderr, f"{PROG}: cannot write the output: {reason}; {_REMEDY}")
+        return 1
     try:
         if sys.stdout is not None:
             sys.stdout.flush()

@@ -692,6 +692,9 @@ def test_show_of_hostile_names_on_any_terminal(hostile_file: str, env: dict[str,
     text = done.stdout.decode("ascii" if "PYTHONIOENCODING" in env else "utf-8")
     assert "a\\x1b[2J\\nb" in text and "lone\\udc80surrogate" in text
     assert ("caf\\xe9.w" if "PYTHONIOENCODING" in env else "caf\u00e9.w") in text
+    # every layout in one column, whatever the terminal escapes
+    entries = text.splitlines()[: len(HOSTILE_FQNS)]
+    assert len({line.index("  dense[") for line in entries}) == 1, entries
 
 
 def test_a_problem_on_an_ascii_terminal_is_one_line(hostile_file: str) -> None:
@@ -704,17 +707,38 @@ def test_a_problem_on_an_ascii_terminal_is_one_line(hostile_file: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "argv", [["show", "TABLE"], ["--help"], ["show", "--help"]], ids=["show", "help", "show-help"]
+)
+@pytest.mark.parametrize(
     ("redirect", "reason"),
     [(">&-", "stdout is closed"), (">/dev/full", "No space left on device")],
     ids=["closed", "full"],
 )
 def test_output_that_cannot_be_written_is_one_line(
-    table_file: str, redirect: str, reason: str
+    table_file: str, argv: list[str], redirect: str, reason: str
 ) -> None:
-    done = run_cli(["show", table_file], stdout=redirect)
+    done = run_cli([table_file if a == "TABLE" else a for a in argv], stdout=redirect)
     err = done.stderr.decode()
     assert done.returncode == 1, err
     assert err == f"layout-algebra: cannot write the output: {reason}; {REMEDY}\n"
+
+
+def test_help_to_a_reader_that_stopped_is_no_problem() -> None:
+    script = """
+import io, sys
+from layout_algebra.cli import main
+
+class Gone(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+sys.stdout = Gone()
+sys.exit(main(["--help"]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, cwd=ROOT, check=False
+    )
+    assert (done.returncode, done.stderr) == (0, b"")
 
 
 # ---------------------------------------------------------------------------------------
