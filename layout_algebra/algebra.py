@@ -37,6 +37,7 @@ from layout_algebra.frozen import FrozenMap
 from layout_algebra.layout import (
     ByModule,
     Drop,
+    Listed,
     ParamLayoutTable,
     SourceLayout,
     as_groups,
@@ -577,17 +578,17 @@ class _Builder:
                     self.declared_twice(fqn, self.entries[fqn], hit[1])
 
     def table(
-        self, pairs: Iterable[Iterable[str]], grouped: ByModule | None = None
+        self, pairs: Iterable[Iterable[str]], grouped: ByModule | Listed | None = None
     ) -> ParamLayoutTable:
-        """The table of every parameter added (or ``grouped``, what ``by_module`` gave),
-        tied ones merged, or every problem."""
+        """The table of every parameter added (or ``grouped``, the entries ``by_module``
+        or ``_enter_matched`` kept apart), tied ones merged, or every problem."""
         if self.drops:
             for mesh in (self.dense, self.expert):
                 if mesh is not None:
                     self.problems.extend(_misspelt_axes(mesh, self.placed[mesh.role], self.drops))
         entries: Mapping[str, SourceLayout] = self.entries
         if grouped is not None:
-            entries, groups, conflicts = _merge_by_module(grouped, pairs)
+            entries, groups, conflicts = _merge_kept(grouped, pairs)
         else:
             groups, conflicts = _merge_into(self.entries, (), pairs, "tied_pairs")
         self.problems.extend(conflicts)
@@ -651,8 +652,7 @@ def build_table(
     )
     builder = _Builder(dense, expert)
     if names is not None:
-        _add_matched(builder, plan, names)
-        return builder.table(pairs)
+        return builder.table(pairs, _add_matched(builder, plan, names))
     grouped = builder.by_module(plan)
     if grouped is None and plan.has_patterns:
         keys = [k for k in _plan_keys(plan) if is_pattern(k)]
@@ -668,11 +668,12 @@ def build_table(
     return builder.table(pairs, grouped)
 
 
-def _merge_by_module(
-    entries: ByModule, pairs: Iterable[Iterable[str]]
+def _merge_kept(
+    entries: ByModule | Listed, pairs: Iterable[Iterable[str]]
 ) -> tuple[Mapping[str, SourceLayout], tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
-    """``_merge_into`` for entries kept by module: the tied members merged on their own,
-    and the entries spelled out by FQN only when that changes one of them."""
+    """``_merge_into`` for entries kept apart (by module, or listed): the tied members
+    merged on their own, and the entries spelled out by FQN only when that changes one
+    of them."""
     checked = as_pairs(pairs, "tied_pairs")
     members = {fqn for pair in checked for fqn in pair}
     before = {fqn: layout for fqn in members if (layout := entries.get(fqn)) is not None}
@@ -680,6 +681,11 @@ def _merge_by_module(
     groups, conflicts = _merge_into(merged, (), checked, "tied_pairs")
     if merged == before:
         return entries, groups, conflicts
+    if type(entries) is Listed:
+        changed = {fqn: layout for fqn, layout in merged.items() if before.get(fqn) != layout}
+        listed = entries.updated(changed)
+        if listed is not None:
+            return listed, groups, conflicts
     flat = CheckedEntries(entries.items())
     flat.update(merged)
     return flat, groups, conflicts
@@ -697,19 +703,22 @@ _PlanRule: TypeAlias = tuple[str, bool, NamedPlacements]
 the named placements."""
 
 
-def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> None:
-    """Each FQN under the rule of its most specific key; ties and unused keys reported."""
+def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> Listed | None:
+    """Each FQN under the rule of its most specific key; ties and unused keys reported.
+    The entries kept as two sequences when ``_enter_matched`` can, else ``None`` with
+    them entered into the builder by FQN."""
     matcher: Matcher[_PlanRule] = Matcher(
         Rule(f"{module}.{path}" if module else path, (module, spec.expert_parallel, named))
         for module, spec in plan.modules.items()
         for path, named in spec.params.items()
     )
-    names = fqns if isinstance(fqns, tuple) else tuple(fqns)
+    names = fqns if type(fqns) is tuple else tuple(fqns)
     for raw in () if set(map(type, names)) <= {str} and all(names) else names:
         if type(raw) is not str or not raw:
             check_fqn(raw, "fqns")  # the first FQN that is not one
     answers = matcher.match_all(names)
-    if not _enter_matched(builder, matcher, names, answers):
+    listed = _enter_matched(builder, matcher, names, answers)
+    if listed is None:
         _enter_by_fqn(builder, matcher, names, answers)
     for unused in matcher.unused():
         msg = (
@@ -717,6 +726,7 @@ def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> 
             "fix its spelling (a '*' matches exactly one dotted segment) or remove it"
         )
         builder.problems.append(LayoutError(msg, fqn=unused.key))
+    return listed
 
 
 def _enter_by_fqn(
@@ -751,13 +761,13 @@ def _enter_by_fqn(
 def _enter_matched(
     builder: _Builder,
     matcher: Matcher[_PlanRule],
-    names: Sequence[str],
+    names: tuple[str, ...],
     answers: Sequence[tuple[int, ...]],
-) -> bool:
-    """Every matched FQN entered at C speed, when each distinct answer of the matcher
-    resolves to a layout with nothing dropped and no FQN is given twice; ``False`` with
-    nothing entered and no problem recorded otherwise (the loop by FQN then reports
-    each parameter by name)."""
+) -> Listed | None:
+    """Every matched FQN with its layout, kept as two sequences (``layout.Listed``: no
+    dict of the FQNs is made), when each distinct answer of the matcher resolves to a
+    layout with nothing dropped and no FQN is given twice; ``None`` with no problem
+    recorded otherwise (the loop by FQN then reports each parameter by name)."""
     layout_of: dict[tuple[int, ...], SourceLayout | None] = {}
     problems = len(builder.problems)
     for found in matcher.answers():
@@ -766,20 +776,22 @@ def _enter_matched(
             layout_of[found] = None
             continue
         if _is_tie(rules):
-            return False  # reported for an FQN it concerns
+            return None  # reported for an FQN it concerns
         resolved = builder.resolve(rules[0].key, *rules[0].value)
         if resolved is None or resolved[2]:
             del builder.problems[problems:]
-            return False
+            return None
         layout_of[found] = resolved[0]
     layouts = list(map(layout_of.__getitem__, answers))
-    matched = list(map(is_not, layouts, repeat(None)))
-    kept = cast("list[SourceLayout]", layouts)  # the None ones are left out by ``matched``
-    entries = CheckedEntries(compress(zip(names, kept, strict=True), matched))
-    if len(entries) != matched.count(True):  # bools: counted by identity, at C speed
-        return False  # an FQN given twice: declared twice, unless with one layout
-    builder.entries = entries
-    return True
+    # FQNs no key matches are left out: those whose answer has no rule (few distinct
+    # answers, each looked for at C speed)
+    if any(found in answers for found, layout in layout_of.items() if layout is None):
+        matched = list(map(is_not, layouts, repeat(None)))
+        names = tuple(compress(names, matched))
+        layouts = list(compress(layouts, matched))
+    if len(set(names)) != len(names):
+        return None  # an FQN given twice: declared twice, unless with one layout
+    return Listed(names, cast("list[SourceLayout]", layouts))  # the None ones left out
 
 
 def _decide(builder: _Builder, fqn: str, rules: list[Rule[_PlanRule]]) -> _PlanRule | None:

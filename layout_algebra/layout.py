@@ -7,9 +7,17 @@ parameters share storage (``tied``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, ValuesView
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
 from operator import itemgetter
-from typing import TypeVar, overload
+from typing import Final, TypeVar, overload
 
 import attrs
 
@@ -282,8 +290,129 @@ class _ByModuleValues(ValuesView[SourceLayout]):
             yield from inner.values()
 
 
+_MAX_SCANS: Final = 8
+"""How many distinct FQNs a ``Listed`` looks up by scanning before it makes its dict."""
+
+
+class Listed(Mapping[str, SourceLayout]):
+    """Checked entries kept as two sequences, FQNs and their layouts, in table order.
+
+    The read-only mapping a table holds when ``build_table`` matched a plan by pattern
+    against a model's FQNs: the FQN tuple it was given and the layout of each (few
+    distinct objects), so building the table makes no dict of a million FQNs. Iterating
+    it, its length and its items (what ``bind`` in module order, ``compose_table``,
+    ``lint`` and JSON read) use the sequences; the first few lookups (the tied members
+    a build checks) scan the FQNs at C speed, and any further lookup makes the dict by
+    FQN once. Private to the package, like ``_CheckedEntries``: built only from distinct
+    FQNs and checked layouts, and never changed.
+    """
+
+    __slots__ = ("_by_fqn", "_fqns", "_layouts", "_scanned")
+    _fqns: tuple[str, ...]
+    _layouts: Sequence[SourceLayout]
+    _by_fqn: dict[str, SourceLayout] | None
+    _scanned: dict[str, SourceLayout | None]
+    """What each FQN looked up so far by scanning gave (``None``: no entry)."""
+
+    def __init__(self, fqns: tuple[str, ...], layouts: Sequence[SourceLayout]) -> None:
+        self._fqns = fqns
+        self._layouts = layouts
+        self._by_fqn = None
+        self._scanned = {}
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[Listed], tuple[tuple[str, ...], tuple[SourceLayout, ...]]]:
+        return (Listed, (self._fqns, tuple(self._layouts)))
+
+    def _find(self, fqn: object) -> SourceLayout | None:
+        if type(fqn) is not str:
+            hash(fqn)  # an unhashable key raises TypeError, as a dict's lookup does
+            if not isinstance(fqn, str):
+                return None
+            fqn = str(fqn)
+        by_fqn = self._by_fqn
+        if by_fqn is not None:
+            return by_fqn.get(fqn)
+        scanned = self._scanned
+        if fqn in scanned:
+            return scanned[fqn]
+        if len(scanned) >= _MAX_SCANS:
+            by_fqn = self._by_fqn = dict(zip(self._fqns, self._layouts, strict=True))
+            return by_fqn.get(fqn)
+        try:
+            found: SourceLayout | None = self._layouts[self._fqns.index(fqn)]
+        except ValueError:
+            found = None
+        scanned[fqn] = found
+        return found
+
+    def updated(self, changes: Mapping[str, SourceLayout]) -> Listed | None:
+        """These entries with ``changes`` (checked layouts) replacing or added after them,
+        as ``dict.update`` orders them; ``None`` when they are more than a few (each is
+        found by a scan: the caller then spells the entries out by FQN)."""
+        if len(changes) > _MAX_SCANS:
+            return None
+        fqns, layouts = self._fqns, list(self._layouts)
+        added: dict[str, SourceLayout] = {}
+        for fqn, layout in changes.items():
+            try:
+                layouts[fqns.index(fqn)] = layout
+            except ValueError:
+                added[fqn] = layout
+        return Listed(fqns + tuple(added), layouts + list(added.values()))
+
+    def __getitem__(self, fqn: str) -> SourceLayout:
+        layout = self._find(fqn)
+        if layout is None:
+            raise KeyError(fqn)
+        return layout
+
+    def __contains__(self, fqn: object) -> bool:
+        return self._find(fqn) is not None
+
+    @overload
+    def get(self, fqn: str, /) -> SourceLayout | None: ...
+    @overload
+    def get(self, fqn: str, /, default: SourceLayout) -> SourceLayout: ...
+    @overload
+    def get(self, fqn: str, /, default: T) -> SourceLayout | T: ...
+    def get(self, fqn: str, /, default: object = None) -> object:
+        layout = self._find(fqn)
+        return default if layout is None else layout
+
+    def __len__(self) -> int:
+        return len(self._fqns)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fqns)
+
+    def items(self) -> ItemsView[str, SourceLayout]:
+        return _ListedItems(self)
+
+    def values(self) -> ValuesView[SourceLayout]:
+        return _ListedValues(self)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
+class _ListedItems(ItemsView[str, SourceLayout]):
+    _mapping: Listed
+
+    def __iter__(self) -> Iterator[tuple[str, SourceLayout]]:
+        return zip(self._mapping._fqns, self._mapping._layouts, strict=True)
+
+
+class _ListedValues(ValuesView[SourceLayout]):
+    _mapping: Listed
+
+    def __iter__(self) -> Iterator[SourceLayout]:
+        return iter(self._mapping._layouts)
+
+
 def _check_entries(entries: Mapping[str, SourceLayout]) -> Mapping[str, SourceLayout]:
-    if type(entries) is _CheckedEntries or type(entries) is ByModule:
+    if type(entries) is _CheckedEntries or type(entries) is ByModule or type(entries) is Listed:
         return entries
     raw: object = entries
     if not isinstance(raw, Mapping):

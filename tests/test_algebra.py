@@ -9,6 +9,7 @@ composition of the single steps.
 from __future__ import annotations
 
 import pickle
+import random
 import re
 from collections.abc import Sequence
 
@@ -42,7 +43,7 @@ from layout_algebra import (
     resolve,
     strip,
 )
-from layout_algebra.layout import ByModule
+from layout_algebra.layout import _MAX_SCANS, ByModule, Listed, _CheckedEntries
 from layout_algebra.plan import NamedPlacements
 from tests.strategies import (
     KNOWN_SOURCE_AXES,
@@ -1188,6 +1189,118 @@ def _agrees_with_one_regex_per_key(keys: list[str], fqns: list[str]) -> None:
         assert layout.placements == (Shard(keys.index(key)),)
 
 
+# --- entries of a plan by pattern, listed -----------------------------------------------
+
+
+def _layered(layers: str) -> dict[str, ModulePlan]:
+    """A MoE model's plan, its layers' modules under ``layers`` (``*`` or one number)."""
+    return {
+        "emb": ModulePlan({"weight": {"tp": S0}}),
+        f"layers.{layers}.attn": ModulePlan({"wq.weight": {"tp": S0}, "wo.weight": {"tp": S1}}),
+        f"layers.{layers}.moe": ModulePlan(
+            {"experts.w1": {"ep": S0, "tp": S1}, "router.gate.weight": {}}, expert_parallel=True
+        ),
+        "head": ModulePlan({"weight": {"tp": Replicate()}}),
+    }
+
+
+_LAYER_PARAMS = (
+    "attn.wq.weight",
+    "attn.wo.weight",
+    "attn_norm.weight",  # no key matches it: left out
+    "moe.experts.w1",
+    "moe.router.gate.weight",
+)
+
+
+@given(
+    layers=st.integers(1, 6),
+    order=st.randoms(use_true_random=False),
+    tied=st.booleans(),
+    lookups=st.lists(
+        st.sampled_from(["layers.0.attn.wq.weight", "head.weight", "emb", "x", "layers.9.w"])
+        | st.text(max_size=6),
+        max_size=2 * _MAX_SCANS,
+    ),
+)
+def test_a_pattern_plans_table_is_listed_and_reads_as_the_table_spelled_out(
+    layers: int, order: random.Random, tied: bool, lookups: list[str]
+) -> None:
+    pairs = [("emb.weight", "head.weight")] if tied else []
+    plan = ShardingPlan(_layered("*"), mesh_axes=["ep", "tp"], tied_pairs=pairs)
+    spelled_modules: dict[str, ModulePlan] = {}
+    for i in range(layers):
+        spelled_modules.update(_layered(str(i)))
+    spelled_plan = ShardingPlan(spelled_modules, mesh_axes=["ep", "tp"], tied_pairs=pairs)
+    fqns = ["emb.weight", "head.weight"]
+    fqns += [f"layers.{i}.{p}" for i in range(layers) for p in _LAYER_PARAMS]
+    order.shuffle(fqns)
+    table = build_table(plan, ["tp"], expert_axes=["ep", "tp"], fqns=fqns)
+    by_fqn = build_table(spelled_plan, ["tp"], expert_axes=["ep", "tp"])
+    # tied, the head's R becomes the embedding's S(0): in its place, still listed
+    assert type(table._items) is Listed
+    assert list(table) == [f for f in fqns if "norm" not in f]
+    expected = ParamLayoutTable({f: by_fqn[f] for f in table}, tied=by_fqn.tied)
+    for key in lookups:  # a few scans, then the dict: each answers as a dict does
+        assert table.get(key) == expected.get(key)
+        assert (key in table) == (key in expected)
+        if key not in expected:
+            with pytest.raises(KeyError):
+                table[key]
+    assert 1 not in table  # type: ignore[comparison-overlap]
+    with pytest.raises(TypeError):
+        [] in table  # type: ignore[comparison-overlap]  # noqa: B015  # unhashable, as for a dict
+    _reads_as(table, expected)
+    assert table == by_fqn == dict(by_fqn.items())
+    assert not diff(table, by_fqn)
+
+
+@pytest.mark.parametrize("norms", [1, 2 * _MAX_SCANS])
+def test_tied_members_of_a_listed_table_change_in_place_or_come_last(norms: int) -> None:
+    # Each norm is tied to a layer's weight (its R becomes S(0)), and the first layer's to
+    # a weight no key names (given the group's layout, after the others).
+    fqns = [f"layers.{i}.w.weight" for i in range(norms)]
+    fqns += [f"layers.{i}.norm.weight" for i in range(norms)]
+    pairs = [(f"layers.{i}.w.weight", f"layers.{i}.norm.weight") for i in range(norms)]
+    pairs.append(("layers.0.w.weight", "extra.weight"))
+
+    def plan(layers: str) -> dict[str, ModulePlan]:
+        return {
+            f"layers.{layers}.w": ModulePlan({"weight": {"tp": S0}}),
+            f"layers.{layers}.norm": ModulePlan({"weight": {"tp": Replicate()}}),
+        }
+
+    by_pattern = ShardingPlan(plan("*"), mesh_axes=["tp"], tied_pairs=pairs)
+    table = build_table(by_pattern, ["tp"], fqns=fqns)
+    spelled = {k: v for i in range(norms) for k, v in plan(str(i)).items()}
+    expected = build_table(ShardingPlan(spelled, mesh_axes=["tp"], tied_pairs=pairs), ["tp"])
+    assert list(table) == [*fqns, "extra.weight"]
+    assert set(table.values()) == {SourceLayout("dense", ("tp",), (S0,))}
+    assert table == expected and table.tied == expected.tied
+    # a few changes are made in the listed entries, more spell them out by FQN
+    assert type(table._items) is (Listed if norms + 1 <= _MAX_SCANS else _CheckedEntries)
+
+
+def test_a_listed_table_is_looked_up_by_scanning_until_it_needs_its_dict() -> None:
+    fqns = [f"layers.{i}.attn.wq.weight" for i in range(3)]
+    plan = ShardingPlan({"layers.*.attn": ModulePlan({"wq.weight": {"tp": S0}})}, mesh_axes=["tp"])
+    table = build_table(plan, ["tp"], fqns=fqns)
+    entries = table._items
+    assert type(entries) is Listed
+
+    def by_fqn() -> list[str] | None:
+        made = entries._by_fqn
+        return None if made is None else list(made)
+
+    assert by_fqn() is None  # building it looked nothing up
+    assert [table[f] for f in fqns] == [SourceLayout("dense", ("tp",), (S0,))] * 3
+    assert by_fqn() is None and len(entries._scanned) == 3
+    absent = [f"absent.{i}" for i in range(_MAX_SCANS)]
+    assert [table.get(f) for f in absent] == [None] * len(absent)
+    assert by_fqn() == fqns  # one scan too many: the dict, once
+    assert table.get("layers.2.attn.wq.weight") == SourceLayout("dense", ("tp",), (S0,))
+
+
 # --- plain parameters -------------------------------------------------------------------
 
 PLAIN = SourceLayout("dense", (), ())
@@ -1266,7 +1379,11 @@ def test_a_table_kept_by_module_is_the_table_spelled_out_by_fqn(data: st.DataObj
             build_table(plan, dense, expert_axes=expert)
         assert [p.message for p in raised.value.problems] == [p.message for p in e.problems]
         return
-    table = build_table(plan, dense, expert_axes=expert)
+    _reads_as(build_table(plan, dense, expert_axes=expert), expected)
+
+
+def _reads_as(table: ParamLayoutTable, expected: ParamLayoutTable) -> None:
+    """``table``, kept apart, reads in every way as ``expected``, spelled out by FQN."""
     assert table == expected
     assert hash(table) == hash(expected)
     assert list(table.items()) == list(expected.items())

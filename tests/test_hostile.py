@@ -99,6 +99,18 @@ BY_MODULE = build_table(
     ["dp_shard", "tp"],
 )
 """TABLE's entries as ``build_table`` keeps a plan's: by module (``layout.ByModule``)."""
+LISTED = build_table(
+    ShardingPlan(
+        {
+            "*": ModulePlan({"weight": {"tp": Shard(0)}}),
+            "norm": ModulePlan({"weight": {"tp": Replicate()}}),
+        },
+        mesh_axes=["dp_shard", "tp"],
+    ),
+    ["dp_shard", "tp"],
+    fqns=["emb.weight", "head.weight", "norm.weight"],
+)
+"""TABLE's entries as ``build_table`` keeps a plan by pattern's: listed (``layout.Listed``)."""
 SHAPE = (16, 8)
 SHAPES = {f: layout_algebra.ParamShape(SHAPE, "float32") for f in TABLE}
 COMPOSED = SourceLayout("dense", ["dp_shard", "tp"], [StridedShard(0, split_factor=2), Shard(0)])
@@ -130,9 +142,39 @@ class Case:
         return self.call(*args, **kwargs)
 
 
+_COMPOSED: typing.Final = {"dense": {"dp_shard": 2, "tp": 2}}
+
+
+def _kept_cases(kept: str, table: ParamLayoutTable) -> dict[str, Case]:
+    """The calls whose path differs for ``table``, a table whose entries are ``kept``."""
+    fsdp = {"dense": "dp_shard"}
+    return {
+        f"compose_table, {kept}": Case(
+            layout_algebra.compose_table,
+            (table,),
+            {"fsdp": fsdp, "mesh_sizes": _COMPOSED, "shard_dim": 0},
+        ),
+        f"lint, {kept}": Case(
+            layout_algebra.lint,
+            (table, SHAPES),
+            {"mesh_sizes": _COMPOSED, "fsdp": fsdp, "shard_dim": 0},
+        ),
+        f"reshard_plan, {kept}": Case(
+            layout_algebra.reshard_plan,
+            (table, table, SHAPES),
+            {"src_sizes": _COMPOSED, "dst_sizes": _COMPOSED, "fsdp": fsdp},
+        ),
+        f"merge_tied, {kept}": Case(merge_tied, (table, [("emb.weight", "head.weight")])),
+        f"complete_default, {kept}": Case(
+            complete_default, (table, ["x.weight"], ["dp_shard", "tp"])
+        ),
+        f"ParamLayoutTable.with_entries, {kept}": Case(table.with_entries, ({"x.weight": LAYOUT},)),
+    }
+
+
 def _shapes() -> dict[str, Case]:
     """One valid call per public callable, by name (``module.name`` for module-only names)."""
-    composed = {"dense": {"dp_shard": 2, "tp": 2}}
+    composed = _COMPOSED
     return {
         "AxisName": Case(AxisName, ("tp",)),
         "Shard": Case(Shard, (0,)),
@@ -239,31 +281,9 @@ def _shapes() -> dict[str, Case]:
             (("tp", None),),
             {"mesh": "dense", "axes": ["tp"], "mesh_sizes": {"tp": 2}},
         ),
-        # The paths a table kept by module takes.
-        "compose_table, kept by module": Case(
-            layout_algebra.compose_table,
-            (BY_MODULE,),
-            {"fsdp": {"dense": "dp_shard"}, "mesh_sizes": composed, "shard_dim": 0},
-        ),
-        "lint, kept by module": Case(
-            layout_algebra.lint,
-            (BY_MODULE, SHAPES),
-            {"mesh_sizes": composed, "fsdp": {"dense": "dp_shard"}, "shard_dim": 0},
-        ),
-        "reshard_plan, kept by module": Case(
-            layout_algebra.reshard_plan,
-            (BY_MODULE, BY_MODULE, SHAPES),
-            {"src_sizes": composed, "dst_sizes": composed, "fsdp": {"dense": "dp_shard"}},
-        ),
-        "merge_tied, kept by module": Case(
-            merge_tied, (BY_MODULE, [("emb.weight", "head.weight")])
-        ),
-        "complete_default, kept by module": Case(
-            complete_default, (BY_MODULE, ["x.weight"], ["dp_shard", "tp"])
-        ),
-        "ParamLayoutTable.with_entries, kept by module": Case(
-            BY_MODULE.with_entries, ({"x.weight": LAYOUT},)
-        ),
+        # The paths a table kept apart takes: by module, or listed.
+        **_kept_cases("kept by module", BY_MODULE),
+        **_kept_cases("listed", LISTED),
         # Methods of the values take user input too.
         "SourceLayout.placement_on": Case(LAYOUT.placement_on, ("tp",)),
         "SourceLayout.with_placements": Case(LAYOUT.with_placements, ([Shard(1)],)),
@@ -407,6 +427,7 @@ HOSTILE_VALUES: list[object] = [
     LAYOUT,
     TABLE,
     BY_MODULE,
+    LISTED,
     PLAN,
     object(),
     _Lazy(["a", "b"]),

@@ -38,7 +38,7 @@ from layout_algebra import (
     format_placement,
     local_shape_and_offset,
 )
-from layout_algebra.layout import ByModule
+from layout_algebra.layout import ByModule, Listed
 from layout_algebra.torch_bridge import (
     Binding,
     ParamBindings,
@@ -268,6 +268,30 @@ def test_bind_finds_an_fqn_the_module_lacks_in_a_table_kept_by_module(
     assert type(table._items) is ByModule
     with pytest.raises(BindError, match=r"^ghost\.weight: unknown parameter FQN"):
         bind(table, make_model(), meshes)
+
+
+@pytest.mark.parametrize("order", ["module", "reversed"])
+def test_bind_of_a_pattern_plans_listed_table(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh], order: str
+) -> None:
+    model = make_model()
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    spec = make_plan().modules
+    kinds = {"emb": "emb", "layers.*": "layers.0", "layers.*.experts": "layers.0.experts"}
+    by_pattern = ShardingPlan(
+        {key: spec[module] for key, module in kinds.items()},
+        mesh_axes=WORLD,
+        tied_pairs=[("emb.weight", "head.weight")],
+    )
+    listed = build_table(
+        by_pattern, DENSE, expert_axes=WORLD, fqns=names if order == "module" else names[::-1]
+    )
+    entries = listed._items
+    assert type(entries) is Listed
+    assert listed == table
+    assert dict(bind(listed, model, meshes)) == dict(bind(table, model, meshes))
+    # in step with the module, bind looks nothing up: the FQNs' dict is never made
+    assert (entries._by_fqn is None) == (order == "module")
 
 
 def test_bind_missing_mesh_role(table: ParamLayoutTable, dense: DeviceMesh) -> None:
