@@ -145,34 +145,27 @@ class Matcher(Generic[T]):
 
     def match_all(self, fqns: Iterable[str]) -> list[tuple[int, ...]]:
         """``match`` of each FQN, in order: one loop, an FQN a pattern decided before
-        costs a split and a dict lookup."""
+        costs a split and a dict lookup (and a lookup among the exact keys only when one
+        is as long as it)."""
         out: list[tuple[int, ...]] = []
-        append, exact, pick_of = out.append, self._exact, self._pick.get
-        by_picked, split_at, head = self._by_picked.get, self._split_at, self._head
-        by_head = self._by_head
+        append, exact, match = out.append, self._exact, self.match
+        split_at, head, by_head = self._split_at, self._head, self._by_head
+        get = by_head.get
+        # An FQN split into more than split_at parts is no exact key shorter than that.
+        long_exact = any(key.count(".") >= split_at for key in exact)
         for fqn in fqns:
-            if fqn in exact:
-                append(self.match(fqn))
-                continue
             if split_at:
                 parts = fqn.split(".", split_at)
-                if len(parts) > split_at:
+                if len(parts) > split_at and not (long_exact and fqn in exact):
                     key = head(parts)
-                    found = by_head.get(key)
+                    found = get(key)
                     if found is None:
                         found = self._patterns_for(fqn)
                         if len(by_head) < _MAX_PICKED:
                             by_head[key] = found
                     append(found)
                     continue
-            segments = fqn.split(".")
-            n = len(segments)
-            pick = pick_of(n)
-            if pick is None:
-                append(())
-                continue
-            found = by_picked((n, pick(segments)))
-            append(self._patterns_for(fqn) if found is None else found)
+            append(match(fqn))
         return out
 
     def best(self, fqn: str) -> tuple[Rule[T], ...]:

@@ -1162,6 +1162,7 @@ def test_pattern_matching_of_numbered_fqns_agrees_with_one_regex_per_key(
 @given(*_keys_and_fqns(_SEGMENTS, _SEGMENTS, 20))
 @example(keys=["layers.0.w", "layers.*.w"], fqns=["layers.0.w", "layers.1.w", "layers.10.w"])
 @example(keys=["1", "*"], fqns=["0", "1"])
+@example(keys=["w", "a.*.w", "a.b"], fqns=["w", "a.b", "a.1.w", "a.w.w", "a.b.w"])
 def test_pattern_matching_agrees_with_one_regex_per_key(keys: list[str], fqns: list[str]) -> None:
     _agrees_with_one_regex_per_key(keys, fqns)
 
