@@ -7,6 +7,11 @@ model's ``tp_plan``/``ep_plan`` to a model built on the meta device — the func
 FSDP2, and ``tie_weights`` as loading ends) on transformers' own meshes — read back with
 ``table_from_module``; and each style's own ``shard_param`` on parameters of every rank.
 No weights are needed: ``from_pretrained`` shards the model before it loads any.
+
+Every test runs against the transformers installed, whichever known release it is (5.24
+and earlier, or 5.25): where the releases differ (their styles, the models' own plans,
+the arguments their functions take) the test says what each does. Tests of the choice
+of release set ``transformers.__version__``, so each release's styles are read in either.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
 from layout_algebra import (
     LayoutError,
@@ -30,9 +37,17 @@ from layout_algebra import (
     ShardingPlan,
     build_table,
     complete_default,
+    local_shape_and_offset,
 )
 from layout_algebra.torch_bridge import plan_from_hf, table_from_module
-from layout_algebra.torch_bridge.transformers import KNOWN_STYLES, _wildcards
+from layout_algebra.torch_bridge.transformers import (
+    _RELEASES,
+    KNOWN_STYLES,
+    NEWEST_KNOWN,
+    STYLES_BY_RELEASE,
+    _OwnMesh,
+    _wildcards,
+)
 from tests.test_parallelize import assert_fsdp_as_predicted, fqns
 
 if TYPE_CHECKING:
@@ -47,6 +62,15 @@ EXPERT = ("pp", "dp_replicate", "efsdp", "ep")
 AXES = ("pp", "dp_replicate", "fsdp", "tp", "efsdp", "ep")
 VOCAB = 50
 """50 vocabulary rows over tp=4 are 13, 13, 13, 11: uneven."""
+
+
+def installed() -> tuple[int, int]:
+    """The known release whose styles the installed transformers registers: the key of
+    ``STYLES_BY_RELEASE`` its (major, minor) falls under."""
+    import transformers  # noqa: PLC0415 - slow import
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return min(last for last in STYLES_BY_RELEASE if (major, minor) <= last)
 
 
 # ---------------------------------------------------------------------------------------
@@ -108,9 +132,24 @@ def mixtral() -> PreTrainedModel:
     return _build(MixtralForCausalLM, mixtral_config())
 
 
+EXPERTS_OVER_TP = {
+    "model.layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+    "model.layers.*.mlp.experts.down_proj": "rowwise",
+    "model.layers.*.mlp.experts": "moe_tp_experts",
+}
+"""Experts split over tp, each rank a part of every expert: Mixtral's own rules up to 5.24;
+5.25's Mixtral leaves its experts to expert parallelism, its Llama 4 still splits them so."""
+
+
+def mixtral_experts_over_tp() -> PreTrainedModel:
+    model = mixtral()
+    model._tp_plan = {**model.tp_plan, **EXPERTS_OVER_TP}
+    return model
+
+
 def deepseek_v3() -> PreTrainedModel:
-    """Multi-head latent attention (which its plan leaves unsharded), layer 0 dense,
-    layer 1 eight routed experts and a shared one."""
+    """Multi-head latent attention (which its plan leaves unsharded up to 5.24), layer 0
+    dense, layer 1 eight routed experts and a shared one."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: PLC0415
 
     config = DeepseekV3Config(
@@ -205,6 +244,10 @@ def transformers_tp_ep(model: PreTrainedModel, run: Run) -> PreTrainedModel:
 
     mesh = meshes(run)
     tp_plan, ep_plan, _ = model._resolve_parallel_plans(run.config())
+    # 5.25's styles take the model's config and its meshes (a unit style builds its own
+    # mesh from them); maybe_distribute_model sets the meshes first, as here. 5.24 reads
+    # neither.
+    model._mesh_manager = mesh
     apply_tensor_parallelism(model, mesh.get_mesh("tp"), tp_plan)
     if run.ep > 1:
         apply_expert_parallelism(model, mesh.get_mesh("ep"), mesh.get_mesh("tp"), ep_plan)
@@ -225,6 +268,7 @@ CASES: dict[str, tuple[Callable[[], PreTrainedModel], Run]] = {
     "qwen3-moe tp=2 ep=4": (qwen3_moe, Run(tp=2, fsdp=4, ep=4)),
     "qwen3-moe tp=4": (qwen3_moe, Run(tp=4, fsdp=2)),
     "mixtral tp=4": (mixtral, Run(tp=4, fsdp=2)),
+    "mixtral experts over tp=4": (mixtral_experts_over_tp, Run(tp=4, fsdp=2)),
     "mixtral tp=4 ep=4": (mixtral, Run(tp=4, fsdp=2, ep=4)),
     "deepseek-v3 tp=2 ep=8": (deepseek_v3, Run(tp=2, fsdp=4, ep=8)),
 }
@@ -256,16 +300,17 @@ def layouts(table: ParamLayoutTable, *names: str) -> dict[str, str]:
 
 def test_what_each_architecture_gets() -> None:
     """The readings the comparisons above confirm, spelled out for a reader."""
+    newer = installed() >= (5, 25)  # the models' own plans changed in 5.25, not the styles
     run = Run(tp=4, fsdp=2)
     table = run.predicted(mixtral())
+    experts = ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj")
     assert layouts(
         table,
         "model.embed_tokens.weight",
         "lm_head.weight",
         "model.layers.0.self_attn.q_proj.weight",
         "model.layers.0.self_attn.o_proj.weight",
-        "model.layers.0.mlp.experts.gate_up_proj",
-        "model.layers.0.mlp.experts.down_proj",
+        *experts,
         "model.layers.0.mlp.gate.weight",
         "model.norm.weight",
     ) == {
@@ -274,19 +319,24 @@ def test_what_each_architecture_gets() -> None:
         "lm_head.weight": "dense[tp=S(0)]",
         "model.layers.0.self_attn.q_proj.weight": "dense[tp=S(0)]",
         "model.layers.0.self_attn.o_proj.weight": "dense[tp=S(1)]",
-        # packed_colwise: gate and up halves each split over tp; rowwise's -1 is dim 2
-        "model.layers.0.mlp.experts.gate_up_proj": "dense[tp=_S(1, 2)]",
-        "model.layers.0.mlp.experts.down_proj": "dense[tp=S(2)]",
+        # 5.25's Mixtral leaves its experts to expert parallelism: tp alone keeps them whole
+        "model.layers.0.mlp.experts.gate_up_proj": "dense[]" if newer else "dense[tp=_S(1, 2)]",
+        "model.layers.0.mlp.experts.down_proj": "dense[]" if newer else "dense[tp=S(2)]",
         # the router and the norms: no rule, left plain
         "model.layers.0.mlp.gate.weight": "dense[]",
         "model.norm.weight": "dense[]",
     }
     assert table.tied == (frozenset({"model.embed_tokens.weight", "lm_head.weight"}),)
+    # Experts over tp by their rules (Mixtral's own up to 5.24): packed_colwise splits the
+    # gate and up halves each over tp; rowwise's -1 is dim 2 of a 3-D weight.
+    table = run.predicted(mixtral_experts_over_tp())
+    assert layouts(table, *experts) == {
+        "model.layers.0.mlp.experts.gate_up_proj": "dense[tp=_S(1, 2)]",
+        "model.layers.0.mlp.experts.down_proj": "dense[tp=S(2)]",
+    }
     # With expert parallelism its rules win: the experts go whole to their ep rank.
-    table = Run(tp=4, fsdp=2, ep=4).predicted(mixtral())
-    assert layouts(
-        table, "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
-    ) == {
+    table = Run(tp=4, fsdp=2, ep=4).predicted(mixtral_experts_over_tp())
+    assert layouts(table, *experts) == {
         "model.layers.0.mlp.experts.gate_up_proj": "expert[ep=S(0)]",
         "model.layers.0.mlp.experts.down_proj": "expert[ep=S(0)]",
     }
@@ -305,10 +355,17 @@ def test_what_each_architecture_gets() -> None:
         "model.layers.1.mlp.gate.weight": "dense[]",
         "model.layers.1.mlp.experts.gate_up_proj": "expert[ep=S(0)]",
     }
-    # DeepSeek-V3's plan leaves multi-head latent attention unsharded.
+    # DeepSeek-V3's multi-head latent attention: unsharded by the plan up to 5.24; 5.25's
+    # splits its up-projections and output over tp, and kv_a_proj_with_mqa's
+    # "mla_kv_a_proj" only hooks the forward.
     table = Run(tp=2, fsdp=4, ep=8).predicted(deepseek_v3())
-    attention = [f for f in table if ".self_attn." in f]
-    assert attention and all(str(table[f]) == "dense[]" for f in attention)
+    attention = {f: str(table[f]) for f in table if f.startswith("model.layers.1.self_attn.")}
+    sharded = {
+        "model.layers.1.self_attn.q_b_proj.weight": "dense[tp=S(0)]",
+        "model.layers.1.self_attn.kv_b_proj.weight": "dense[tp=S(0)]",
+        "model.layers.1.self_attn.o_proj.weight": "dense[tp=S(1)]",
+    }
+    assert attention == {f: "dense[]" for f in attention} | (sharded if newer else {})
     assert str(table["model.layers.1.mlp.shared_experts.down_proj.weight"]) == "dense[tp=S(1)]"
 
 
@@ -328,19 +385,19 @@ def test_tied_head_takes_the_embeddings_layout() -> None:
     assert table_from_module(model) == expected
 
 
-@pytest.mark.parametrize("version", ["5.25.0", "6.0.0.dev0", "5.30"])
+@pytest.mark.parametrize("version", ["5.26.0", "6.0.0.dev0", "5.30"])
 def test_a_transformers_newer_than_the_known_styles_is_refused(
     monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
-    import transformers  # noqa: PLC0415
-
     model = llama()
+    # the module plan_from_hf reads: importing a model class may put a new one in its place
+    transformers = sys.modules["transformers"]
     monkeypatch.setattr(transformers, "__version__", version)
     with pytest.raises(
-        LayoutError, match=rf"transformers {re.escape(version)} is newer than 5\.24"
+        LayoutError, match=rf"transformers {re.escape(version)} is newer than 5\.25, the newest"
     ):
         plan_from_hf(model, ep_axis=None, mesh_axes=AXES)
-    for older in ("5.24.0", "4.57.1", "5.24.0.dev0", "unknown"):
+    for older in ("5.25.0", "5.24.0", "4.57.1", "5.24.0.dev0", "5.25.0rc1", "unknown"):
         monkeypatch.setattr(transformers, "__version__", older)
         assert plan_from_hf(model, ep_axis=None, mesh_axes=AXES).modules
 
@@ -372,7 +429,25 @@ def _registered() -> list[str]:
 
 
 def test_known_styles_are_the_installed_ones() -> None:
-    assert sorted(KNOWN_STYLES) == _registered()
+    """The installed release's styles are those its transformers registers; the newest
+    release's are ``KNOWN_STYLES``; the releases differ only by what 5.25 added and dropped,
+    and share the rule of every style both register."""
+    assert sorted(STYLES_BY_RELEASE[installed()]) == _registered()
+    assert NEWEST_KNOWN == max(STYLES_BY_RELEASE) == (5, 25)
+    assert STYLES_BY_RELEASE[NEWEST_KNOWN] == KNOWN_STYLES
+    old, new = _RELEASES[(5, 24)], _RELEASES[(5, 25)]
+    assert new.rules.keys() - old.rules.keys() == {"unit_colwise", "unit_rowwise"}
+    assert old.rules.keys() - new.rules.keys() == {"moe_identity_expert"} == new.gone.keys()
+    assert all(new.rules[style] is rule for style, rule in old.rules.items() if style in new.rules)
+    for known in _RELEASES.values():
+        # what a message tells to use instead is a style of the same release
+        instead = {
+            rule(leaf, ndim).instead  # type: ignore[union-attr]  # an _OwnMesh, checked
+            for rule in known.rules.values()
+            for leaf, ndim in (("weight", 2), ("bias", 1))
+            if isinstance(rule(leaf, ndim), _OwnMesh)
+        }
+        assert {*known.ep_styles, *instead} <= known.rules.keys()
 
 
 class Probe(nn.Module):
@@ -387,22 +462,35 @@ class Probe(nn.Module):
 
 
 class Holder(nn.Module):
-    """A module that carries a ``tp_plan`` as a transformers model does."""
+    """A module that carries a ``tp_plan`` as a transformers model does, and a config
+    (the styles of 5.25 read it: a unit style counts heads of ``head_dim`` rows)."""
 
-    def __init__(self, plan: dict[str, str]) -> None:
+    def __init__(self, plan: dict[str, str], *, config: object = None) -> None:
         super().__init__()
         self.probe = Probe()
         self.lin = nn.Linear(12, 8)
         self.tp_plan = plan
+        self.config = config
+        self._mesh_manager: object = None  # what 5.25's apply_tensor_parallelism reads
         self.all_tied_weights_keys: dict[str, str] = {}
 
 
-MODULE_LEVEL_UNSUPPORTED = {"mla_kv_a_proj", "ep_dispatch_experts"}
-"""Styles whose forward hook needs what a probe has not (a model config, two meshes)."""
+def holder(plan: dict[str, str]) -> Holder:
+    """A ``Holder`` on the meta device whose heads are 4 rows: ``probe.weight`` and
+    ``lin.weight`` have 2 in their rows and 3 in their columns."""
+    from transformers import LlamaConfig  # noqa: PLC0415
+
+    with torch.device("meta"):
+        return Holder(plan, config=LlamaConfig(head_dim=4))
+
+
+UNIT_STYLES = frozenset({"unit_colwise", "unit_rowwise"})
+"""5.25's styles that put a weight on a mesh of their own, refused here."""
 
 
 def _styles() -> Iterator[str]:
-    yield from sorted(KNOWN_STYLES)
+    """The styles of the release installed."""
+    yield from sorted(STYLES_BY_RELEASE[installed()])
 
 
 @pytest.mark.parametrize("style", list(_styles()))
@@ -413,25 +501,173 @@ def test_each_style_places_as_its_shard_param_does(style: str) -> None:
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism  # noqa: PLC0415
 
     plan = {f"probe.{name}": style for name in ("weight", "bias", "experts", "experts_bias")}
-    if style not in MODULE_LEVEL_UNSUPPORTED:
-        plan["lin"] = style  # its parameters through their module, and its forward hooked
-    with torch.device("meta"):
-        model = Holder(plan)
+    plan["lin"] = style  # its parameters through their module, and its forward hooked
+    model = holder(plan)
     axes = ("fsdp", "tp")
     run = Run(tp=4, fsdp=2)
+    model._mesh_manager = meshes(run)  # 5.25's unit styles build their mesh from it
+    tp = meshes(run).get_mesh("tp")
     expanded = DistributedMixin._expand_parallel_plan(model, plan)  # type: ignore[arg-type]  # a duck model
     try:
         sharding = plan_from_hf(model, ep_axis=None, mesh_axes=axes)
     except PlanError as e:
-        # a dim the parameter lacks (S(1) of a bias): transformers fails on it too
-        assert all("which it does not have" in p.message for p in e.problems)
-        with pytest.raises(IndexError):
-            apply_tensor_parallelism(model, meshes(run).get_mesh("tp"), expanded)
+        problems = {p.fqn or "": p.message for p in e.problems}
+        if any("cannot apply" in m for m in problems.values()):
+            # an expert-parallel style transformers' tensor parallelism cannot call (5.25:
+            # any; 5.24: ep_dispatch_experts on a module, whose hook needs the ep mesh)
+            assert all(
+                m.endswith("put the rule in the ep_plan, or drop it") for m in problems.values()
+            )
+            with pytest.raises(TypeError):
+                apply_tensor_parallelism(model, tp, expanded)
+            return
+        if style not in UNIT_STYLES:
+            # a dim the parameter lacks (S(1) of a bias): transformers fails on it too
+            assert all("which it does not have" in m for m in problems.values())
+            with pytest.raises(IndexError):
+                apply_tensor_parallelism(model, tp, expanded)
+            return
+        # what a unit style splits goes to a mesh of transformers' own, not the tp mesh;
+        # what it leaves whole (unit_rowwise's bias) is whole on every rank, as R says
+        assert all("puts it on a mesh of its own" in m for m in problems.values())
+        apply_tensor_parallelism(model, tp, expanded)
+        for fqn, param in model.named_parameters():
+            assert isinstance(param, DTensor), fqn
+            assert param.device_mesh.mesh_dim_names == ("tp", "unit_replicate"), fqn
+            whole = all(p.is_replicate() for p in param.placements)
+            assert whole == (fqn not in problems), fqn
+        assert sorted(problems) == sorted(
+            fqn
+            for fqn, _ in model.named_parameters()
+            if style == "unit_colwise" or not fqn.endswith(".bias")
+        )
         return
     table = build_table(sharding, dense_axes=axes)
     expected = complete_default(table, fqns(model), axes, plain=True)
-    apply_tensor_parallelism(model, meshes(run).get_mesh("tp"), expanded)
+    apply_tensor_parallelism(model, tp, expanded)
     assert table_from_module(model) == expected
+
+
+@pytest.mark.parametrize("version", ["5.24.0", "4.57.1", "5.24.0.dev0", "5.25.0", "unknown", None])
+def test_the_transformers_imported_chooses_the_styles(
+    monkeypatch: pytest.MonkeyPatch, version: str | None
+) -> None:
+    """The styles read are those of the release ``transformers.__version__`` names, or of
+    the newest known when it names none or transformers is not imported: 5.24's know
+    ``moe_identity_expert`` and no unit style, 5.25's the other way round."""
+    plan = {"probe.weight": "moe_identity_expert", "probe.bias": "colwise", "lin": "unit_rowwise"}
+    old = {"probe.weight": "moe_identity_expert", "probe.bias": "colwise"}
+    new = {"probe.bias": "colwise", "lin.bias": "unit_rowwise"}
+    models = {"plan": holder(plan), "old": holder(old), "new": holder(new)}  # before unloading
+    if version is None:
+        monkeypatch.delitem(sys.modules, "transformers")
+    else:  # the module plan_from_hf reads (importing a model class may replace it)
+        monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
+    release = "5.24" if version is not None and version[:4] in {"5.24", "4.57"} else "5.25"
+    with pytest.raises(PlanError) as caught:
+        plan_from_hf(models["plan"], ep_axis=None, mesh_axes=["tp"])
+    messages = [p.message for p in caught.value.problems]
+    known = ", ".join(sorted(STYLES_BY_RELEASE[(5, 24) if release == "5.24" else (5, 25)]))
+    if release == "5.24":
+        assert messages == [
+            f"model.tp_plan['lin']: style 'unit_rowwise' is not one transformers 5.24 "
+            f"registers (known: {known}); fix the style name, or plan these parameters by hand"
+        ]
+        read = models["old"]
+        expected = {"probe.bias": "dense[tp=S(0)]"}  # moe_identity_expert: hooks only
+    else:
+        assert messages == [
+            f"model.tp_plan['probe.weight']: style 'moe_identity_expert' is not one "
+            f"transformers 5.25 registers (known: {known}); transformers 5.25 removed it, and "
+            "its MoE plans shard experts by expert: 'ep_dispatch_experts' and 'grouped_gemm' "
+            "in the ep_plan; fix the rule, or plan these parameters by hand",
+            "lin.weight: style 'unit_rowwise' (tp_plan['lin']) puts it on a mesh of its own "
+            "that transformers 5.25 builds from its 3 heads: the ranks of 'tp' in gcd(heads, "
+            "tp size) groups of whole heads, every rank of a group holding the same ones, "
+            "which no placement on 'tp' says; when the tp size divides the head count each "
+            "rank holds the rows 'rowwise' gives it, so read the plan with tp_plan['lin'] set "
+            "to 'rowwise', or write the ShardingPlan",
+        ]
+        read = models["new"]
+        expected = {"probe.bias": "dense[tp=S(0)]", "lin.bias": "dense[tp=R]"}
+    table = build_table(plan_from_hf(read, ep_axis=None, mesh_axes=["tp"]), ["tp"])
+    assert {fqn: str(layout) for fqn, layout in table.items()} == expected
+
+
+UNIT_PLAN = {
+    "model.layers.*.self_attn.q_proj": "unit_colwise",  # 4 heads over tp=4: one each
+    "model.layers.*.self_attn.k_proj": "unit_colwise",  # 2 heads over tp=4: each on 2 ranks
+    "model.layers.*.self_attn.v_proj": "unit_colwise",
+    "model.layers.*.self_attn.o_proj": "unit_rowwise",  # 4 heads, in its columns
+}
+"""Llama's attention by heads, as 5.25's MiniCPM5-MoE plans its keys and values."""
+
+
+def rank_blocks(param: DTensor, ranks: list[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The (local shape, global offset) of ``param`` on each of ``ranks``, as DTensor
+    computes them on the mesh the parameter is on."""
+    mesh = param.device_mesh.mesh
+    blocks = []
+    for rank in ranks:
+        coordinate = [int(i) for i in (mesh == rank).nonzero()[0]]
+        shape, offset = _compute_local_shape_and_global_offset(
+            tuple(param.shape), tuple(mesh.shape), coordinate, list(param.placements)
+        )
+        blocks.append((tuple(shape), tuple(offset)))
+    return blocks
+
+
+def test_unit_styles_put_heads_on_a_mesh_of_their_own() -> None:
+    """5.25's unit styles give each tp rank whole heads, on a mesh transformers builds:
+    the rows ``colwise`` (``rowwise``) gives when the tp size divides the head count, but
+    2 heads over 4 ranks give each head to two ranks, which no placement on tp says. So
+    each such weight is refused, naming the style to read instead. 5.24 has no unit
+    style: it refuses them, and so does ``plan_from_hf`` under it."""
+    run = Run(tp=4, fsdp=2)
+    model = llama()
+    model._tp_plan = {**model.tp_plan, **UNIT_PLAN}
+    with pytest.raises(PlanError) as caught:
+        run.plan(model)
+    problems = {p.fqn or "": p.message for p in caught.value.problems}
+    if installed() < (5, 25):
+        assert list(problems) == list(UNIT_PLAN)
+        assert all("is not one transformers 5.24 registers" in m for m in problems.values())
+        with pytest.raises(ValueError, match=r"Unsupported `tp_plan` styles: \{'unit_"):
+            model._resolve_parallel_plans(run.config())
+        return
+    weights = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in "qkvo"]
+    assert sorted(problems) == sorted(weights)
+    k_proj = "model.layers.0.self_attn.k_proj.weight"
+    assert problems[k_proj].startswith(
+        f"{k_proj}: style 'unit_colwise' (tp_plan['model.layers.*.self_attn.k_proj']) puts it "
+        "on a mesh of its own that transformers 5.25 builds from its 2 heads: "
+    )
+    assert problems[k_proj].endswith(
+        "so read the plan with tp_plan['model.layers.*.self_attn.k_proj'] set to 'colwise', "
+        "or write the ShardingPlan"
+    )
+    # The remedy read against transformers' own unit styles, rank by rank.
+    remedy = llama()
+    remedy._tp_plan = {**remedy.tp_plan, **{k: v[5:] for k, v in UNIT_PLAN.items()}}
+    ours = run.predicted(remedy)
+    transformers_tp_ep(model, run)
+    theirs = table_from_module(model)
+    ranks = meshes(run).get_mesh("tp").mesh.tolist()
+    for fqn, param in model.named_parameters():
+        if fqn not in problems:
+            assert theirs[fqn] == ours[fqn], fqn
+            continue
+        assert isinstance(param, DTensor)
+        mine = [
+            local_shape_and_offset(param.shape, ours[fqn], {"tp": 4}, {"tp": i})
+            for i in range(len(ranks))
+        ]
+        divides = ".k_proj." not in fqn and ".v_proj." not in fqn  # 4 heads, not 2
+        assert (rank_blocks(param, ranks) == mine) == divides, fqn
+    # 2 heads of 8 rows over 4 ranks: ranks 0 and 1 hold head 0, ranks 2 and 3 head 1
+    k_weight = model.get_parameter(k_proj)
+    assert isinstance(k_weight, DTensor)
+    assert rank_blocks(k_weight, ranks) == [((8, 32), (r, 0)) for r in (0, 0, 8, 8)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -452,20 +688,62 @@ def test_expert_axis_without_an_expert_plan() -> None:
     assert dense_only.modules == plan_from_hf(model, ep_axis=None, mesh_axes=AXES).modules
 
 
-def test_styles_transformers_refuses() -> None:
+def test_tensor_axis_without_a_tensor_plan() -> None:
+    """An empty tp_plan with tp among the axes: refused here, and by transformers unless
+    (from 5.25) ``DistributedConfig(tp_plan={})`` asks for no tensor-parallel rules."""
+    from transformers.distributed.configuration_utils import DistributedConfig  # noqa: PLC0415
+
     model = mixtral()
-    model._ep_plan = {**model.ep_plan, "model.layers.*.mlp.experts": "moe_tp_experts"}
+    model._tp_plan = {}
+    with pytest.raises(PlanError) as caught:
+        plan_from_hf(model, ep_axis=None, mesh_axes=AXES)
+    assert [p.message for p in caught.value.problems] == [
+        "tp_axis='tp' is one of mesh_axes, but the model's tp_plan is empty, so it shards "
+        "nothing over 'tp' (transformers refuses that size > 1 without a plan, unless "
+        "DistributedConfig(tp_plan={}) asks for none (5.25)); pass tp_axis=None when this "
+        "run has no such parallelism, or set the model's plan"
+    ]
+    plan = plan_from_hf(model, tp_axis=None, mesh_axes=AXES)
+    assert plan.modules == plan_from_hf(mixtral(), tp_axis=None, mesh_axes=AXES).modules
+    table = build_table(plan, dense_axes=DENSE, expert_axes=EXPERT)
+    assert table and {str(layout) for layout in table.values()} == {"expert[ep=S(0)]"}
+    model = mixtral()
+    config = DistributedConfig(tp_size=4, fsdp_size=2, ep_size=4, tp_plan={})
+    if installed() < (5, 25):
+        with pytest.raises(ValueError, match=r"`tp_size=4` was requested, but"):
+            model._resolve_parallel_plans(config)
+    else:
+        tp_plan, ep_plan, _ = model._resolve_parallel_plans(config)
+        assert (tp_plan, bool(ep_plan)) == ({}, True)
+
+
+def test_styles_transformers_refuses() -> None:
+    """A style the release does not register, and a style it refuses in an ep_plan: both
+    refused at once, the latter naming what shards experts in that release."""
+    release = ".".join(map(str, installed()))
+    model = mixtral()
+    model._ep_plan = {
+        **model.ep_plan,
+        "model.layers.*.mlp.experts": "moe_tp_experts",
+        "model.layers.*.mlp.gate": "ep_router",
+    }
     model._tp_plan = {**model.tp_plan, "model.norm": "shiny"}
     with pytest.raises(PlanError) as caught:
         plan_from_hf(model, mesh_axes=AXES)
     messages = [p.message for p in caught.value.problems]
-    assert len(messages) == 2
-    assert (
-        "model.tp_plan['model.norm']: style 'shiny' is not one transformers registers"
-        in messages[0]
+    assert len(messages) == 3
+    assert messages[0].startswith(
+        f"model.tp_plan['model.norm']: style 'shiny' is not one transformers {release} "
+        "registers (known: all_reduce, "
     )
-    assert "style 'moe_tp_experts' does not belong in an ep_plan" in messages[1]
-    with pytest.raises(ValueError, match=r"`moe_tp_experts` is a tensor-parallel style"):
+    for key, style in (("experts", "moe_tp_experts"), ("gate", "ep_router")):
+        assert (
+            f"model.ep_plan['model.layers.*.mlp.{key}']: style {style!r} does not belong in "
+            f"an ep_plan (transformers {release} refuses it); shard the experts by expert: "
+            "'ep_dispatch_experts' on the experts module and 'grouped_gemm' on their weights"
+        ) in messages
+    # transformers' own refusal, whose wording changed in 5.25, names the same remedy
+    with pytest.raises(ValueError, match=r"`ep_dispatch_experts` and\s+`grouped_gemm`"):
         model._resolve_parallel_plans(Run(tp=4, fsdp=2, ep=4).config())
     model = mixtral()
     model._tp_plan = {**model.tp_plan, "model.norm": "shiny"}

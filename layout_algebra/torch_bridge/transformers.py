@@ -21,16 +21,33 @@ to style names (``"colwise"``, ``"packed_colwise"``, ``"grouped_gemm"``, ...). W
 - after loading, tied weights are tied again: the tied target (``lm_head.weight``) becomes
   its source's parameter (``model.embed_tokens.weight``), whatever its own rule said.
 
+The styles are those of the transformers imported (none imported: the newest known),
+release by release as ``STYLES_BY_RELEASE`` lists them; a style two releases register
+does the same to a parameter in both. 5.25 registers ``unit_colwise`` and
+``unit_rowwise`` and drops ``moe_identity_expert``, and its tensor parallelism can no
+longer apply an expert-parallel style (``grouped_gemm``, ``ep_dispatch_experts``) from a
+``tp_plan`` (no release hooks ``ep_dispatch_experts`` on a module from one): such rules
+are problems of the ``PlanError``. A unit style puts a weight on a mesh of its own, the
+tp ranks in ``gcd(heads, tp size)`` groups of whole attention heads, replicated within a
+group: no placement on the tp axis says that (2 heads over 4 ranks: ranks 0 and 1 hold
+head 0, ranks 2 and 3 head 1), so such a weight is a problem too, whose message names the
+plain style that gives each rank the same rows when the tp size divides the head count.
+A transformers newer than ``NEWEST_KNOWN`` is refused: its styles might mean something
+else.
+
 The package never imports transformers: everything is read off the model object
-(``tp_plan``, ``ep_plan``, ``all_tied_weights_keys``, its modules and parameters).
+(``tp_plan``, ``ep_plan``, ``all_tied_weights_keys``, ``config``, its modules and
+parameters) and off ``transformers.__version__`` when the model brought transformers in.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Final, TypeAlias
 
+import attrs
 from torch import nn
 
 from layout_algebra._text import clip, quote
@@ -46,11 +63,24 @@ from layout_algebra.placements import (
 from layout_algebra.plan import ShardingPlan, param_fqn
 from layout_algebra.torch_bridge._plans import Problems, check_module, shard_dim, sharding_plan
 
-__all__ = ["KNOWN_STYLES", "plan_from_hf"]
+__all__ = ["KNOWN_STYLES", "STYLES_BY_RELEASE", "plan_from_hf"]
 
-_Rule: TypeAlias = Callable[[str, int], Placement | int | None]
+
+@attrs.frozen
+class _OwnMesh:
+    """A unit style's weight: on a mesh transformers builds for it from the head count.
+
+    ``instead`` is the style that gives every rank the same rows when the tp size divides
+    the head count (the unit mesh is then the tp ranks, one group each).
+    """
+
+    instead: str
+
+
+_Rule: TypeAlias = Callable[[str, int], Placement | int | _OwnMesh | None]
 """A style's placement for a parameter, from its name and rank: a placement, or a
-``Shard`` dim still to be counted from 0 (``-1`` is the last), or ``None`` (plain)."""
+``Shard`` dim still to be counted from 0 (``-1`` is the last), or ``None`` (plain), or
+``_OwnMesh`` (no placement on the plan's axis says it)."""
 
 _R: Final = Replicate()
 
@@ -72,6 +102,14 @@ def _packed_rowwise(_: str, ndim: int) -> Placement | None:
     return _R if ndim == 1 else StridedShard(ndim - 1, split_factor=2)
 
 
+def _unit_colwise(_: str, __: int) -> _OwnMesh:
+    return _OwnMesh("colwise")  # rows by head, bias too: split over the groups
+
+
+def _unit_rowwise(leaf: str, _: int) -> Placement | _OwnMesh:
+    return _R if leaf == "bias" else _OwnMesh("rowwise")  # the bias whole on every rank
+
+
 def _shard(dim: int) -> _Rule:
     def rule(_: str, __: int) -> int:
         return dim
@@ -83,7 +121,30 @@ def _plain(_: str, __: int) -> None:
     return None
 
 
-_PARAM_RULES: Final[Mapping[str, _Rule]] = {
+@attrs.frozen(kw_only=True)
+class _Release:
+    """What the transformers releases up to one (major, minor) do with their styles."""
+
+    name: str
+    """The newest release covered, as messages name it (``"5.24"``)."""
+    rules: Mapping[str, _Rule]
+    """What each style registered does to a parameter it names."""
+    replicates_module: frozenset[str]
+    """Styles that, on a module, make each of its own parameters a replicated DTensor."""
+    refused_in_ep: frozenset[str]
+    """Styles transformers refuses in an ``ep_plan``."""
+    tp_cannot_apply: frozenset[str]
+    """Styles whose rule in a ``tp_plan`` transformers fails to apply, wherever it lands."""
+    tp_cannot_hook: frozenset[str]
+    """Styles whose rule on a module in a ``tp_plan`` transformers fails to apply (the
+    forward hook needs more than the tp mesh)."""
+    ep_styles: tuple[str, str]
+    """What shards experts instead: the experts module's style, then their weights'."""
+    gone: Mapping[str, str] = attrs.field(factory=dict)
+    """Styles an earlier release registered and this one does not: what to do instead."""
+
+
+_SHARED_RULES: Final[Mapping[str, _Rule]] = {
     "colwise": _colwise,
     "colwise_rep": _colwise,
     "colwise_gather_output": _colwise,
@@ -100,20 +161,63 @@ _PARAM_RULES: Final[Mapping[str, _Rule]] = {
     "mla_kv_a_proj": _plain,
     "all_reduce": _plain,
     "moe_tp_experts": _plain,
-    "moe_identity_expert": _plain,
     "local_params": _plain,
     "replicate": _plain,
     "ep_dispatch_experts": _plain,
 }
-"""What each style transformers registers does to a parameter it names."""
-
-KNOWN_STYLES: Final = frozenset(_PARAM_RULES)
-"""The style names ``plan_from_hf`` reads: those transformers 5 registers."""
+"""What each style every known release registers does to a parameter it names."""
 
 _REPLICATES_MODULE: Final = frozenset({"sequence_parallel"})
-"""Styles that, on a module, make each of its own parameters a replicated DTensor."""
+_REFUSED_IN_EP: Final = frozenset({"ep_router", "moe_tp_experts"})
+_EP_STYLES: Final = ("ep_dispatch_experts", "grouped_gemm")
+_NEEDS_TWO_MESHES: Final = frozenset({"ep_dispatch_experts"})  # its hook: the tp and ep meshes
 
-_REMOVED_FROM_EP: Final = frozenset({"ep_router", "moe_tp_experts"})
+_RELEASES: Final[Mapping[tuple[int, int], _Release]] = {
+    (5, 24): _Release(
+        name="5.24",
+        rules={**_SHARED_RULES, "moe_identity_expert": _plain},
+        replicates_module=_REPLICATES_MODULE,
+        refused_in_ep=_REFUSED_IN_EP,
+        tp_cannot_apply=frozenset(),
+        tp_cannot_hook=_NEEDS_TWO_MESHES,
+        ep_styles=_EP_STYLES,
+    ),
+    (5, 25): _Release(
+        name="5.25",
+        rules={**_SHARED_RULES, "unit_colwise": _unit_colwise, "unit_rowwise": _unit_rowwise},
+        replicates_module=_REPLICATES_MODULE,
+        refused_in_ep=_REFUSED_IN_EP,
+        # its tensor parallelism hands every style the model's config and meshes, which
+        # the expert-parallel styles' methods do not take
+        tp_cannot_apply=frozenset(_EP_STYLES),
+        tp_cannot_hook=_NEEDS_TWO_MESHES,
+        ep_styles=_EP_STYLES,
+        gone={
+            "moe_identity_expert": (
+                "transformers 5.25 removed it, and its MoE plans shard experts by expert: "
+                f"{_EP_STYLES[0]!r} and {_EP_STYLES[1]!r} in the ep_plan"
+            )
+        },
+    ),
+}
+"""Each known range of releases, keyed by its newest (major, minor), oldest first: (5, 24)
+covers 5.24 and earlier, (5, 25) covers 5.25."""
+
+NEWEST_KNOWN: Final[tuple[int, int]] = max(_RELEASES)
+"""The newest transformers (major, minor) whose parallel styles ``plan_from_hf`` knows;
+a newer one is refused (``LayoutError``)."""
+
+STYLES_BY_RELEASE: Final[Mapping[tuple[int, int], frozenset[str]]] = MappingProxyType(
+    {release: frozenset(known.rules) for release, known in _RELEASES.items()}
+)
+"""The style names ``plan_from_hf`` reads, by transformers release: each key the newest
+(major, minor) its set covers, ``(5, 24)`` for 5.24 and earlier, ``(5, 25)`` for 5.25.
+A plan read under an installed transformers may use only that release's styles."""
+
+KNOWN_STYLES: Final[frozenset[str]] = STYLES_BY_RELEASE[NEWEST_KNOWN]
+"""The style names the newest known transformers registers (``NEWEST_KNOWN``), which
+``plan_from_hf`` reads when that release, or no transformers, is imported;
+``STYLES_BY_RELEASE`` has each release's."""
 
 
 def _wildcards(name: str) -> str:
@@ -131,16 +235,24 @@ def _wildcards(name: str) -> str:
     return ".".join(out)
 
 
-def _rule_of(name: str, plan: Mapping[str, str], *, param: bool) -> str | None:
-    """The style ``plan`` gives ``name``: its own rule, else (a parameter) its module's."""
+def _rule_of(name: str, plan: Mapping[str, str], *, param: bool) -> tuple[str, str] | None:
+    """The rule ``plan`` gives ``name`` (its key and style): its own, else (a parameter)
+    its module's."""
     generic = _wildcards(name)
     found = plan.get(generic)
-    if found is None and param and "." in generic:
-        found = plan.get(generic.rpartition(".")[0])
-    return found
+    if found is not None:
+        return generic, found
+    if param and "." in generic:
+        module = generic.rpartition(".")[0]
+        found = plan.get(module)
+        if found is not None:
+            return module, found
+    return None
 
 
-def _read_plan(model: nn.Module, attr: str, problems: Problems) -> dict[str, str]:
+def _read_plan(
+    model: nn.Module, attr: str, release: _Release, problems: Problems
+) -> dict[str, str]:
     raw: object = getattr(model, attr, None)
     if raw is None:
         return {}
@@ -153,10 +265,22 @@ def _read_plan(model: nn.Module, attr: str, problems: Problems) -> dict[str, str
             msg = f"model.{attr}: {quote(key)}: {quote(style)} is not a name and a style name"
             problems.add(msg)
             continue
-        if style not in KNOWN_STYLES:
+        where = f"model.{attr}[{clip(key)!r}]"
+        if attr == "ep_plan" and style in release.refused_in_ep:
+            experts, weights = release.ep_styles
             msg = (
-                f"model.{attr}[{key!r}]: style {style!r} is not one transformers registers "
-                f"(known: {', '.join(sorted(KNOWN_STYLES))}); fix the style name, or plan "
+                f"{where}: style {clip(style)!r} does not belong in an ep_plan (transformers "
+                f"{release.name} refuses it); shard the experts by expert: {experts!r} on the "
+                f"experts module and {weights!r} on their weights"
+            )
+            problems.add(msg, fqn=key)
+            continue
+        if style not in release.rules:
+            instead = release.gone.get(style)
+            remedy = f"{instead}; fix the rule" if instead is not None else "fix the style name"
+            msg = (
+                f"{where}: style {clip(style)!r} is not one transformers {release.name} "
+                f"registers (known: {', '.join(sorted(release.rules))}); {remedy}, or plan "
                 "these parameters by hand"
             )
             problems.add(msg, fqn=key)
@@ -165,48 +289,86 @@ def _read_plan(model: nn.Module, attr: str, problems: Problems) -> dict[str, str
     return plan
 
 
-def _expand(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
+_Expanded: TypeAlias = dict[str, tuple[str, str]]
+"""One rule per module or parameter FQN: the plan's key that reaches it, and its style."""
+
+
+def _expand(model: nn.Module, plan: Mapping[str, str]) -> _Expanded:
     """One rule per module and parameter of ``model``, parameters before their module."""
-    out: dict[str, str] = {}
+    out: _Expanded = {}
     if not plan:
         return out
     for path, module in model.named_modules():
         for leaf, _ in module.named_parameters(recurse=False):
             fqn = param_fqn(path, leaf)
-            style = _rule_of(fqn, plan, param=True)
-            if style is not None:
-                out[fqn] = style
-        style = _rule_of(path, plan, param=False)
-        if style is not None:
-            out[path] = style
+            rule = _rule_of(fqn, plan, param=True)
+            if rule is not None:
+                out[fqn] = rule
+        rule = _rule_of(path, plan, param=False)
+        if rule is not None:
+            out[path] = rule
     return out
+
+
+def _head_count(model: nn.Module, module: nn.Module, *, rows: bool) -> int | None:
+    """The attention heads a unit style counts in ``module``'s weight, when the model's
+    config tells: its rows (``rows``) or columns over the config's head dim."""
+    config: object = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", None)
+    if callable(text):
+        config = text()
+    head_dim: object = getattr(config, "head_dim", None)
+    if not head_dim:
+        hidden: object = getattr(config, "hidden_size", None)
+        heads: object = getattr(config, "num_attention_heads", None)
+        if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
+            return None
+        head_dim = hidden // heads
+    weight = module._parameters.get("weight")
+    if not isinstance(head_dim, int) or head_dim <= 0 or weight is None or weight.ndim == 0:
+        return None
+    return int(weight.shape[0 if rows else -1]) // head_dim
 
 
 class _Placer:
     """Each parameter's placement as transformers' styles give it, rule by rule."""
 
-    def __init__(self, model: nn.Module, problems: Problems) -> None:
+    def __init__(self, model: nn.Module, release: _Release, problems: Problems) -> None:
+        self.model = model
+        self.release = release
         self.problems = problems
         self.params: dict[str, nn.Parameter] = dict(model.named_parameters(remove_duplicate=False))
         self.modules: dict[str, nn.Module] = dict(model.named_modules())
         self.placed: dict[str, tuple[str, Placement, str]] = {}  # fqn -> (axis, placement, key)
 
-    def apply(self, plan: Mapping[str, str], axis: AxisName, which: str) -> None:
-        for name, style in plan.items():
+    def apply(self, plan: _Expanded, axis: AxisName, which: str) -> None:
+        unhooked: set[str] = set()
+        for name, (key, style) in plan.items():
             param = self.params.get(name)
             if param is not None:
-                self.param(name, param, style, axis, which)
+                self.param(name, param, key=key, style=style, axis=axis, which=which)
                 continue
             module = self.modules.get(name)
-            if module is not None and style in _REPLICATES_MODULE:
+            if which == "tp_plan" and style in self.release.tp_cannot_hook:
+                if module is not None and key not in unhooked:
+                    unhooked.add(key)
+                    why = f"on a module ({name!r}) it hooks the forward with the ep mesh too"
+                    self.problems.add(_not_in_tp(key, style, self.release, why), fqn=key)
+                continue
+            if module is not None and style in self.release.replicates_module:
                 for leaf, _ in module.named_parameters(recurse=False):
                     self.place(param_fqn(name, leaf), _R, axis, f"{which}[{name!r}] {style!r}")
 
-    def param(self, fqn: str, param: nn.Parameter, style: str, axis: AxisName, which: str) -> None:
-        rule = _PARAM_RULES[style](fqn.rpartition(".")[2], param.ndim)
+    def param(
+        self, fqn: str, param: nn.Parameter, *, key: str, style: str, axis: AxisName, which: str
+    ) -> None:
+        rule = self.release.rules[style](fqn.rpartition(".")[2], param.ndim)
         if rule is None:
             return
         placement: Placement
+        if isinstance(rule, _OwnMesh):
+            self.own_mesh(fqn, rule, key=key, style=style, axis=axis, which=which)
+            return
         if isinstance(rule, int):
             dim = shard_dim(rule, param.ndim)
             if dim is None:
@@ -221,6 +383,27 @@ class _Placer:
             placement = rule
         self.place(fqn, placement, axis, f"{which} style {style!r}")
 
+    def own_mesh(
+        self, fqn: str, rule: _OwnMesh, *, key: str, style: str, axis: AxisName, which: str
+    ) -> None:
+        """A problem for a weight a unit style puts on a mesh of its own."""
+        instead = rule.instead
+        module = self.modules.get(fqn.rpartition(".")[0])
+        heads = None
+        if module is not None:  # unit_colwise counts heads in the rows, unit_rowwise columns
+            heads = _head_count(self.model, module, rows=instead == "colwise")
+        count = f"its {heads} heads" if heads is not None else "its heads"
+        msg = (
+            f"{fqn}: style {style!r} ({which}[{clip(key)!r}]) puts it on a mesh of its own "
+            f"that transformers {self.release.name} builds from {count}: the ranks of "
+            f"{axis.name!r} in gcd(heads, {axis.name} size) groups of whole heads, every rank "
+            f"of a group holding the same ones, which no placement on {axis.name!r} says; "
+            f"when the {axis.name} size divides the head count each rank holds the rows "
+            f"{instead!r} gives it, so read the plan with {which}[{clip(key)!r}] set to "
+            f"{instead!r}, or write the ShardingPlan"
+        )
+        self.problems.add(msg, fqn=fqn)
+
     def place(self, fqn: str, p: Placement, axis: AxisName, source: str) -> None:
         earlier = self.placed.get(fqn)
         if earlier is not None:
@@ -232,6 +415,14 @@ class _Placer:
             self.problems.add(msg, fqn=fqn, placement=format_placement(p))
             return
         self.placed[fqn] = (axis.name, p, source)
+
+
+def _not_in_tp(key: str, style: str, release: _Release, why: str) -> str:
+    """The message for a ``tp_plan`` rule transformers fails to apply, and ``why``."""
+    return (
+        f"model.tp_plan[{clip(key)!r}]: transformers {release.name} cannot apply style "
+        f"{style!r} from a tp_plan ({why}); put the rule in the ep_plan, or drop it"
+    )
 
 
 def _active(axis: AxisLike | None, axes: tuple[AxisName, ...], arg: str) -> AxisName | None:
@@ -246,31 +437,32 @@ def _active(axis: AxisLike | None, axes: tuple[AxisName, ...], arg: str) -> Axis
     return name if name in axes else None
 
 
-NEWEST_KNOWN: Final = (5, 24)
-"""The newest transformers (major, minor) whose parallel styles ``KNOWN_STYLES`` mirrors.
-5.25 renamed and re-meant some (``moe_tp_experts`` shards the experts over tp there)."""
+def _installed_release(transformers: object) -> _Release:
+    """The styles of the transformers imported: the known range its version falls in.
 
-
-def _check_version(transformers: object) -> None:
-    """Refuse a transformers newer than the styles this module knows: its plans would be
-    read by the old styles' meaning, silently wrong."""
+    No transformers imported, or a version that does not read as ``major.minor...`` (a
+    model that only looks like a transformers one): the newest known. A transformers
+    newer than ``NEWEST_KNOWN`` is refused: its plans would be read by older styles'
+    meaning, silently wrong.
+    """
+    newest = _RELEASES[NEWEST_KNOWN]
     version = getattr(transformers, "__version__", None)
     if not isinstance(version, str):
-        return  # not imported (a model that only looks like one): read what it holds
+        return newest
     parts = version.split(".")
     try:
         release = (int(parts[0]), int(parts[1]))
     except (IndexError, ValueError):
-        return
+        return newest
     if release > NEWEST_KNOWN:
-        known = ".".join(map(str, NEWEST_KNOWN))
         msg = (
-            f"plan_from_hf: transformers {clip(version)} is newer than {known}, the newest "
-            "whose tensor-parallel styles this version of layout_algebra knows (5.25 changed "
-            f"their names and meaning); install transformers<={known}.* or write the "
-            "ShardingPlan"
+            f"plan_from_hf: transformers {clip(version)} is newer than {newest.name}, the "
+            "newest whose tensor-parallel styles this version of layout_algebra knows (a "
+            "newer release may rename them or change what they do to a parameter); install "
+            f"transformers<={newest.name}.* or write the ShardingPlan"
         )
         raise LayoutError(msg)
+    return next(known for last, known in _RELEASES.items() if release <= last)
 
 
 def plan_from_hf(
@@ -284,12 +476,13 @@ def plan_from_hf(
 
     The model's ``tp_plan`` is read when ``tp_axis`` is one of ``mesh_axes``, its
     ``ep_plan`` when ``ep_axis`` is (pass ``None`` to read no plan for an axis, as for a
-    transformers mesh whose ``ep`` has size 1). The result is what
-    ``from_pretrained(..., distributed_config=DistributedConfig(tp_size=..., ep_size=...))``
-    makes of the model: tensor-parallel placements on ``tp_axis``; expert weights
-    ``S(0)`` on ``ep_axis`` in ``expert_parallel`` modules (``build_table`` routes them to
-    the expert mesh when ``ep_axis`` is ``"ep"``); tied targets tied to their source
-    (``tied_pairs``); parameters no rule shards left out (plain tensors:
+    transformers mesh whose ``ep`` has size 1). The styles are those of the transformers
+    imported (``STYLES_BY_RELEASE``; with none imported, the newest known). The result is
+    what ``from_pretrained(..., distributed_config=DistributedConfig(tp_size=...,
+    ep_size=...))`` makes of the model: tensor-parallel placements on ``tp_axis``; expert
+    weights ``S(0)`` on ``ep_axis`` in ``expert_parallel`` modules (``build_table`` routes
+    them to the expert mesh when ``ep_axis`` is ``"ep"``); tied targets tied to their
+    source (``tied_pairs``); parameters no rule shards left out (plain tensors:
     ``complete_default(..., plain=True)`` completes them). Rules that name nothing in the
     model are skipped, as transformers skips them (it warns).
 
@@ -308,12 +501,14 @@ def plan_from_hf(
             ``ep_plan``, or the transformers imported is newer than ``NEWEST_KNOWN``
             (its styles would be read with the wrong meaning).
         PlanError: every problem at once, each naming the rule or parameter and the
-            style: a style transformers does not register, a removed expert style in the
-            ``ep_plan``, an axis read whose plan is empty, a shard dim the parameter lacks,
-            a parameter two rules place, a tied name that is not a parameter.
+            style: a style the transformers imported does not register, a style it
+            refuses in an ``ep_plan`` or cannot apply from a ``tp_plan``, an axis read
+            whose plan is empty, a shard dim the parameter lacks, a weight a unit style
+            (5.25's ``unit_colwise`` and ``unit_rowwise``) puts on a mesh of its own, a
+            parameter two rules place, a tied name that is not a parameter.
     """
     root = check_module(model, "plan_from_hf(model=...)")
-    _check_version(sys.modules.get("transformers"))
+    release = _installed_release(sys.modules.get("transformers"))
     if not hasattr(root, "tp_plan") and not hasattr(root, "ep_plan"):
         msg = (
             f"plan_from_hf(model=...): a {type(root).__qualname__} has neither tp_plan nor "
@@ -325,32 +520,34 @@ def plan_from_hf(
     tp = _active(tp_axis, axes, "tp_axis")
     ep = _active(ep_axis, axes, "ep_axis")
     problems = Problems("plan_from_hf")
-    tp_rules = _read_plan(root, "tp_plan", problems) if tp is not None else {}
-    ep_rules = _read_plan(root, "ep_plan", problems) if ep is not None else {}
+    tp_rules = _read_plan(root, "tp_plan", release, problems) if tp is not None else {}
+    ep_rules = _read_plan(root, "ep_plan", release, problems) if ep is not None else {}
     for axis, rules, which in ((tp, tp_rules, "tp_plan"), (ep, ep_rules, "ep_plan")):
         if axis is not None and not rules:
             arg = "tp_axis" if which == "tp_plan" else "ep_axis"
+            unless = ", unless DistributedConfig(tp_plan={}) asks for none (5.25)"
             msg = (
-                f"{arg}={axis.name!r} is one of mesh_axes, but the model's {which} is empty "
-                f"(transformers refuses that size > 1); pass {arg}=None when this run has "
-                "no such parallelism, or set the model's plan"
+                f"{arg}={axis.name!r} is one of mesh_axes, but the model's {which} is empty, "
+                f"so it shards nothing over {axis.name!r} (transformers refuses that size > 1 "
+                f"without a plan{unless if which == 'tp_plan' else ''}); pass {arg}=None when "
+                "this run has no such parallelism, or set the model's plan"
             )
             problems.add(msg)
-    for key, style in ep_rules.items():
-        if style in _REMOVED_FROM_EP:
-            msg = (
-                f"model.ep_plan[{key!r}]: style {style!r} does not belong in an ep_plan "
-                "(transformers refuses it); shard experts with 'ep_dispatch_experts' and "
-                "'grouped_gemm'"
-            )
-            problems.add(msg, fqn=key)
     # Expert parallelism's rules win over tensor parallelism's on their modules.
     tp_rules = {
         key: style
         for key, style in tp_rules.items()
         if not any(key == e or key.startswith(f"{e}.") for e in ep_rules)
     }
-    placer = _Placer(root, problems)
+    for key, style in list(tp_rules.items()):
+        if style in release.tp_cannot_apply:
+            why = (
+                "an expert-parallel style, it takes none of the model's config and meshes "
+                "that tensor parallelism hands every style"
+            )
+            problems.add(_not_in_tp(key, style, release, why), fqn=key)
+            del tp_rules[key]
+    placer = _Placer(root, release, problems)
     if tp is not None:
         placer.apply(_expand(root, tp_rules), tp, "tp_plan")
     if ep is not None:
