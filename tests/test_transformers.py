@@ -95,6 +95,13 @@ def llama(*, tied: bool = False) -> PreTrainedModel:
     return _build(LlamaForCausalLM, LlamaConfig(**_small(tie_word_embeddings=tied)))
 
 
+def llama_heads(*, kv_heads: int) -> PreTrainedModel:
+    """Llama with ``kv_heads`` key/value heads (4 attention heads of 8)."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - slow import
+
+    return _build(LlamaForCausalLM, LlamaConfig(**_small(num_key_value_heads=kv_heads)))
+
+
 def qwen3_moe() -> PreTrainedModel:
     """Layer 0 a dense MLP (``mlp_only_layers``), layer 1 eight experts."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: PLC0415
@@ -584,9 +591,8 @@ def test_the_transformers_imported_chooses_the_styles(
             "lin.weight: style 'unit_rowwise' (tp_plan['lin']) puts it on a mesh of its own "
             "that transformers 5.25 builds from its 3 heads: the ranks of 'tp' in gcd(heads, "
             "tp size) groups of whole heads, every rank of a group holding the same ones, "
-            "which no placement on 'tp' says; when the tp size divides the head count each "
-            "rank holds the rows 'rowwise' gives it, so read the plan with tp_plan['lin'] set "
-            "to 'rowwise', or write the ShardingPlan",
+            "which no placement on 'tp' says; pass tp_size=... (the tp size): when it "
+            "divides 3, each rank holds the rows 'rowwise' gives it, and the weight is read so",
         ]
         read = models["new"]
         expected = {"probe.bias": "dense[tp=S(0)]", "lin.bias": "dense[tp=R]"}
@@ -643,8 +649,8 @@ def test_unit_styles_put_heads_on_a_mesh_of_their_own() -> None:
         "on a mesh of its own that transformers 5.25 builds from its 2 heads: "
     )
     assert problems[k_proj].endswith(
-        "so read the plan with tp_plan['model.layers.*.self_attn.k_proj'] set to 'colwise', "
-        "or write the ShardingPlan"
+        "pass tp_size=... (the tp size): when it divides 2, each rank holds the rows 'colwise' "
+        "gives it, and the weight is read so"
     )
     # The remedy read against transformers' own unit styles, rank by rank.
     remedy = llama()
@@ -668,6 +674,62 @@ def test_unit_styles_put_heads_on_a_mesh_of_their_own() -> None:
     k_weight = model.get_parameter(k_proj)
     assert isinstance(k_weight, DTensor)
     assert rank_blocks(k_weight, ranks) == [((8, 32), (r, 0)) for r in (0, 0, 8, 8)]
+
+
+def test_unit_styles_read_with_the_tp_size_when_it_divides_the_heads() -> None:
+    """Given ``tp_size``, a unit-styled weight whose heads the tp size divides reads as its
+    plain style, rank by rank what transformers 5.25 gives it; one whose heads it does not
+    divide is still refused, and says so. 5.24 registers no unit style."""
+    run = Run(tp=4, fsdp=2)
+    whole = llama_heads(kv_heads=4)  # every projection 4 heads: tp=4 divides them all
+    whole._tp_plan = {**whole.tp_plan, **UNIT_PLAN}
+    if installed() < (5, 25):
+        with pytest.raises(PlanError, match=r"'unit_colwise' is not one transformers 5\.24"):
+            plan_from_hf(whole, ep_axis=None, mesh_axes=AXES, tp_size=4)
+        return
+    plan = plan_from_hf(whole, ep_axis=None, mesh_axes=AXES, tp_size=4)
+    table = complete_default(build_table(plan, dense_axes=DENSE), fqns(whole), DENSE, plain=True)
+    transformers_tp_ep(whole, run)
+    theirs = table_from_module(whole)
+    ranks = meshes(run).get_mesh("tp").mesh.tolist()
+    unit = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in "qkvo"]
+    for fqn, param in whole.named_parameters():
+        if fqn not in unit:
+            assert theirs[fqn] == table[fqn], fqn
+            continue
+        assert isinstance(param, DTensor)  # on transformers' unit mesh, (tp, unit_replicate)
+        blocks = [
+            local_shape_and_offset(param.shape, table[fqn], {"tp": 4}, {"tp": r}) for r in range(4)
+        ]
+        assert rank_blocks(param, ranks) == blocks, fqn
+    assert str(table["model.layers.0.self_attn.k_proj.weight"]) == "dense[tp=S(0)]"
+    assert str(table["model.layers.0.self_attn.o_proj.weight"]) == "dense[tp=S(1)]"
+    # Llama's 2 key/value heads over tp=4: those weights are refused, saying why
+    halves = llama()
+    halves._tp_plan = {**halves.tp_plan, **UNIT_PLAN}
+    with pytest.raises(PlanError) as caught:
+        plan_from_hf(halves, ep_axis=None, mesh_axes=AXES, tp_size=4)
+    problems = {p.fqn or "": p.message for p in caught.value.problems}
+    kv = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in "kv"]
+    assert sorted(problems) == sorted(kv)
+    assert problems[kv[0]].endswith(
+        "builds from its 2 heads: the ranks of 'tp' in gcd(heads, tp size) groups of whole "
+        "heads, every rank of a group holding the same ones, which no placement on 'tp' says; "
+        "give tp a size that divides 2 (it is 4), or write the ShardingPlan"
+    )
+    assert plan_from_hf(halves, ep_axis=None, mesh_axes=AXES, tp_size=2).modules == (
+        plan_from_hf(whole, ep_axis=None, mesh_axes=AXES, tp_size=4).modules
+    )
+
+
+@pytest.mark.parametrize(
+    "size",
+    [0, -1, True, 2.0, "4", 2**21, 10**5000],
+    ids=["0", "-1", "True", "2.0", "'4'", "2**21", "10**5000"],
+)
+def test_a_tp_size_that_is_no_mesh_size_is_refused(size: object) -> None:
+    with pytest.raises(LayoutError, match=r"^plan_from_hf\(tp_size=\.\.\.\): must be the "):
+        plan_from_hf(llama(), ep_axis=None, mesh_axes=AXES, tp_size=size)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------

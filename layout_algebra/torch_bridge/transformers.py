@@ -30,8 +30,10 @@ longer apply an expert-parallel style (``grouped_gemm``, ``ep_dispatch_experts``
 are problems of the ``PlanError``. A unit style puts a weight on a mesh of its own, the
 tp ranks in ``gcd(heads, tp size)`` groups of whole attention heads, replicated within a
 group: no placement on the tp axis says that (2 heads over 4 ranks: ranks 0 and 1 hold
-head 0, ranks 2 and 3 head 1), so such a weight is a problem too, whose message names the
-plain style that gives each rank the same rows when the tp size divides the head count.
+head 0, ranks 2 and 3 head 1). When ``tp_size=`` gives the tp size and it divides the
+weight's head count (from the model's config), each rank holds the rows the plain style
+(``colwise``, ``rowwise``) gives it, and the weight is read so; otherwise it is a problem
+too, whose message says what to do.
 A transformers newer than ``NEWEST_KNOWN`` is refused: its styles might mean something
 else.
 
@@ -53,6 +55,7 @@ from torch import nn
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
+from layout_algebra.geometry import MAX_MESH_SIZE
 from layout_algebra.placements import (
     Placement,
     Replicate,
@@ -333,10 +336,13 @@ def _head_count(model: nn.Module, module: nn.Module, *, rows: bool) -> int | Non
 class _Placer:
     """Each parameter's placement as transformers' styles give it, rule by rule."""
 
-    def __init__(self, model: nn.Module, release: _Release, problems: Problems) -> None:
+    def __init__(
+        self, model: nn.Module, release: _Release, problems: Problems, tp_size: int | None
+    ) -> None:
         self.model = model
         self.release = release
         self.problems = problems
+        self.tp_size = tp_size
         self.params: dict[str, nn.Parameter] = dict(model.named_parameters(remove_duplicate=False))
         self.modules: dict[str, nn.Module] = dict(model.named_modules())
         self.placed: dict[str, tuple[str, Placement, str]] = {}  # fqn -> (axis, placement, key)
@@ -367,8 +373,14 @@ class _Placer:
             return
         placement: Placement
         if isinstance(rule, _OwnMesh):
-            self.own_mesh(fqn, rule, key=key, style=style, axis=axis, which=which)
-            return
+            heads = self.heads(fqn, rule)
+            if heads is None or self.tp_size is None or heads % self.tp_size:
+                self.own_mesh(fqn, rule, heads, key=key, style=style, axis=axis, which=which)
+                return
+            # whole heads per tp rank, one group each: the rows the plain style gives
+            rule = self.release.rules[rule.instead](fqn.rpartition(".")[2], param.ndim)
+            if rule is None or isinstance(rule, _OwnMesh):
+                return  # not so for any known release: the plain styles place every weight
         if isinstance(rule, int):
             dim = shard_dim(rule, param.ndim)
             if dim is None:
@@ -383,24 +395,51 @@ class _Placer:
             placement = rule
         self.place(fqn, placement, axis, f"{which} style {style!r}")
 
-    def own_mesh(
-        self, fqn: str, rule: _OwnMesh, *, key: str, style: str, axis: AxisName, which: str
-    ) -> None:
-        """A problem for a weight a unit style puts on a mesh of its own."""
-        instead = rule.instead
+    def heads(self, fqn: str, rule: _OwnMesh) -> int | None:
+        """The attention heads a unit style counts in ``fqn``'s weight, if the config says."""
         module = self.modules.get(fqn.rpartition(".")[0])
-        heads = None
-        if module is not None:  # unit_colwise counts heads in the rows, unit_rowwise columns
-            heads = _head_count(self.model, module, rows=instead == "colwise")
+        if module is None:
+            return None
+        # unit_colwise counts heads in the rows, unit_rowwise in the columns
+        return _head_count(self.model, module, rows=rule.instead == "colwise")
+
+    def own_mesh(
+        self,
+        fqn: str,
+        rule: _OwnMesh,
+        heads: int | None,
+        *,
+        key: str,
+        style: str,
+        axis: AxisName,
+        which: str,
+    ) -> None:
+        """A problem for a weight a unit style puts on a mesh of its own that no placement
+        on ``axis`` says (its heads unknown, the tp size unknown, or not dividing them)."""
+        instead, size = rule.instead, self.tp_size
         count = f"its {heads} heads" if heads is not None else "its heads"
+        if heads is not None and size is not None:
+            remedy = (
+                f"give {axis.name} a size that divides {heads} (it is {size}), or write the "
+                "ShardingPlan"
+            )
+        elif heads is not None:
+            remedy = (
+                f"pass tp_size=... (the {axis.name} size): when it divides {heads}, each rank "
+                f"holds the rows {instead!r} gives it, and the weight is read so"
+            )
+        else:
+            remedy = (
+                f"when the {axis.name} size divides the head count each rank holds the rows "
+                f"{instead!r} gives it, so read the plan with {which}[{clip(key)!r}] set to "
+                f"{instead!r}, or write the ShardingPlan"
+            )
         msg = (
             f"{fqn}: style {style!r} ({which}[{clip(key)!r}]) puts it on a mesh of its own "
             f"that transformers {self.release.name} builds from {count}: the ranks of "
             f"{axis.name!r} in gcd(heads, {axis.name} size) groups of whole heads, every rank "
             f"of a group holding the same ones, which no placement on {axis.name!r} says; "
-            f"when the {axis.name} size divides the head count each rank holds the rows "
-            f"{instead!r} gives it, so read the plan with {which}[{clip(key)!r}] set to "
-            f"{instead!r}, or write the ShardingPlan"
+            f"{remedy}"
         )
         self.problems.add(msg, fqn=fqn)
 
@@ -437,6 +476,20 @@ def _active(axis: AxisLike | None, axes: tuple[AxisName, ...], arg: str) -> Axis
     return name if name in axes else None
 
 
+def _check_tp_size(tp_size: object) -> None:
+    """``tp_size`` is ``None`` or a mesh size.
+
+    Raises:
+        LayoutError: naming ``tp_size`` and what it must be.
+    """
+    if tp_size is not None and (type(tp_size) is not int or not 1 <= tp_size <= MAX_MESH_SIZE):
+        msg = (
+            f"plan_from_hf(tp_size=...): must be the tensor-parallel mesh's size, an int "
+            f"from 1 to {MAX_MESH_SIZE:,}, or None; got {quote(tp_size)}"
+        )
+        raise LayoutError(msg)
+
+
 def _installed_release(transformers: object) -> _Release:
     """The styles of the transformers imported: the known range its version falls in.
 
@@ -465,12 +518,36 @@ def _installed_release(transformers: object) -> _Release:
     return next(known for last, known in _RELEASES.items() if release <= last)
 
 
+def _tie_again(root: nn.Module, placer: _Placer, problems: Problems) -> list[tuple[str, str]]:
+    """The model's tied pairs, ``(source, target)``: after loading, each target is its
+    source's parameter again, whatever its own rule placed (its placement is dropped)."""
+    tied: list[tuple[str, str]] = []
+    raw_tied: object = getattr(root, "all_tied_weights_keys", None) or {}
+    if not isinstance(raw_tied, Mapping):
+        problems.add(f"model.all_tied_weights_keys must map names to names, got {quote(raw_tied)}")
+        return tied
+    for target, source in raw_tied.items():
+        missing = [n for n in (target, source) if n not in placer.params]
+        if missing:
+            msg = (
+                f"model.all_tied_weights_keys ties {quote(target)} to {quote(source)}, but "
+                f"{quote(missing[0])} is not a parameter of the model; fix the model's tied "
+                "weights"
+            )
+            problems.add(msg, fqn=str(missing[0]))
+            continue
+        placer.placed.pop(target, None)  # tied again after loading: the source's parameter
+        tied.append((source, target))
+    return tied
+
+
 def plan_from_hf(
     model: nn.Module,
     *,
     tp_axis: AxisLike | None = "tp",
     ep_axis: AxisLike | None = "ep",
     mesh_axes: Iterable[AxisLike],
+    tp_size: int | None = None,
 ) -> ShardingPlan:
     """The ``ShardingPlan`` giving each parameter what transformers' own parallelism gives it.
 
@@ -492,6 +569,10 @@ def plan_from_hf(
         tp_axis: the axis of the tensor-parallel mesh, or ``None``.
         ep_axis: the axis of the expert-parallel mesh, or ``None``.
         mesh_axes: the run's axis names, for the plan's ``mesh_axes``.
+        tp_size: the size of the tensor-parallel mesh, when known. Only 5.25's unit
+            styles need it: a weight of whole heads is read as its plain style
+            (``colwise``/``rowwise``) when the tp size divides its head count, and is a
+            problem otherwise (no placement on ``tp_axis`` says what each rank holds).
 
     Returns:
         One ``{axis: placement}`` per parameter a rule places, in the model's order.
@@ -499,13 +580,15 @@ def plan_from_hf(
     Raises:
         LayoutError: ``model`` is not an ``nn.Module``, or has neither ``tp_plan`` nor
             ``ep_plan``, or the transformers imported is newer than ``NEWEST_KNOWN``
-            (its styles would be read with the wrong meaning).
+            (its styles would be read with the wrong meaning), or ``tp_size`` is not
+            ``None`` or an int from 1 to ``MAX_MESH_SIZE``.
         PlanError: every problem at once, each naming the rule or parameter and the
             style: a style the transformers imported does not register, a style it
             refuses in an ``ep_plan`` or cannot apply from a ``tp_plan``, an axis read
             whose plan is empty, a shard dim the parameter lacks, a weight a unit style
-            (5.25's ``unit_colwise`` and ``unit_rowwise``) puts on a mesh of its own, a
-            parameter two rules place, a tied name that is not a parameter.
+            (5.25's ``unit_colwise`` and ``unit_rowwise``) puts on a mesh of its own (no
+            ``tp_size``, or one that does not divide its heads), a parameter two rules
+            place, a tied name that is not a parameter.
     """
     root = check_module(model, "plan_from_hf(model=...)")
     release = _installed_release(sys.modules.get("transformers"))
@@ -517,6 +600,7 @@ def plan_from_hf(
         )
         raise LayoutError(msg)
     axes = as_axes(mesh_axes, "plan_from_hf(mesh_axes=...)")
+    _check_tp_size(tp_size)
     tp = _active(tp_axis, axes, "tp_axis")
     ep = _active(ep_axis, axes, "ep_axis")
     problems = Problems("plan_from_hf")
@@ -547,30 +631,13 @@ def plan_from_hf(
             )
             problems.add(_not_in_tp(key, style, release, why), fqn=key)
             del tp_rules[key]
-    placer = _Placer(root, release, problems)
+    placer = _Placer(root, release, problems, tp_size)
     if tp is not None:
         placer.apply(_expand(root, tp_rules), tp, "tp_plan")
     if ep is not None:
         placer.apply(_expand(root, ep_rules), ep, "ep_plan")
 
-    tied: list[tuple[str, str]] = []
-    raw_tied: object = getattr(root, "all_tied_weights_keys", None) or {}
-    if not isinstance(raw_tied, Mapping):
-        problems.add(f"model.all_tied_weights_keys must map names to names, got {quote(raw_tied)}")
-        raw_tied = {}
-    assert isinstance(raw_tied, Mapping)
-    for target, source in raw_tied.items():
-        missing = [n for n in (target, source) if n not in placer.params]
-        if missing:
-            msg = (
-                f"model.all_tied_weights_keys ties {quote(target)} to {quote(source)}, but "
-                f"{quote(missing[0])} is not a parameter of the model; fix the model's tied "
-                "weights"
-            )
-            problems.add(msg, fqn=str(missing[0]))
-            continue
-        placer.placed.pop(target, None)  # tied again after loading: the source's parameter
-        tied.append((source, target))
+    tied = _tie_again(root, placer, problems)
     problems.raise_any()
 
     placements: dict[str, dict[str, Placement]] = {}
