@@ -135,7 +135,40 @@ class _CheckedEntries(dict[str, SourceLayout]):
 _Inner = Mapping[str, SourceLayout]
 
 
-class ByModule(Mapping[str, SourceLayout]):
+class _Kept(Mapping[str, SourceLayout]):
+    """Checked entries kept apart from a dict by FQN: every lookup is ``_find``."""
+
+    __slots__ = ()
+
+    def _find(self, fqn: object) -> SourceLayout | None:
+        """The layout of ``fqn``, or ``None``; an unhashable key raises ``TypeError``, as a
+        dict's lookup does."""
+        raise NotImplementedError
+
+    def __getitem__(self, fqn: str) -> SourceLayout:
+        layout = self._find(fqn)
+        if layout is None:
+            raise KeyError(fqn)
+        return layout
+
+    def __contains__(self, fqn: object) -> bool:
+        return self._find(fqn) is not None
+
+    @overload
+    def get(self, fqn: str, /) -> SourceLayout | None: ...
+    @overload
+    def get(self, fqn: str, /, default: SourceLayout) -> SourceLayout: ...
+    @overload
+    def get(self, fqn: str, /, default: T) -> SourceLayout | T: ...
+    def get(self, fqn: str, /, default: object = None) -> object:
+        layout = self._find(fqn)
+        return default if layout is None else layout
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
+class ByModule(_Kept):
     """Checked entries kept by module: each module FQN's key object, and the inner map
     ``{param path: layout}`` of each distinct key object.
 
@@ -197,25 +230,6 @@ class ByModule(Mapping[str, SourceLayout]):
         key = modules.get("")
         return None if key is None else inner_of[id(key)][1].get(fqn)  # key held
 
-    def __getitem__(self, fqn: str) -> SourceLayout:
-        layout = self._find(fqn)
-        if layout is None:
-            raise KeyError(fqn)
-        return layout
-
-    def __contains__(self, fqn: object) -> bool:
-        return self._find(fqn) is not None
-
-    @overload
-    def get(self, fqn: str, /) -> SourceLayout | None: ...
-    @overload
-    def get(self, fqn: str, /, default: SourceLayout) -> SourceLayout: ...
-    @overload
-    def get(self, fqn: str, /, default: T) -> SourceLayout | T: ...
-    def get(self, fqn: str, /, default: object = None) -> object:
-        layout = self._find(fqn)
-        return default if layout is None else layout
-
     def __len__(self) -> int:
         if self._len is None:
             self._len = sum(map(len, map(itemgetter(1), self.by_module())))
@@ -265,9 +279,6 @@ class ByModule(Mapping[str, SourceLayout]):
     def values(self) -> ValuesView[SourceLayout]:
         return _ByModuleValues(self)
 
-    def __repr__(self) -> str:
-        return repr(dict(self.items()))
-
 
 class _ByModuleItems(ItemsView[str, SourceLayout]):
     _mapping: ByModule
@@ -294,7 +305,7 @@ _MAX_SCANS: Final = 8
 """How many distinct FQNs a ``Listed`` looks up by scanning before it makes its dict."""
 
 
-class Listed(Mapping[str, SourceLayout]):
+class Listed(_Kept):
     """Checked entries kept as two sequences, FQNs and their layouts, in table order.
 
     The read-only mapping a table holds when ``build_table`` matched a plan by pattern
@@ -362,25 +373,6 @@ class Listed(Mapping[str, SourceLayout]):
                 added[fqn] = layout
         return Listed(fqns + tuple(added), layouts + list(added.values()))
 
-    def __getitem__(self, fqn: str) -> SourceLayout:
-        layout = self._find(fqn)
-        if layout is None:
-            raise KeyError(fqn)
-        return layout
-
-    def __contains__(self, fqn: object) -> bool:
-        return self._find(fqn) is not None
-
-    @overload
-    def get(self, fqn: str, /) -> SourceLayout | None: ...
-    @overload
-    def get(self, fqn: str, /, default: SourceLayout) -> SourceLayout: ...
-    @overload
-    def get(self, fqn: str, /, default: T) -> SourceLayout | T: ...
-    def get(self, fqn: str, /, default: object = None) -> object:
-        layout = self._find(fqn)
-        return default if layout is None else layout
-
     def __len__(self) -> int:
         return len(self._fqns)
 
@@ -392,9 +384,6 @@ class Listed(Mapping[str, SourceLayout]):
 
     def values(self) -> ValuesView[SourceLayout]:
         return _ListedValues(self)
-
-    def __repr__(self) -> str:
-        return repr(dict(self.items()))
 
 
 class _ListedItems(ItemsView[str, SourceLayout]):
