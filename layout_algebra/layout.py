@@ -349,14 +349,21 @@ class Listed(_Kept):
         if fqn in scanned:
             return scanned[fqn]
         if len(scanned) >= _MAX_SCANS:
-            by_fqn = self._by_fqn = dict(zip(self._fqns, self._layouts, strict=True))
-            return by_fqn.get(fqn)
+            return self.as_dict().get(fqn)
         try:
             found: SourceLayout | None = self._layouts[self._fqns.index(fqn)]
         except ValueError:
             found = None
         scanned[fqn] = found
         return found
+
+    def as_dict(self) -> dict[str, SourceLayout]:
+        """The entries as a dict by FQN, made on the first call and kept (for a caller
+        that looks many up; never to be changed)."""
+        by_fqn = self._by_fqn
+        if by_fqn is None:
+            by_fqn = self._by_fqn = dict(zip(self._fqns, self._layouts, strict=True))
+        return by_fqn
 
     def updated(self, changes: Mapping[str, SourceLayout]) -> Listed | None:
         """These entries with ``changes`` (checked layouts) replacing or added after them,

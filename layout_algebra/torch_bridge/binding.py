@@ -15,7 +15,7 @@ from torch.distributed.tensor import placement_types as tpt
 from layout_algebra._text import clip, did_you_mean
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError
-from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.layout import Listed, ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Replicate, Shard, StridedShard, format_placement
 from layout_algebra.torch_bridge._checks import (
     check_meshes,
@@ -266,8 +266,9 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
                 fqn, layout = next_fqn, next_layout  # the table's string: the walk's is freed
                 next_fqn, next_layout = next(entries, _END)
             else:
-                if by_fqn is None:
-                    by_fqn = table._items  # the table's own dict: it never changes
+                if by_fqn is None:  # the table's own dict, or its listed entries' own
+                    items = table._items
+                    by_fqn = items.as_dict() if type(items) is Listed else items
                 looked_up = by_fqn.get(walked)
                 if looked_up is None:
                     continue
