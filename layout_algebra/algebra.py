@@ -768,12 +768,13 @@ def _enter_matched(
     dict of the FQNs is made), when each distinct answer of the matcher resolves to a
     layout with nothing dropped and no FQN is given twice; ``None`` with no problem
     recorded otherwise (the loop by FQN then reports each parameter by name)."""
-    layout_of: dict[tuple[int, ...], SourceLayout | None] = {}
+    kind_of: dict[tuple[int, ...], int | None] = {}  # answer -> index of its layout
+    layouts: list[SourceLayout] = []
     problems = len(builder.problems)
     for found in matcher.answers():
         rules = [matcher.rule(i) for i in found]
         if not rules:
-            layout_of[found] = None
+            kind_of[found] = None
             continue
         if _is_tie(rules):
             return None  # reported for an FQN it concerns
@@ -781,17 +782,18 @@ def _enter_matched(
         if resolved is None or resolved[2]:
             del builder.problems[problems:]
             return None
-        layout_of[found] = resolved[0]
-    layouts = list(map(layout_of.__getitem__, answers))
+        kind_of[found] = len(layouts)
+        layouts.append(resolved[0])
+    kinds = list(map(kind_of.__getitem__, answers))
     # FQNs no key matches are left out: those whose answer has no rule (few distinct
     # answers, each looked for at C speed)
-    if any(found in answers for found, layout in layout_of.items() if layout is None):
-        matched = list(map(is_not, layouts, repeat(None)))
+    if any(found in answers for found, kind in kind_of.items() if kind is None):
+        matched = list(map(is_not, kinds, repeat(None)))
         names = tuple(compress(names, matched))
-        layouts = list(compress(layouts, matched))
+        kinds = list(compress(kinds, matched))
     if len(set(names)) != len(names):
         return None  # an FQN given twice: declared twice, unless with one layout
-    return Listed(names, cast("list[SourceLayout]", layouts))  # the None ones left out
+    return Listed(names, cast("list[int]", kinds), tuple(layouts))  # the None ones left out
 
 
 def _decide(builder: _Builder, fqn: str, rules: list[Rule[_PlanRule]]) -> _PlanRule | None:

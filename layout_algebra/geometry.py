@@ -29,7 +29,7 @@ from layout_algebra.axes import (
     axis_str,
 )
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.layout import ByModule, ParamLayoutTable, SourceLayout, partial_error
+from layout_algebra.layout import ByModule, Listed, ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (
     MAX_SPLIT_FACTOR,
@@ -779,9 +779,10 @@ def compose_table(
         return got
 
     entries = table._items
-    if type(entries) is ByModule and not dims and not problems:
-        # Kept by module: each distinct inner map composed once (a problem sends the
-        # table to the loop below, which names every parameter it concerns).
+    if (type(entries) is ByModule or type(entries) is Listed) and not dims and not problems:
+        # Kept by module or listed: each distinct inner map or layout composed once (a
+        # problem sends the table to the loop below, which names every parameter it
+        # concerns).
         try:
             return attrs.evolve(table, entries=entries.with_layouts(composed_or_raise))
         except LayoutError:

@@ -306,35 +306,42 @@ _MAX_SCANS: Final = 8
 
 
 class Listed(_Kept):
-    """Checked entries kept as two sequences, FQNs and their layouts, in table order.
+    """Checked entries kept as sequences: the FQNs in table order, and for each the index
+    of its layout among a few distinct ones.
 
     The read-only mapping a table holds when ``build_table`` matched a plan by pattern
-    against a model's FQNs: the FQN tuple it was given and the layout of each (few
-    distinct objects), so building the table makes no dict of a million FQNs. Iterating
-    it, its length and its items (what ``bind`` in module order, ``compose_table``,
-    ``lint`` and JSON read) use the sequences; the first few lookups (the tied members
-    a build checks) scan the FQNs at C speed, and any further lookup makes the dict by
-    FQN once. Private to the package, like ``_CheckedEntries``: built only from distinct
+    against a model's FQNs: the FQN tuple it was given, one small int per FQN, and the
+    layouts, so building the table makes no dict of a million FQNs, and a change of
+    every layout (``with_layouts``: ``compose_table``) changes the few layouts, not the
+    entries. Iterating it, its length and its items (what ``bind`` in module order,
+    ``lint`` and JSON read) use the sequences; the first few lookups (the tied members a
+    build checks) scan the FQNs at C speed, and any further lookup makes the dict by FQN
+    once. Private to the package, like ``_CheckedEntries``: built only from distinct
     FQNs and checked layouts, and never changed.
     """
 
-    __slots__ = ("_by_fqn", "_fqns", "_layouts", "_scanned")
+    __slots__ = ("_by_fqn", "_fqns", "_kinds", "_layouts", "_scanned")
     _fqns: tuple[str, ...]
-    _layouts: Sequence[SourceLayout]
+    _kinds: Sequence[int]
+    """The index in ``_layouts`` of each FQN's layout."""
+    _layouts: tuple[SourceLayout, ...]
     _by_fqn: dict[str, SourceLayout] | None
     _scanned: dict[str, SourceLayout | None]
     """What each FQN looked up so far by scanning gave (``None``: no entry)."""
 
-    def __init__(self, fqns: tuple[str, ...], layouts: Sequence[SourceLayout]) -> None:
+    def __init__(
+        self, fqns: tuple[str, ...], kinds: Sequence[int], layouts: tuple[SourceLayout, ...]
+    ) -> None:
         self._fqns = fqns
+        self._kinds = kinds
         self._layouts = layouts
         self._by_fqn = None
         self._scanned = {}
 
     def __reduce__(
         self,
-    ) -> tuple[type[Listed], tuple[tuple[str, ...], tuple[SourceLayout, ...]]]:
-        return (Listed, (self._fqns, tuple(self._layouts)))
+    ) -> tuple[type[Listed], tuple[tuple[str, ...], tuple[int, ...], tuple[SourceLayout, ...]]]:
+        return (Listed, (self._fqns, tuple(self._kinds), self._layouts))
 
     def _find(self, fqn: object) -> SourceLayout | None:
         if type(fqn) is not str:
@@ -351,7 +358,7 @@ class Listed(_Kept):
         if len(scanned) >= _MAX_SCANS:
             return self.as_dict().get(fqn)
         try:
-            found: SourceLayout | None = self._layouts[self._fqns.index(fqn)]
+            found: SourceLayout | None = self._layouts[self._kinds[self._fqns.index(fqn)]]
         except ValueError:
             found = None
         scanned[fqn] = found
@@ -362,8 +369,12 @@ class Listed(_Kept):
         that looks many up; never to be changed)."""
         by_fqn = self._by_fqn
         if by_fqn is None:
-            by_fqn = self._by_fqn = dict(zip(self._fqns, self._layouts, strict=True))
+            by_fqn = self._by_fqn = dict(_ListedItems(self))
         return by_fqn
+
+    def with_layouts(self, change: Callable[[SourceLayout], SourceLayout]) -> Listed:
+        r"""These entries with every layout ``change``\ d, each distinct one once."""
+        return Listed(self._fqns, self._kinds, tuple(map(change, self._layouts)))
 
     def updated(self, changes: Mapping[str, SourceLayout]) -> Listed | None:
         """These entries with ``changes`` (checked layouts) replacing or added after them,
@@ -371,14 +382,16 @@ class Listed(_Kept):
         found by a scan: the caller then spells the entries out by FQN)."""
         if len(changes) > _MAX_SCANS:
             return None
-        fqns, layouts = self._fqns, list(self._layouts)
-        added: dict[str, SourceLayout] = {}
+        fqns, kinds, layouts = self._fqns, list(self._kinds), list(self._layouts)
+        added: list[str] = []
         for fqn, layout in changes.items():
+            layouts.append(layout)
             try:
-                layouts[fqns.index(fqn)] = layout
+                kinds[fqns.index(fqn)] = len(layouts) - 1
             except ValueError:
-                added[fqn] = layout
-        return Listed(fqns + tuple(added), layouts + list(added.values()))
+                added.append(fqn)
+                kinds.append(len(layouts) - 1)
+        return Listed(fqns + tuple(added), kinds, tuple(layouts))
 
     def __len__(self) -> int:
         return len(self._fqns)
@@ -397,14 +410,16 @@ class _ListedItems(ItemsView[str, SourceLayout]):
     _mapping: Listed
 
     def __iter__(self) -> Iterator[tuple[str, SourceLayout]]:
-        return zip(self._mapping._fqns, self._mapping._layouts, strict=True)
+        entries = self._mapping
+        return zip(entries._fqns, map(entries._layouts.__getitem__, entries._kinds), strict=True)
 
 
 class _ListedValues(ValuesView[SourceLayout]):
     _mapping: Listed
 
     def __iter__(self) -> Iterator[SourceLayout]:
-        return iter(self._mapping._layouts)
+        entries = self._mapping
+        return map(entries._layouts.__getitem__, entries._kinds)
 
 
 def _check_entries(entries: Mapping[str, SourceLayout]) -> Mapping[str, SourceLayout]:

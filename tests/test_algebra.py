@@ -38,6 +38,7 @@ from layout_algebra import (
     algebra,
     build_table,
     complete_default,
+    compose_table,
     diff,
     merge_tied,
     resolve,
@@ -1254,6 +1255,12 @@ def test_a_pattern_plans_table_is_listed_and_reads_as_the_table_spelled_out(
     _reads_as(table, expected)
     assert table == by_fqn == dict(by_fqn.items())
     assert not diff(table, by_fqn)
+    # composed with FSDP, each distinct layout once: still listed
+    sizes = {"dense": {"dp_shard": 2, "tp": 2}, "expert": {"dp_shard": 1, "ep": 2, "tp": 2}}
+    fsdp = {"dense": "dp_shard", "expert": "dp_shard"}
+    composed = compose_table(table, fsdp=fsdp, mesh_sizes=sizes)
+    assert type(composed._items) is Listed
+    _reads_as(composed, compose_table(expected, fsdp=fsdp, mesh_sizes=sizes))
 
 
 @pytest.mark.parametrize("norms", [1, 2 * _MAX_SCANS])
