@@ -705,8 +705,8 @@ the named placements."""
 
 def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> Listed | None:
     """Each FQN under the rule of its most specific key; ties and unused keys reported.
-    The entries kept as two sequences when ``_enter_matched`` can, else ``None`` with
-    them entered into the builder by FQN."""
+    The entries kept listed when ``_enter_matched`` can, else ``None`` with them entered
+    into the builder by FQN."""
     matcher: Matcher[_PlanRule] = Matcher(
         Rule(f"{module}.{path}" if module else path, (module, spec.expert_parallel, named))
         for module, spec in plan.modules.items()
@@ -764,10 +764,11 @@ def _enter_matched(
     names: tuple[str, ...],
     answers: Sequence[tuple[int, ...]],
 ) -> Listed | None:
-    """Every matched FQN with its layout, kept as two sequences (``layout.Listed``: no
-    dict of the FQNs is made), when each distinct answer of the matcher resolves to a
-    layout with nothing dropped and no FQN is given twice; ``None`` with no problem
-    recorded otherwise (the loop by FQN then reports each parameter by name)."""
+    """Every matched FQN with its layout, kept listed (``layout.Listed``: the FQNs, an
+    index per FQN into the distinct layouts, and no dict of the FQNs), when each distinct
+    answer of the matcher resolves to a layout with nothing dropped and no FQN is given
+    twice; ``None`` with no problem recorded otherwise (the loop by FQN then reports each
+    parameter by name)."""
     kind_of: dict[tuple[int, ...], int | None] = {}  # answer -> index of its layout
     layouts: list[SourceLayout] = []
     problems = len(builder.problems)
