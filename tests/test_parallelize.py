@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_module, distribute_tensor
 from torch.distributed.tensor import Replicate as TorchReplicate
 from torch.distributed.tensor import Shard as TorchShard
 from torch.distributed.tensor.parallel import (
@@ -37,6 +37,7 @@ from layout_algebra import (
     PlanError,
     Replicate,
     Shard,
+    SourceLayout,
     build_table,
     complete_default,
     compose_fsdp,
@@ -441,6 +442,56 @@ def test_styles_it_cannot_read_name_module_and_style() -> None:
     assert "'colwise' is neither a ParallelStyle nor a dict" in problems[2].message
     for p in problems:
         assert isinstance(p, LayoutError)
+
+
+class ExpertsByExpert(ParallelStyle):
+    """Every parameter of the module whole experts per rank (``Shard(0)``), as a trainer's
+    own expert-parallel style shards them."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, self._partition)
+
+    @staticmethod
+    def _partition(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        for leaf, param in list(module.named_parameters(recurse=False)):
+            sharded = nn.Parameter(distribute_tensor(param, mesh, [TorchShard(0)]))
+            module.register_parameter(leaf, sharded)
+
+
+class Experts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(8, 16, 4))
+        self.w2 = nn.Parameter(torch.empty(8, 4, 16))
+
+
+class Moe(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(4, 8, bias=False)
+        self.experts = Experts()
+
+
+def test_a_style_of_ones_own_is_read_off_the_model_it_parallelized(world: DeviceMesh) -> None:
+    # What the message of a style it cannot read says to do, done: the style applied by
+    # torch on the meta device over the fake process group's mesh, the model read back.
+    plan = {"experts": ExpertsByExpert(), "router": ColwiseParallel()}
+    with torch.device("meta"):
+        model = Moe()
+    with pytest.raises(PlanError) as caught:
+        plan_from_parallelize(model, plan, mesh_axes=AXES)
+    (problem,) = caught.value.problems
+    assert problem.message.startswith("module 'experts' (plan key 'experts'): ")
+    assert "is a ExpertsByExpert, which is not one of torch's styles read here;" in problem.message
+    assert problem.message.endswith(
+        "or let the style say it: parallelize_module on the model built on the meta device "
+        "over a mesh of the fake process group, then table_from_module"
+    )
+    parallelize_module(model, world["tp"], plan)
+    by_expert = SourceLayout("dense", ("tp",), (Shard(0),))
+    assert table_from_module(model) == dict.fromkeys(
+        ["router.weight", "experts.w1", "experts.w2"], by_expert
+    )
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,9 @@ class _Walk:
         if kind is None:
             msg = (
                 f"{where} (plan key {key!r}): {quote(style)} is {why}; give torch's "
-                f"{_STYLE_NAMES}, or write this module's ShardingPlan entries by hand"
+                f"{_STYLE_NAMES}, or write this module's ShardingPlan entries by hand, or "
+                "let the style say it: parallelize_module on the model built on the meta "
+                "device over a mesh of the fake process group, then table_from_module"
             )
             self.problems.add(msg, fqn=path)
             return
