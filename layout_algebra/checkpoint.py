@@ -472,6 +472,16 @@ class ReshardPlan:
     _kinds: tuple[_Pattern, ...] = attrs.field(alias="kinds", eq=False)
     """Each parameter's reads (``_fqns[i]``'s are ``_kinds[i]``): a few shared patterns."""
 
+    @_kinds.validator
+    def _check_kinds(self, _: attrs.Attribute[tuple[_Pattern, ...]], value: object) -> None:
+        fqns: object = self._fqns
+        if not isinstance(fqns, tuple) or not isinstance(value, tuple) or len(fqns) != len(value):
+            msg = (
+                "ReshardPlan(fqns=..., kinds=...): one kind of reads per FQN, both tuples; "
+                f"got {quote(fqns)} and {quote(value)}; make it with reshard_plan"
+            )
+            raise LayoutError(msg)
+
     def __repr__(self) -> str:
         return (
             f"ReshardPlan(ranks={len(self.bytes_read)}, params={len(self.by_param)}, "

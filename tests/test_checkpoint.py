@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import attrs
 import pytest
 import torch
 from hypothesis import given, settings
@@ -48,6 +49,7 @@ from layout_algebra import (
 from layout_algebra.checkpoint import (
     Chunk,
     Read,
+    ReshardPlan,
     dcp_chunks,
     reshard_plan,
 )
@@ -284,6 +286,19 @@ def model_metadata(
 FSDP = {"dense": "dp_shard", "expert": "edp_shard"}
 SRC_SIZES = {"dense": DENSE, "expert": EXPERT}
 DST_SIZES = {"dense": {"tp": 4}, "expert": {"ep": 4}}
+
+
+def test_a_reshard_plan_made_by_hand_has_one_kind_of_reads_per_fqn() -> None:
+    dst = source_table(vocab=S1, up=S1, experts=S0)
+    plan = reshard_plan(dst, dst, MODEL, src_sizes=DST_SIZES, dst_sizes=DST_SIZES)
+    fields = attrs.asdict(plan, recurse=False)
+    made = {k.lstrip("_"): v for k, v in fields.items()}
+    assert ReshardPlan(**made) == plan
+    for bad in (made["kinds"][:-1], list(made["kinds"]), None):
+        with pytest.raises(
+            LayoutError, match=r"^ReshardPlan\(fqns=\.\.\., kinds=\.\.\.\): one kind"
+        ):
+            ReshardPlan(**{**made, "kinds": bad})
 
 
 def test_a_model_resharded_reads_what_dcp_reads() -> None:
