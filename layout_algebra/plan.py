@@ -521,6 +521,24 @@ class ShardingPlan:
         names = tuple(a.name for a in self.mesh_axes)
         return (_sharding_plan, (type(self), self.modules, names, self.tied_pairs))
 
+    def __setstate__(self, state: object) -> None:
+        # A plan pickled before plans pickled by their arguments holds its fields by name
+        # (attrs' state): it is made again from them, checked, with its modules indexed.
+        fields = state if isinstance(state, Mapping) else {}
+        if not {"modules", "mesh_axes", "tied_pairs"} <= fields.keys():
+            msg = (
+                f"a pickled ShardingPlan holds {quote(state)}, not its modules, mesh_axes and "
+                "tied_pairs; pickle the plan again, or save it with plan_to_json"
+            )
+            raise LayoutError(msg)
+        made = ShardingPlan(
+            fields["modules"], mesh_axes=fields["mesh_axes"], tied_pairs=fields["tied_pairs"]
+        )
+        for cls in ShardingPlan.__mro__:  # every slot the new plan filled, attrs' own too
+            for name in getattr(cls, "__slots__", ()):
+                if name != "__weakref__" and hasattr(made, name):
+                    object.__setattr__(self, name, getattr(made, name))
+
     @property
     def has_patterns(self) -> bool:
         """Whether a module key or parameter key holds ``*`` (``build_table`` then needs
