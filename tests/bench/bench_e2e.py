@@ -110,6 +110,25 @@ def floor(plain: PlainPlan) -> dict[str, object]:
     return modules
 
 
+def checked_floor(plain: PlainPlan) -> tuple[dict[str, object], bool, set[int]]:
+    """``floor``, then what a frozen plan of those module plans must do with them, each a
+    C-speed pass over the module keys or values and nothing more: keep its own copy of
+    the dict (the planner's may change), check that every key is a plain ``str`` and
+    that, joined, they hold no empty segment (and say whether any holds ``*``), and find
+    the distinct module plans (each resolved once, the table kept by module)."""
+    modules = floor(plain)
+    kept = dict(modules)
+    joined = ".".join(modules)
+    ok = (
+        set(map(type, modules)) == {str}
+        and ".." not in joined
+        and not joined.startswith(".")
+        and not joined.endswith(".")
+        and "*" not in joined
+    )
+    return kept, ok, set(map(id, modules.values()))
+
+
 def prepare_floor(plain: PlainPlan) -> None:
     """The copies ``floor`` compares with: one module's params per size, deep-copied."""
     _Reader.kinds.clear()
@@ -142,6 +161,7 @@ class Scale:
     reused_theirs: float
     reused_ours: float
     fresh_floor: float
+    checked_floor: float
     pattern_floor: float
     pattern_ours: float | None
     theirs_bytes: int
@@ -176,13 +196,14 @@ def measure(n: int, repeats: int) -> Scale:
         agree(table, theirs(reused)())
         assert list(table) == fqns
     prepare_floor(fresh)
-    best = dict.fromkeys(("ft", "fo", "rt", "ro", "po", "ff", "pf"), float("inf"))
+    best = dict.fromkeys(("ft", "fo", "rt", "ro", "po", "ff", "cf", "pf"), float("inf"))
     for _ in range(repeats):  # interleaved, so every side sees the same machine
         best["ft"] = min(best["ft"], timed(theirs(fresh)))
         best["fo"] = min(best["fo"], timed(ours(fresh)))
         best["rt"] = min(best["rt"], timed(theirs(reused)))
         best["ro"] = min(best["ro"], timed(ours(reused)))
         best["ff"] = min(best["ff"], timed(lambda: floor(fresh)))
+        best["cf"] = min(best["cf"], timed(lambda: checked_floor(fresh)))
         best["pf"] = min(best["pf"], timed(lambda: pattern_floor(fqns)))
         if patterns:
             best["po"] = min(best["po"], timed(by_pattern))
@@ -193,6 +214,7 @@ def measure(n: int, repeats: int) -> Scale:
         reused_theirs=best["rt"],
         reused_ours=best["ro"],
         fresh_floor=best["ff"],
+        checked_floor=best["cf"],
         pattern_floor=best["pf"],
         pattern_ours=best["po"] if patterns else None,
         theirs_bytes=retained(theirs(fresh)),
@@ -269,10 +291,16 @@ def report(small: Scale, large: Scale) -> str:
         E2E_TARGET,
         fresh_o,
         fresh_t,
-        note=f"reading-constructor floor {large.fresh_floor / large.fresh_theirs:.2f}",
+        note=(
+            f"reading-constructor floor {large.fresh_floor / large.fresh_theirs:.2f}, with "
+            f"a frozen plan's checks {large.checked_floor / large.fresh_theirs:.2f}"
+        ),
     )
     floor_rows(
         "  floor: a constructor reading its dicts", (small.fresh_floor, large.fresh_floor), fresh_t
+    )
+    floor_rows(
+        "  floor: and a frozen plan's checks", (small.checked_floor, large.checked_floor), fresh_t
     )
     times("  baseline, reused dicts", *reused_t)
     times("  ShardingPlan + build_table, reused dicts", *reused_o)
