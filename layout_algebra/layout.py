@@ -17,7 +17,7 @@ from collections.abc import (
     ValuesView,
 )
 from operator import itemgetter
-from typing import Final, TypeVar, overload
+from typing import ClassVar, Final, TypeVar, overload
 
 import attrs
 
@@ -135,10 +135,27 @@ class _CheckedEntries(dict[str, SourceLayout]):
 _Inner = Mapping[str, SourceLayout]
 
 
+def _plain_key(key: object) -> str | None:
+    """A lookup's key other than a plain ``str`` as one (a ``str`` subclass), or ``None``
+    for a key no entry has; an unhashable key raises ``TypeError``, as a dict's lookup
+    does."""
+    hash(key)
+    return str(key) if isinstance(key, str) else None
+
+
 class _Kept(Mapping[str, SourceLayout]):
-    """Checked entries kept apart from a dict by FQN: every lookup is ``_find``."""
+    """Checked entries kept apart from a dict by FQN: every lookup is ``_find``, and the
+    items and values are the views the subclass names."""
 
     __slots__ = ()
+    _items_view: ClassVar[type[ItemsView[str, SourceLayout]]]
+    _values_view: ClassVar[type[ValuesView[SourceLayout]]]
+
+    def items(self) -> ItemsView[str, SourceLayout]:
+        return self._items_view(self)
+
+    def values(self) -> ValuesView[SourceLayout]:
+        return self._values_view(self)
 
     def _find(self, fqn: object) -> SourceLayout | None:
         """The layout of ``fqn``, or ``None``; an unhashable key raises ``TypeError``, as a
@@ -215,10 +232,9 @@ class ByModule(_Kept):
 
     def _find(self, fqn: object) -> SourceLayout | None:
         if type(fqn) is not str:
-            hash(fqn)  # an unhashable key raises TypeError, as a dict's lookup does
-            if not isinstance(fqn, str):
+            fqn = _plain_key(fqn)
+            if fqn is None:
                 return None
-            fqn = str(fqn)
         modules, inner_of = self._modules, self._inner_of
         end = len(fqn)
         while (end := fqn.rfind(".", 0, end)) > 0:  # the longest module FQN first
@@ -273,12 +289,6 @@ class ByModule(_Kept):
     def __iter__(self) -> Iterator[str]:
         return map(itemgetter(0), _ByModuleItems(self))
 
-    def items(self) -> ItemsView[str, SourceLayout]:
-        return _ByModuleItems(self)
-
-    def values(self) -> ValuesView[SourceLayout]:
-        return _ByModuleValues(self)
-
 
 class _ByModuleItems(ItemsView[str, SourceLayout]):
     _mapping: ByModule
@@ -299,6 +309,9 @@ class _ByModuleValues(ValuesView[SourceLayout]):
     def __iter__(self) -> Iterator[SourceLayout]:
         for _, inner in self._mapping.by_module():
             yield from inner.values()
+
+
+ByModule._items_view, ByModule._values_view = _ByModuleItems, _ByModuleValues
 
 
 _MAX_SCANS: Final = 8
@@ -345,10 +358,9 @@ class Listed(_Kept):
 
     def _find(self, fqn: object) -> SourceLayout | None:
         if type(fqn) is not str:
-            hash(fqn)  # an unhashable key raises TypeError, as a dict's lookup does
-            if not isinstance(fqn, str):
+            fqn = _plain_key(fqn)
+            if fqn is None:
                 return None
-            fqn = str(fqn)
         by_fqn = self._by_fqn
         if by_fqn is not None:
             return by_fqn.get(fqn)
@@ -399,12 +411,6 @@ class Listed(_Kept):
     def __iter__(self) -> Iterator[str]:
         return iter(self._fqns)
 
-    def items(self) -> ItemsView[str, SourceLayout]:
-        return _ListedItems(self)
-
-    def values(self) -> ValuesView[SourceLayout]:
-        return _ListedValues(self)
-
 
 class _ListedItems(ItemsView[str, SourceLayout]):
     _mapping: Listed
@@ -420,6 +426,9 @@ class _ListedValues(ValuesView[SourceLayout]):
     def __iter__(self) -> Iterator[SourceLayout]:
         entries = self._mapping
         return map(entries._layouts.__getitem__, entries._kinds)
+
+
+Listed._items_view, Listed._values_view = _ListedItems, _ListedValues
 
 
 def _check_entries(entries: Mapping[str, SourceLayout]) -> Mapping[str, SourceLayout]:
