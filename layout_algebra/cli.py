@@ -949,6 +949,13 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
+def _unwritten(error: OSError | ValueError) -> str:
+    """Stdout silenced after ``error`` failed a write to it, and the message saying so."""
+    reason = (error.strerror if isinstance(error, OSError) else None) or str(error)
+    _silence_stdout()
+    return f"cannot write the output: {reason}; {_REMEDY}"
+
+
 def _deliver(text: str) -> None:
     """Write the command's output to stdout, all at once.
 
@@ -968,10 +975,7 @@ def _deliver(text: str) -> None:
     except BrokenPipeError:
         raise
     except (OSError, ValueError) as e:
-        reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
-        _silence_stdout()
-        msg = f"cannot write the output: {reason}; {_REMEDY}"
-        raise _Problem(msg) from None
+        raise _Problem(_unwritten(e)) from None
 
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
@@ -997,9 +1001,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
         _silence_stdout()
         return 0
     except (OSError, ValueError) as e:  # --help to a closed or full stdout
-        reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
-        _silence_stdout()
-        _say(sys.stderr, f"{PROG}: cannot write the output: {reason}; {_REMEDY}")
+        _say(sys.stderr, f"{PROG}: {_unwritten(e)}")
         return 1
     try:
         if sys.stdout is not None:

@@ -88,6 +88,12 @@ def check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
         raise LayoutError(msg, fqn=fqn)
 
 
+def is_mesh_size(value: object, floor: int = 1) -> bool:
+    """Whether ``value`` is a mesh size (or coordinate): an int from ``floor`` to
+    ``MAX_MESH_SIZE``, never a bool."""
+    return type(value) is int and floor <= value <= MAX_MESH_SIZE
+
+
 def as_sizes(values: Mapping[str, int], what: str, floor: int = 1) -> dict[str, int]:
     """``values`` (an argument named ``what``) keyed by plain axis name, each an int from
     ``floor`` to ``MAX_MESH_SIZE``: the one check of mesh sizes and coordinates."""
@@ -102,7 +108,7 @@ def as_sizes(values: Mapping[str, int], what: str, floor: int = 1) -> dict[str, 
         except LayoutError as e:
             msg = f"{what}: {e.message}"
             raise LayoutError(msg, axis=e.axis) from None
-        if type(value) is not int or not floor <= value <= MAX_MESH_SIZE:
+        if not is_mesh_size(value, floor):
             msg = (
                 f"{what}[{clip(name)!r}] must be an int from {floor} to {MAX_MESH_SIZE:,}, "
                 f"got {quote(value)}"

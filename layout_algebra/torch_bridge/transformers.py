@@ -55,7 +55,7 @@ from torch import nn
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import MAX_MESH_SIZE
+from layout_algebra.geometry import MAX_MESH_SIZE, is_mesh_size
 from layout_algebra.placements import (
     Placement,
     Replicate,
@@ -368,7 +368,8 @@ class _Placer:
     def param(
         self, fqn: str, param: nn.Parameter, *, key: str, style: str, axis: AxisName, which: str
     ) -> None:
-        rule = self.release.rules[style](fqn.rpartition(".")[2], param.ndim)
+        leaf = fqn.rpartition(".")[2]
+        rule = self.release.rules[style](leaf, param.ndim)
         if rule is None:
             return
         placement: Placement
@@ -378,7 +379,7 @@ class _Placer:
                 self.own_mesh(fqn, rule, heads, key=key, style=style, axis=axis, which=which)
                 return
             # whole heads per tp rank, one group each: the rows the plain style gives
-            rule = self.release.rules[rule.instead](fqn.rpartition(".")[2], param.ndim)
+            rule = self.release.rules[rule.instead](leaf, param.ndim)
             if rule is None or isinstance(rule, _OwnMesh):
                 return  # not so for any known release: the plain styles place every weight
         if isinstance(rule, int):
@@ -482,7 +483,7 @@ def _check_tp_size(tp_size: object) -> None:
     Raises:
         LayoutError: naming ``tp_size`` and what it must be.
     """
-    if tp_size is not None and (type(tp_size) is not int or not 1 <= tp_size <= MAX_MESH_SIZE):
+    if tp_size is not None and not is_mesh_size(tp_size):
         msg = (
             f"plan_from_hf(tp_size=...): must be the tensor-parallel mesh's size, an int "
             f"from 1 to {MAX_MESH_SIZE:,}, or None; got {quote(tp_size)}"
