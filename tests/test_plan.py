@@ -353,6 +353,23 @@ def test_a_plan_pickled_by_an_earlier_version_is_made_again() -> None:
         ShardingPlan.__new__(ShardingPlan).__setstate__((1, 2))
 
 
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,
+        "modules",
+        {},
+        {"modules": 10**5000, "mesh_axes": ["tp"], "tied_pairs": ()},
+        {"modules": {}, "mesh_axes": "tp", "tied_pairs": ()},
+        {"modules": {"a": 2**63}, "mesh_axes": ["tp"], "tied_pairs": ()},
+    ],
+    ids=["None", "a bare string", "empty", "huge modules", "bare mesh_axes", "huge plan"],
+)
+def test_a_pickled_state_that_is_no_plan_is_a_layout_error(state: object) -> None:
+    with pytest.raises(LayoutError):
+        ShardingPlan.__new__(ShardingPlan).__setstate__(state)
+
+
 def test_a_str_subclass_as_module_key_is_refused() -> None:
     class Name(str):
         __slots__ = ()

@@ -724,8 +724,8 @@ def test_unit_styles_read_with_the_tp_size_when_it_divides_the_heads() -> None:
 
 @pytest.mark.parametrize(
     "size",
-    [0, -1, True, 2.0, "4", 2**21, 10**5000],
-    ids=["0", "-1", "True", "2.0", "'4'", "2**21", "10**5000"],
+    [0, -1, True, 2.0, "4", "", [], [4], 2**21, 2**63, 10**5000],
+    ids=["0", "-1", "True", "2.0", "'4'", "''", "[]", "[4]", "2**21", "2**63", "10**5000"],
 )
 def test_a_tp_size_that_is_no_mesh_size_is_refused(size: object) -> None:
     with pytest.raises(LayoutError, match=r"^plan_from_hf\(tp_size=\.\.\.\): must be the "):
