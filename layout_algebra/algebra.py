@@ -9,7 +9,7 @@ arguments alone. ``build_table`` composes the others into the plan → table pip
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import compress, repeat
+from itertools import compress, filterfalse, repeat
 from operator import is_not
 from typing import Final, TypeAlias, cast
 
@@ -354,6 +354,12 @@ def _merge_into(
     return tuple(kept), conflicts
 
 
+def _entries_copy(table: ParamLayoutTable) -> CheckedEntries:
+    """A new dict of the table's entries by FQN, to change (a dict's copied at C speed)."""
+    kept = table._items
+    return CheckedEntries(kept if isinstance(kept, dict) else table.items())
+
+
 def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> ParamLayoutTable:
     """One layout for every set of parameters that share storage.
 
@@ -370,11 +376,16 @@ def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> Param
             axes; names the group, the axis, both placements and whose they are.
     """
     _check_table(table, "table")
-    merged = CheckedEntries(table.items())
-    groups, conflicts = _merge_into(merged, table.tied, pairs, "pairs")
+    kept = table._items
+    entries: Mapping[str, SourceLayout]
+    if type(kept) is ByModule or type(kept) is Listed:
+        entries, groups, conflicts = _merge_kept(kept, table.tied, pairs, "pairs")
+    else:
+        entries = merged = _entries_copy(table)
+        groups, conflicts = _merge_into(merged, table.tied, pairs, "pairs")
     if conflicts:
         raise conflicts[0]
-    return ParamLayoutTable(merged, tied=groups, dropped=table.dropped)
+    return ParamLayoutTable(entries, tied=groups, dropped=table.dropped)
 
 
 def complete_default(
@@ -426,10 +437,21 @@ def complete_default(
         raise LayoutError(msg)
     pairs = None if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
     default = SourceLayout(mesh, source, (_REPLICATE,) * len(source))
-    entries = CheckedEntries(table.items())
-    for fqn in names:
-        check_fqn(fqn, "fqns")
-        entries.setdefault(fqn, default)
+    if not (set(map(type, names)) <= {str} and all(names)):
+        for fqn in names:
+            check_fqn(fqn, "fqns")  # the first that is not an FQN raises
+    kept = table._items
+    entries: Mapping[str, SourceLayout]
+    completed_kept = (
+        kept.completed(names, default) if type(kept) is Listed or type(kept) is ByModule else None
+    )
+    if completed_kept is not None:
+        entries = completed_kept
+    else:
+        entries = flat = _entries_copy(table)
+        # Each FQN the table lacks, once, at C speed.
+        missing = filterfalse(flat.__contains__, names)
+        flat.update(dict.fromkeys(missing, default))
     completed = ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)
     return completed if pairs is None else merge_tied(completed, pairs)
 
@@ -588,7 +610,7 @@ class _Builder:
                     self.problems.extend(_misspelt_axes(mesh, self.placed[mesh.role], self.drops))
         entries: Mapping[str, SourceLayout] = self.entries
         if grouped is not None:
-            entries, groups, conflicts = _merge_kept(grouped, pairs)
+            entries, groups, conflicts = _merge_kept(grouped, (), pairs, "tied_pairs")
         else:
             groups, conflicts = _merge_into(self.entries, (), pairs, "tied_pairs")
         self.problems.extend(conflicts)
@@ -669,16 +691,19 @@ def build_table(
 
 
 def _merge_kept(
-    entries: ByModule | Listed, pairs: Iterable[Iterable[str]]
+    entries: ByModule | Listed,
+    existing: Iterable[frozenset[str]],
+    pairs: Iterable[Iterable[str]],
+    arg: str,
 ) -> tuple[Mapping[str, SourceLayout], tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
     """``_merge_into`` for entries kept apart (by module, or listed): the tied members
     merged on their own, and the entries spelled out by FQN only when that changes one
     of them."""
-    checked = as_pairs(pairs, "tied_pairs")
-    members = {fqn for pair in checked for fqn in pair}
+    checked = as_pairs(pairs, arg)
+    members = {fqn for group in (*existing, *checked) for fqn in group}
     before = {fqn: layout for fqn in members if (layout := entries.get(fqn)) is not None}
     merged = CheckedEntries(before)
-    groups, conflicts = _merge_into(merged, (), checked, "tied_pairs")
+    groups, conflicts = _merge_into(merged, existing, checked, arg)
     if merged == before:
         return entries, groups, conflicts
     if type(entries) is Listed:

@@ -16,7 +16,8 @@ from collections.abc import (
     Sequence,
     ValuesView,
 )
-from operator import itemgetter
+from itertools import compress, filterfalse, repeat
+from operator import add, is_, itemgetter
 from typing import ClassVar, Final, TypeVar, overload
 
 import attrs
@@ -264,6 +265,33 @@ class ByModule(_Kept):
             held[key_id] = (key, hit[1])
         return ByModule(self._modules, held, self._len)
 
+    def completed(self, fqns: Iterable[str], default: SourceLayout) -> ByModule | None:
+        """These entries, then each of ``fqns`` they lack (once, in the order given) with
+        ``default``, as ``dict.setdefault`` in a loop orders them: kept by module, the
+        added ones as the root module's (``None`` when the root module has entries: the
+        caller then spells them out by FQN).
+
+        The FQNs these entries spell are found at C speed, each module kind's modules
+        picked out and joined with each of its paths, into one set; an added FQN is none
+        of them, so the root module spells it and nothing else."""
+        modules = self._modules
+        if "" in modules:
+            return None
+        present: set[str] = set()
+        names, keys = tuple(modules), tuple(modules.values())
+        for key, inner in self._inner_of.values():
+            prefixes = list(map(add, compress(names, map(is_, keys, repeat(key))), repeat(".")))
+            for path in inner:
+                present.update(map(add, prefixes, repeat(path)))
+        added = dict.fromkeys(filterfalse(present.__contains__, fqns), default)
+        if not added:
+            return self
+        with_root = dict(modules)
+        with_root[""] = added
+        inner_of = dict(self._inner_of)
+        inner_of[id(added)] = (added, added)  # the entry holds added
+        return ByModule(with_root, inner_of, len(present) + len(added))
+
     def by_module(self) -> Iterator[tuple[str, Mapping[str, SourceLayout]]]:
         """``(module FQN, {param path: layout})`` in plan order."""
         inner_of = self._inner_of
@@ -404,6 +432,18 @@ class Listed(_Kept):
                 added.append(fqn)
                 kinds.append(len(layouts) - 1)
         return Listed(fqns + tuple(added), kinds, tuple(layouts))
+
+    def completed(self, fqns: Iterable[str], default: SourceLayout) -> Listed:
+        """These entries, then each of ``fqns`` they lack (once, in the order given) with
+        ``default``, as ``dict.setdefault`` in a loop orders them; found at C speed with
+        one set of these FQNs, and kept listed."""
+        if type(fqns) is tuple and fqns == self._fqns:
+            return self  # the FQNs the table was built from (each compared by identity)
+        missing = tuple(dict.fromkeys(filterfalse(set(self._fqns).__contains__, fqns)))
+        if not missing:
+            return self
+        kinds = [*self._kinds, *repeat(len(self._layouts), len(missing))]
+        return Listed(self._fqns + missing, kinds, (*self._layouts, default))
 
     def __len__(self) -> int:
         return len(self._fqns)

@@ -1507,3 +1507,117 @@ def test_a_segment_that_only_looks_like_a_module_path_keeps_the_table_by_module(
     deep = {**near, "a.b.c.d": ModulePlan({"e": {"tp": Shard(1)}})}
     with pytest.raises(PlanError, match=r"a\.b\.c\.d\.e: declared twice"):
         build_table(ShardingPlan(deep, mesh_axes=["tp"]), ["tp"])
+
+
+# --- completing and tying a table kept apart ---------------------------------------------
+
+_EXTRA_FQNS = (
+    "layers.0.attn_norm.weight",  # a module the plan does not name
+    "layers.0.attn.wq.bias",  # a module the plan names, a parameter it does not
+    "layers.0.moe.experts.w2",  # under a dotted path of a named module
+    "layers.0.moe.experts",  # a prefix of an entry
+    "layers.0.moe",  # a module's own FQN
+    "bias",  # at the root
+    "emb.weight.extra",  # an entry's FQN as a prefix
+)
+
+
+def _kept_table(kind: str, layers: int, root: bool) -> ParamLayoutTable:
+    """A table kept apart as ``build_table`` keeps it: ``by_module`` (with a root module
+    when ``root``) or ``listed``."""
+    if kind == "listed":
+        fqns = ["emb.weight", "head.weight"]
+        fqns += [f"layers.{i}.{p}" for i in range(layers) for p in _LAYER_PARAMS]
+        plan = ShardingPlan(_layered("*"), mesh_axes=["ep", "tp"])
+        table = build_table(plan, ["tp"], expert_axes=["ep", "tp"], fqns=fqns)
+        assert type(table._items) is Listed
+        return table
+    modules: dict[str, ModulePlan] = {}
+    for i in range(layers):
+        modules.update(_layered(str(i)))
+    if root:
+        modules[""] = ModulePlan({"scale": {"tp": Replicate()}})
+    table = build_table(
+        ShardingPlan(modules, mesh_axes=["ep", "tp"]), ["tp"], expert_axes=["ep", "tp"]
+    )
+    assert type(table._items) is ByModule
+    return table
+
+
+@given(
+    kind=st.sampled_from(["by_module", "listed"]),
+    layers=st.integers(1, 3),
+    root=st.booleans(),
+    plain=st.booleans(),
+    data=st.data(),
+)
+def test_completing_a_table_kept_apart_reads_as_completing_it_spelled_out(
+    kind: str, layers: int, root: bool, plain: bool, data: st.DataObject
+) -> None:
+    table = _kept_table(kind, layers, root)
+    flat = ParamLayoutTable(dict(table.items()), tied=table.tied)
+    names = data.draw(
+        st.lists(st.sampled_from([*table, *_EXTRA_FQNS]), max_size=3 * len(table) + 8),
+        label="fqns",
+    )
+    pairs = data.draw(
+        st.lists(st.tuples(st.sampled_from(names), st.sampled_from(names)), max_size=2)
+        if names
+        else st.just([]),
+        label="tied_pairs",
+    )
+    for fqns in (names, tuple(names), list(table), tuple(table)):
+        try:
+            expected = complete_default(flat, fqns, ["tp"], plain=plain, tied_pairs=pairs)
+        except TiedLayoutConflict as e:
+            with pytest.raises(TiedLayoutConflict) as raised:
+                complete_default(table, fqns, ["tp"], plain=plain, tied_pairs=pairs)
+            assert str(raised.value) == str(e)
+            continue
+        done = complete_default(table, fqns, ["tp"], plain=plain, tied_pairs=pairs)
+        _reads_as(done, expected)
+        if not pairs and not (root and kind == "by_module"):
+            assert type(done._items) is type(table._items)  # still kept apart
+            if set(fqns) <= set(table):
+                assert done._items is table._items
+
+
+@given(
+    kind=st.sampled_from(["by_module", "listed"]),
+    layers=st.integers(1, 3),
+    data=st.data(),
+)
+def test_tying_a_table_kept_apart_reads_as_tying_it_spelled_out(
+    kind: str, layers: int, data: st.DataObject
+) -> None:
+    table = _kept_table(kind, layers, root=False)
+    fqns = [*table, *_EXTRA_FQNS[:2]]
+    groups = data.draw(
+        st.lists(st.tuples(st.sampled_from(fqns), st.sampled_from(fqns)), max_size=3)
+    )
+    pairs = data.draw(st.lists(st.tuples(st.sampled_from(fqns), st.sampled_from(fqns)), max_size=3))
+    try:
+        tied = merge_tied(table, groups)
+    except TiedLayoutConflict:
+        return
+    flat = ParamLayoutTable(dict(tied.items()), tied=tied.tied)
+    try:
+        expected = merge_tied(flat, pairs)
+    except TiedLayoutConflict as e:
+        with pytest.raises(TiedLayoutConflict) as raised:
+            merge_tied(tied, pairs)
+        assert str(raised.value) == str(e)
+        return
+    _reads_as(merge_tied(tied, pairs), expected)
+
+
+def test_an_untouched_table_kept_apart_stays_so_through_merge_tied() -> None:
+    for kind in ("by_module", "listed"):
+        table = _kept_table(kind, 2, root=False)
+        same = merge_tied(table, [("layers.0.attn.wq.weight", "layers.1.attn.wq.weight")])
+        assert same._items is table._items
+        assert same.tied == (frozenset({"layers.0.attn.wq.weight", "layers.1.attn.wq.weight"}),)
+        # a member missing from the table takes its group's layout, after the others
+        added = merge_tied(table, [("emb.weight", "tied.weight")])
+        assert list(added)[-1] == "tied.weight"
+        assert added["tied.weight"] == table["emb.weight"]

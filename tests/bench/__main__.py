@@ -1,11 +1,12 @@
 """Every benchmark, one after the other: ``python -m tests.bench [--quick]``.
 
 Building the table; the planner's dicts (new ones per parameter, or reused) and a plan
-by pattern, to a table; the JSON round trip; planning a checkpoint reshard; binding a
-table to a live model; linting a whole table with its shapes. Each compares against a
-baseline measured in this same process and prints its own report; the end prints every
-target in one table (``tests.bench.targets``) with PASS or MISS. ``--quick`` runs smaller
-scales as a smoke test. The exit status is 0 either way: timings depend on the machine.
+by pattern, to a table; completing and tying the table; the JSON round trip; planning a
+checkpoint reshard; binding a table to a live model; linting a whole table with its
+shapes. Each compares against a baseline measured in this same process and prints its
+own report; the end prints every target in one table (``tests.bench.targets``) with PASS
+or MISS. ``--quick`` runs smaller scales as a smoke test. The exit status is 0 either
+way: timings depend on the machine.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from tests.bench import (
     bench_bind,
     bench_build,
+    bench_complete,
     bench_e2e,
     bench_json,
     bench_lint,
@@ -32,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench_build.run(quick=args.quick)
     print()
     bench_e2e.run(quick=args.quick)
+    print()
+    bench_complete.run(quick=args.quick)
     print()
     bench_json.run(quick=args.quick)
     print()
