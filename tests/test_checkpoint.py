@@ -44,6 +44,7 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
     build_table,
+    complete_default,
     local_shape_and_offset,
 )
 from layout_algebra.checkpoint import (
@@ -683,6 +684,47 @@ def test_tables_of_one_plan_reshard_in_step_as_spelled_out_ones(split: bool) -> 
     ours = reshard_plan(composed, serve, shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
     spelled = reshard_plan(
         _spelled(composed), _spelled(serve), shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES
+    )
+    assert ours == spelled
+    assert ours.by_param == spelled.by_param
+    for rank in range(ours.world_size):
+        assert list(ours.reads(rank)) == list(spelled.reads(rank))
+
+
+@pytest.mark.parametrize(("src_names", "dst_names"), [(2, 2), (2, 4), (4, 2)])
+def test_completed_tables_kept_by_module_reshard_as_spelled_out_ones(
+    src_names: int, dst_names: int
+) -> None:
+    """``complete_default`` keeps a table by module, what it adds under the root module:
+    a parameter may then be under a module in one table and the root in the other."""
+    plan = ShardingPlan(
+        {
+            "emb": ModulePlan({"weight": {"tp": S0}}),
+            "head": ModulePlan({"weight": {"tp": S1}}),
+            "up": ModulePlan({"weight": {"tp": S0}}),
+            "experts": ModulePlan({"w1": {"ep": S0}}, expert_parallel=True),
+        },
+        mesh_axes=["dp_shard", "edp_shard", "ep", "tp"],
+    )
+    unnamed = ["up.bias", "norm.weight", "up.weight", "emb.weight"]
+    source = complete_default(
+        build_table(plan, ["dp_shard", "tp"], expert_axes=["edp_shard", "ep"]),
+        unnamed[:src_names],
+        ["dp_shard", "tp"],
+    )
+    dst = complete_default(
+        build_table(plan, ["tp"], expert_axes=["ep"]), unnamed[:dst_names], ["tp"], plain=True
+    )
+    assert type(source._items) is ByModule and type(dst._items) is ByModule
+    assert "" in source._items._modules and "" in dst._items._modules
+    composed = compose_table(source, fsdp=FSDP, mesh_sizes=SRC_SIZES)
+    assert type(composed._items) is ByModule
+    assert list(composed.items()) == list(
+        compose_table(_spelled(source), fsdp=FSDP, mesh_sizes=SRC_SIZES).items()
+    )
+    ours = reshard_plan(composed, dst, MODEL, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
+    spelled = reshard_plan(
+        _spelled(composed), _spelled(dst), MODEL, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES
     )
     assert ours == spelled
     assert ours.by_param == spelled.by_param
