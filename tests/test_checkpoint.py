@@ -639,6 +639,21 @@ def _spelled(table: ParamLayoutTable) -> ParamLayoutTable:
     return ParamLayoutTable(dict(table.items()), tied=table.tied)
 
 
+def _reshards_as_spelled_out(
+    src: ParamLayoutTable, dst: ParamLayoutTable, shapes: Mapping[str, Shape]
+) -> None:
+    """``reshard_plan`` of tables kept apart is that of the same tables spelled out."""
+    ours = reshard_plan(src, dst, shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
+    spelled = reshard_plan(
+        _spelled(src), _spelled(dst), shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES
+    )
+    assert ours == spelled
+    assert ours.bytes_read == spelled.bytes_read
+    assert ours.by_param == spelled.by_param
+    for rank in range(ours.world_size):
+        assert list(ours.reads(rank)) == list(spelled.reads(rank))
+
+
 @pytest.mark.parametrize(("src_split", "dst_split"), [(False, False), (True, False), (False, True)])
 def test_tables_kept_by_module_compose_and_reshard_as_spelled_out_ones(
     src_split: bool, dst_split: bool
@@ -651,14 +666,7 @@ def test_tables_kept_by_module_compose_and_reshard_as_spelled_out_ones(
     )
     dst = _moe_table(dst_split, S0)
     shapes = {f: MODEL[f] for f in source}
-    ours = reshard_plan(composed, dst, shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
-    spelled = reshard_plan(
-        _spelled(composed), _spelled(dst), shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES
-    )
-    assert ours.bytes_read == spelled.bytes_read
-    assert ours.by_param == spelled.by_param
-    for rank in range(ours.world_size):
-        assert list(ours.reads(rank)) == list(spelled.reads(rank))
+    _reshards_as_spelled_out(composed, dst, shapes)
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -681,14 +689,7 @@ def test_tables_of_one_plan_reshard_in_step_as_spelled_out_ones(split: bool) -> 
     assert type(composed._items) is ByModule and type(serve._items) is ByModule
     assert composed._items._modules is serve._items._modules
     shapes = {f: MODEL[f] for f in serve}
-    ours = reshard_plan(composed, serve, shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
-    spelled = reshard_plan(
-        _spelled(composed), _spelled(serve), shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES
-    )
-    assert ours == spelled
-    assert ours.by_param == spelled.by_param
-    for rank in range(ours.world_size):
-        assert list(ours.reads(rank)) == list(spelled.reads(rank))
+    _reshards_as_spelled_out(composed, serve, shapes)
 
 
 @pytest.mark.parametrize(("src_names", "dst_names"), [(2, 2), (2, 4), (4, 2)])
@@ -722,11 +723,4 @@ def test_completed_tables_kept_by_module_reshard_as_spelled_out_ones(
     assert list(composed.items()) == list(
         compose_table(_spelled(source), fsdp=FSDP, mesh_sizes=SRC_SIZES).items()
     )
-    ours = reshard_plan(composed, dst, MODEL, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
-    spelled = reshard_plan(
-        _spelled(composed), _spelled(dst), MODEL, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES
-    )
-    assert ours == spelled
-    assert ours.by_param == spelled.by_param
-    for rank in range(ours.world_size):
-        assert list(ours.reads(rank)) == list(spelled.reads(rank))
+    _reshards_as_spelled_out(composed, dst, MODEL)

@@ -16,7 +16,6 @@ runs with the collector off, as the other benchmarks do. Run alone with
 
 from __future__ import annotations
 
-import argparse
 import random
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +34,7 @@ from layout_algebra.layout import ParamLayoutTable as Table
 from layout_algebra.torch_bridge import Binding, bind
 from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups
 from layout_algebra.torch_bridge.binding import _Binder, _gc_paused
+from tests.bench import alone
 from tests.bench.bench_build import timed, verdict
 from tests.bench.targets import record
 
@@ -215,10 +215,7 @@ def run(*, quick: bool = False) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_bind", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller modules, for a smoke run")
-    args = parser.parse_args(argv)
-    run(quick=args.quick)
+    alone.main("tests.bench.bench_bind", __doc__, run, argv, smaller="smaller modules")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ small scale to the large one. Ours is ``ShardingPlan`` of the module plans, then
 
 from __future__ import annotations
 
-import argparse
 import gc
 import time
 import tracemalloc
@@ -25,6 +24,7 @@ from layout_algebra.algebra import build_table
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.plan import ShardingPlan
+from tests.bench import alone
 from tests.bench.baseline import (
     DENSE_AXES,
     EXPERT_AXES,
@@ -268,10 +268,7 @@ def run(*, quick: bool = False) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_build", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller scales, for a smoke run")
-    args = parser.parse_args(argv)
-    run(quick=args.quick)
+    alone.main("tests.bench.bench_build", __doc__, run, argv, smaller="smaller scales")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Run alone with ``python -m tests.bench.bench_complete [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Final
@@ -30,6 +29,7 @@ import attrs
 from layout_algebra.algebra import build_table, complete_default, merge_tied
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.plan import ShardingPlan
+from tests.bench import alone
 from tests.bench.baseline import (
     DENSE_AXES,
     EXPERT_AXES,
@@ -139,12 +139,7 @@ def run(*, quick: bool = False) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.bench.bench_complete", description=__doc__
-    )
-    parser.add_argument("--quick", action="store_true", help="smaller scales, for a smoke run")
-    args = parser.parse_args(argv)
-    run(quick=args.quick)
+    alone.main("tests.bench.bench_complete", __doc__, run, argv, smaller="smaller scales")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ the original's own growth beside it. Run alone with
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import inspect
@@ -33,6 +32,7 @@ import attrs
 
 from layout_algebra.algebra import build_table
 from layout_algebra.layout import ParamLayoutTable
+from tests.bench import alone
 from tests.bench.baseline import (
     DENSE_AXES,
     EXPERT_AXES,
@@ -352,10 +352,7 @@ def run(*, quick: bool = False) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_e2e", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller scales, for a smoke run")
-    args = parser.parse_args(argv)
-    run(quick=args.quick)
+    alone.main("tests.bench.bench_e2e", __doc__, run, argv, smaller="smaller scales")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ alone with ``python -m tests.bench.bench_json [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from typing import Final
@@ -19,6 +18,7 @@ import attrs
 
 from layout_algebra.algebra import build_table
 from layout_algebra.serialization import converter, from_json, to_json
+from tests.bench import alone
 from tests.bench.baseline import DENSE_AXES, EXPERT_AXES, moe_plan, sharding_plan
 from tests.bench.bench_build import timed, verdict
 from tests.bench.bench_e2e import peak
@@ -139,10 +139,7 @@ def run(*, quick: bool = False, repeats: int = 3) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_json", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller tables, for a smoke run")
-    args = parser.parse_args(argv)
-    run(quick=args.quick)
+    alone.main("tests.bench.bench_json", __doc__, run, argv, smaller="smaller tables")
 
 
 if __name__ == "__main__":

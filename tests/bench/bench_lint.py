@@ -10,7 +10,6 @@ Run alone with ``python -m tests.bench.bench_lint [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -18,6 +17,7 @@ from layout_algebra.algebra import build_table
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.lint import LintReport, lint
 from layout_algebra.shapes import ParamShape
+from tests.bench import alone
 from tests.bench.baseline import DENSE_AXES, EXPERT_AXES, moe_plan, param_count, sharding_plan
 from tests.bench.bench_build import built_anew, built_by_fqn, timed, verdict
 from tests.bench.targets import record
@@ -110,10 +110,7 @@ def run(*, quick: bool = False) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_lint", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a smaller scale, for a smoke run")
-    args = parser.parse_args(argv)
-    run(quick=args.quick)
+    alone.main("tests.bench.bench_lint", __doc__, run, argv, smaller="a smaller scale")
 
 
 if __name__ == "__main__":

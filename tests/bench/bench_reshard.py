@@ -10,7 +10,6 @@ Run alone with ``python -m tests.bench.bench_reshard [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -19,6 +18,7 @@ from layout_algebra.checkpoint import ReshardPlan, reshard_plan
 from layout_algebra.geometry import compose_table
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.shapes import ParamShape
+from tests.bench import alone
 from tests.bench.baseline import moe_plan, sharding_plan
 from tests.bench.bench_build import built_anew, built_by_fqn, timed
 from tests.bench.targets import record
@@ -127,12 +127,7 @@ def run(*, quick: bool = False) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.bench.bench_reshard", description=__doc__
-    )
-    parser.add_argument("--quick", action="store_true", help="a smaller model, for a smoke run")
-    args = parser.parse_args(argv)
-    run(quick=args.quick)
+    alone.main("tests.bench.bench_reshard", __doc__, run, argv, smaller="a smaller model")
 
 
 if __name__ == "__main__":
