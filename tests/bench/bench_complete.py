@@ -27,7 +27,7 @@ from typing import Final
 import attrs
 
 from layout_algebra.algebra import build_table, complete_default, merge_tied
-from layout_algebra.layout import ParamLayoutTable
+from layout_algebra.layout import ParamLayoutTable, _CheckedEntries
 from layout_algebra.plan import ShardingPlan
 from tests.bench import alone
 from tests.bench.baseline import (
@@ -59,8 +59,10 @@ class Row:
 
 
 def _spelled(table: ParamLayoutTable) -> ParamLayoutTable:
-    """The same entries and groups in a dict by FQN."""
-    return ParamLayoutTable(dict(table.items()), tied=table.tied, dropped=table.dropped)
+    """The same entries and groups in a dict by FQN, taken as checked (they are), as the
+    calls spelled a table out before they kept it apart."""
+    entries = _CheckedEntries(table.items())
+    return ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)
 
 
 _Call = Callable[[ParamLayoutTable], Callable[[], object]]
