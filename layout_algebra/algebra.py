@@ -706,11 +706,15 @@ def _merge_kept(
     groups, conflicts = _merge_into(merged, existing, checked, arg)
     if merged == before:
         return entries, groups, conflicts
+    changed = {fqn: layout for fqn, layout in merged.items() if before.get(fqn) != layout}
+    kept: ByModule | Listed | None = None
     if type(entries) is Listed:
-        changed = {fqn: layout for fqn, layout in merged.items() if before.get(fqn) != layout}
-        listed = entries.updated(changed)
-        if listed is not None:
-            return listed, groups, conflicts
+        kept = entries.updated(changed)
+    elif isinstance(entries, ByModule) and before.keys().isdisjoint(changed):
+        # by module: only members the table lacks are added (as the root module's)
+        kept = entries.with_added(changed)
+    if kept is not None:
+        return kept, groups, conflicts
     flat = CheckedEntries(entries.items())
     flat.update(merged)
     return flat, groups, conflicts

@@ -268,29 +268,52 @@ class ByModule(_Kept):
     def completed(self, fqns: Iterable[str], default: SourceLayout) -> ByModule | None:
         """These entries, then each of ``fqns`` they lack (once, in the order given) with
         ``default``, as ``dict.setdefault`` in a loop orders them: kept by module, the
-        added ones as the root module's (``None`` when the root module has entries: the
-        caller then spells them out by FQN).
+        added ones as the root module's (``None`` when a root module comes before other
+        modules: the caller then spells the entries out by FQN).
 
         The FQNs these entries spell are found at C speed, each module kind's modules
         picked out and joined with each of its paths, into one set; an added FQN is none
         of them, so the root module spells it and nothing else."""
+        if not self._root_last():
+            return None  # before the work of finding them
         modules = self._modules
-        if "" in modules:
-            return None
-        present: set[str] = set()
         names, keys = tuple(modules), tuple(modules.values())
+        present = set(self.inner("") or ())  # the root module's paths are its FQNs
         for key, inner in self._inner_of.values():
-            prefixes = list(map(add, compress(names, map(is_, keys, repeat(key))), repeat(".")))
+            picked = filter(None, compress(names, map(is_, keys, repeat(key))))
+            prefixes = list(map(add, picked, repeat(".")))
             for path in inner:
                 present.update(map(add, prefixes, repeat(path)))
-        added = dict.fromkeys(filterfalse(present.__contains__, fqns), default)
+        return self.with_added(dict.fromkeys(filterfalse(present.__contains__, fqns), default))
+
+    def with_added(self, added: dict[str, SourceLayout]) -> ByModule | None:
+        """These entries, then ``added`` (checked layouts of FQNs these lack, never to be
+        changed) as the root module's, after its own; ``None`` when a root module comes
+        before other modules (its entries would not come last)."""
         if not added:
             return self
-        with_root = dict(modules)
-        with_root[""] = added
+        if not self._root_last():
+            return None
+        root = self.inner("")
+        new_root = added if root is None else {**root, **added}
+        modules = dict(self._modules)
+        modules.pop("", None)
+        modules[""] = new_root  # last
         inner_of = dict(self._inner_of)
-        inner_of[id(added)] = (added, added)  # the entry holds added
-        return ByModule(with_root, inner_of, len(present) + len(added))
+        inner_of[id(new_root)] = (new_root, new_root)  # the entry holds new_root
+        length = None if self._len is None else self._len + len(added)
+        return ByModule(modules, inner_of, length)
+
+    def _root_last(self) -> bool:
+        """Whether the root module, if any, is the last module (its entries come last)."""
+        modules = self._modules
+        return "" not in modules or tuple(modules)[-1] == ""
+
+    def inner(self, module: str) -> Mapping[str, SourceLayout] | None:
+        """The layouts of ``module``'s parameter paths (``{"wq.weight": ...}``), or
+        ``None`` when the plan had no such module."""
+        key = self._modules.get(module)
+        return None if key is None else self._inner_of[id(key)][1]  # key held by modules
 
     def by_module(self) -> Iterator[tuple[str, Mapping[str, SourceLayout]]]:
         """``(module FQN, {param path: layout})`` in plan order."""

@@ -1522,9 +1522,9 @@ _EXTRA_FQNS = (
 )
 
 
-def _kept_table(kind: str, layers: int, root: bool) -> ParamLayoutTable:
+def _kept_table(kind: str, layers: int, root: str | None) -> ParamLayoutTable:
     """A table kept apart as ``build_table`` keeps it: ``by_module`` (with a root module
-    when ``root``) or ``listed``."""
+    ``root``: ``"first"`` or ``"last"`` of the modules) or ``listed``."""
     if kind == "listed":
         fqns = ["emb.weight", "head.weight"]
         fqns += [f"layers.{i}.{p}" for i in range(layers) for p in _LAYER_PARAMS]
@@ -1532,11 +1532,12 @@ def _kept_table(kind: str, layers: int, root: bool) -> ParamLayoutTable:
         table = build_table(plan, ["tp"], expert_axes=["ep", "tp"], fqns=fqns)
         assert type(table._items) is Listed
         return table
-    modules: dict[str, ModulePlan] = {}
+    scale = {"": ModulePlan({"scale": {"tp": Replicate()}})}
+    modules: dict[str, ModulePlan] = dict(scale) if root == "first" else {}
     for i in range(layers):
         modules.update(_layered(str(i)))
-    if root:
-        modules[""] = ModulePlan({"scale": {"tp": Replicate()}})
+    if root == "last":
+        modules.update(scale)
     table = build_table(
         ShardingPlan(modules, mesh_axes=["ep", "tp"]), ["tp"], expert_axes=["ep", "tp"]
     )
@@ -1547,12 +1548,12 @@ def _kept_table(kind: str, layers: int, root: bool) -> ParamLayoutTable:
 @given(
     kind=st.sampled_from(["by_module", "listed"]),
     layers=st.integers(1, 3),
-    root=st.booleans(),
+    root=st.sampled_from([None, "first", "last"]),
     plain=st.booleans(),
     data=st.data(),
 )
 def test_completing_a_table_kept_apart_reads_as_completing_it_spelled_out(
-    kind: str, layers: int, root: bool, plain: bool, data: st.DataObject
+    kind: str, layers: int, root: str | None, plain: bool, data: st.DataObject
 ) -> None:
     table = _kept_table(kind, layers, root)
     flat = ParamLayoutTable(dict(table.items()), tied=table.tied)
@@ -1576,7 +1577,7 @@ def test_completing_a_table_kept_apart_reads_as_completing_it_spelled_out(
             continue
         done = complete_default(table, fqns, ["tp"], plain=plain, tied_pairs=pairs)
         _reads_as(done, expected)
-        if not pairs and not (root and kind == "by_module"):
+        if not pairs and not (root == "first" and kind == "by_module"):
             assert type(done._items) is type(table._items)  # still kept apart
             if set(fqns) <= set(table):
                 assert done._items is table._items
@@ -1585,12 +1586,13 @@ def test_completing_a_table_kept_apart_reads_as_completing_it_spelled_out(
 @given(
     kind=st.sampled_from(["by_module", "listed"]),
     layers=st.integers(1, 3),
+    root=st.sampled_from([None, "first", "last"]),
     data=st.data(),
 )
 def test_tying_a_table_kept_apart_reads_as_tying_it_spelled_out(
-    kind: str, layers: int, data: st.DataObject
+    kind: str, layers: int, root: str | None, data: st.DataObject
 ) -> None:
-    table = _kept_table(kind, layers, root=False)
+    table = _kept_table(kind, layers, root)
     fqns = [*table, *_EXTRA_FQNS[:2]]
     groups = data.draw(
         st.lists(st.tuples(st.sampled_from(fqns), st.sampled_from(fqns)), max_size=3)
@@ -1613,7 +1615,7 @@ def test_tying_a_table_kept_apart_reads_as_tying_it_spelled_out(
 
 def test_an_untouched_table_kept_apart_stays_so_through_merge_tied() -> None:
     for kind in ("by_module", "listed"):
-        table = _kept_table(kind, 2, root=False)
+        table = _kept_table(kind, 2, root=None)
         same = merge_tied(table, [("layers.0.attn.wq.weight", "layers.1.attn.wq.weight")])
         assert same._items is table._items
         assert same.tied == (frozenset({"layers.0.attn.wq.weight", "layers.1.attn.wq.weight"}),)
@@ -1621,3 +1623,4 @@ def test_an_untouched_table_kept_apart_stays_so_through_merge_tied() -> None:
         added = merge_tied(table, [("emb.weight", "tied.weight")])
         assert list(added)[-1] == "tied.weight"
         assert added["tied.weight"] == table["emb.weight"]
+        assert type(added._items) is type(table._items)  # still kept apart

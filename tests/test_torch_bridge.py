@@ -34,6 +34,7 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
     build_table,
+    complete_default,
     compose_fsdp,
     format_placement,
     local_shape_and_offset,
@@ -268,6 +269,55 @@ def test_bind_finds_an_fqn_the_module_lacks_in_a_table_kept_by_module(
     assert type(table._items) is ByModule
     with pytest.raises(BindError, match=r"^ghost\.weight: unknown parameter FQN"):
         bind(table, make_model(), meshes)
+
+
+class _OwnWalk(ToyModel):
+    """A model whose class names its parameters itself: bind takes torch's walk."""
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        yield from super().named_parameters(prefix, recurse, remove_duplicate)
+
+
+@pytest.mark.parametrize("walk", ["ours", "torch's"])
+@pytest.mark.parametrize("shape", ["plan order", "reversed", "at the root", "completed"])
+def test_bind_of_a_table_kept_by_module_is_that_of_the_table_spelled_out(
+    meshes: dict[str, DeviceMesh], shape: str, walk: str
+) -> None:
+    torch.manual_seed(0)
+    model = ToyModel() if walk == "ours" else _OwnWalk()
+    modules = dict(make_plan().modules)
+    if shape == "reversed":
+        modules = dict(reversed(modules.items()))
+    elif shape == "at the root":  # every dense parameter by its whole FQN
+        dense = {
+            f"{m}.{p}": named
+            for m in ("emb", "layers.0", "layers.1")
+            for p, named in modules.pop(m).params.items()
+        }
+        modules = {"": ModulePlan(dense), **modules}
+    elif shape == "completed":
+        del modules["layers.1"]
+    # the tie adds the head (the plan does not name it) as the root module's, if it can
+    tied = [] if shape == "at the root" else [("emb.weight", "head.weight")]
+    plan = ShardingPlan(modules, mesh_axes=WORLD, tied_pairs=tied)
+    table = build_table(plan, DENSE, expert_axes=WORLD)
+    if shape == "completed":  # layers.1's parameters then live under the root module
+        names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+        table = complete_default(table, names, DENSE)
+        assert "" in table._items._modules  # type: ignore[attr-defined]
+    assert type(table._items) is ByModule
+    spelled = ParamLayoutTable(dict(table.items()), tied=table.tied)
+    ours, theirs = bind(table, model, meshes), bind(spelled, model, meshes)
+    assert dict(ours) == dict(theirs)
+    assert [b.fqn for b in ours.values()] == [b.fqn for b in theirs.values()]
+    assert len(ours) == len({id(p) for p in model.parameters()})
+    # an entry the model lacks, in a module it has, is found
+    ghost = {**modules, "layers.0.attn": ModulePlan({"ghost": {"tp": Shard(0)}})}
+    haunted = build_table(ShardingPlan(ghost, mesh_axes=WORLD), DENSE, expert_axes=WORLD)
+    with pytest.raises(BindError, match=r"^layers\.0\.attn\.ghost: unknown parameter FQN"):
+        bind(haunted, model, meshes)
 
 
 @pytest.mark.parametrize("order", ["module", "reversed"])

@@ -15,7 +15,7 @@ from torch.distributed.tensor import placement_types as tpt
 from layout_algebra._text import clip, did_you_mean
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError
-from layout_algebra.layout import Listed, ParamLayoutTable, SourceLayout
+from layout_algebra.layout import ByModule, Listed, ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Replicate, Shard, StridedShard, format_placement
 from layout_algebra.torch_bridge._checks import (
     check_meshes,
@@ -253,11 +253,18 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
     out = ParamBindings()
     drop, setdefault = out._drop, out._refs.setdefault  # the map is filled here, once
     get_slot = binder.by_id.get
-    entries = iter(table.items())
+    kept = table._items
+    by_module = kept if type(kept) is ByModule else None
+    # A table kept by module spells no FQN string to share: each is found in the inner
+    # map of the walked module (or, on a dotted path, by the whole FQN), never in step.
+    entries = iter(() if by_module is not None else table.items())
     next_fqn, next_layout = next(entries, _END)
     by_fqn: Mapping[str, SourceLayout] | None = None
+    inner: Mapping[str, SourceLayout] | None = None
     found = 0  # entries of the table found, in step or by hash
     for prefix, group in parameter_groups(module):
+        if by_module is not None:
+            inner = by_module.inner(prefix[:-1])  # the prefix is the module's FQN and a dot
         for name, param in group:
             if param is None:
                 continue
@@ -266,10 +273,15 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
                 fqn, layout = next_fqn, next_layout  # the table's string: the walk's is freed
                 next_fqn, next_layout = next(entries, _END)
             else:
-                if by_fqn is None:  # the table's own dict, or its listed entries' own
-                    items = table._items
-                    by_fqn = items.as_dict() if type(items) is Listed else items
-                looked_up = by_fqn.get(walked)
+                if by_module is not None:
+                    looked_up = inner.get(name) if inner is not None else None
+                    if looked_up is None:
+                        looked_up = by_module.get(walked)
+                elif by_fqn is None:  # the table's own dict, or its listed entries' own
+                    by_fqn = kept.as_dict() if type(kept) is Listed else kept
+                    looked_up = by_fqn.get(walked)
+                else:
+                    looked_up = by_fqn.get(walked)
                 if looked_up is None:
                     continue
                 fqn, layout = walked, looked_up

@@ -29,7 +29,16 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils.weak import WeakIdKeyDictionary
 
-from layout_algebra import ParamLayoutTable, Replicate, Shard, SourceLayout
+from layout_algebra import (
+    ModulePlan,
+    ParamLayoutTable,
+    Replicate,
+    Shard,
+    ShardingPlan,
+    SourceLayout,
+    build_table,
+)
+from layout_algebra.layout import ByModule
 from layout_algebra.layout import ParamLayoutTable as Table
 from layout_algebra.torch_bridge import Binding, bind
 from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups
@@ -111,6 +120,8 @@ class Scale:
     weakid: float
     floor: float
     shuffled_floor: float
+    by_module: float
+    by_module_reversed: float
 
 
 def measure(modules: int, repeats: int = REPEATS) -> Scale:
@@ -127,7 +138,18 @@ def measure(modules: int, repeats: int = REPEATS) -> Scale:
     random.Random(0).shuffle(names)
     shuffled = ParamLayoutTable({n: table[n] for n in names})
     del names
+    # The same table as a plan of the layers builds it: kept by module, in the module's
+    # order and in the reverse one.
+    kind = ModulePlan({"weight": {"tp": Shard(0)}, "bias": {"tp": Replicate()}})
+    order = [str(i) for i in range(modules)]
+    by_module, by_module_reversed = (
+        build_table(ShardingPlan(dict.fromkeys(keys, kind), mesh_axes=["tp"]), ["tp"])
+        for keys in (order, order[::-1])
+    )
+    assert type(by_module._items) is ByModule and type(by_module_reversed._items) is ByModule
+    assert by_module == by_module_reversed == table
     meshes = {"dense": mesh}
+    assert dict(bind(by_module, module, meshes)) == dict(bind(table, module, meshes))
     assert len(bind(table, module, meshes)) == len(bind(shuffled, module, meshes)) == len(table)
 
     weakid = bind_weakid(shuffled, module, meshes)
@@ -149,7 +171,17 @@ def measure(modules: int, repeats: int = REPEATS) -> Scale:
         ]
 
     best = dict.fromkeys(
-        ("named", "bind", "shuffled", "weakid", "floor", "shuffled_floor"), float("inf")
+        (
+            "named",
+            "bind",
+            "shuffled",
+            "weakid",
+            "floor",
+            "shuffled_floor",
+            "by_module",
+            "by_module_reversed",
+        ),
+        float("inf"),
     )
     for _ in range(repeats):  # interleaved, so every side sees the same machine
         best["named"] = min(
@@ -160,6 +192,10 @@ def measure(modules: int, repeats: int = REPEATS) -> Scale:
         best["weakid"] = min(best["weakid"], timed(lambda: bind_weakid(shuffled, module, meshes)))
         best["floor"] = min(best["floor"], timed(floor))
         best["shuffled_floor"] = min(best["shuffled_floor"], timed(shuffled_floor))
+        best["by_module"] = min(best["by_module"], timed(lambda: bind(by_module, module, meshes)))
+        best["by_module_reversed"] = min(
+            best["by_module_reversed"], timed(lambda: bind(by_module_reversed, module, meshes))
+        )
     return Scale(len(table), **best)
 
 
@@ -206,6 +242,12 @@ def run(*, quick: bool = False) -> None:
             f"{s.weakid / s.named:.2f}; "
             f"floor (the walk and a weak reference each) {s.floor / s.named:.2f}, shuffled "
             f"(and a lookup of each FQN) {s.shuffled_floor / s.named:.2f}"
+        )
+        print(
+            f"  the table kept by module (built from a plan of the layers): in module order "
+            f"{s.by_module * 1e3:.0f} ms, ratio {s.by_module / s.named:.2f}; in reverse "
+            f"order {s.by_module_reversed * 1e3:.0f} ms, ratio "
+            f"{s.by_module_reversed / s.named:.2f}"
         )
     print(
         f"  per-entry growth {small.params:,} -> {large.params:,}: bind {mine:.2f}, shuffled "
