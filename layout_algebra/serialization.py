@@ -419,6 +419,9 @@ def _param_shape(value: object, path: str) -> ParamShape:
     return _wrap(path, lambda: ParamShape(cast("list[int]", sizes), dtype), locate)
 
 
+_INT: Final = frozenset({int})
+
+
 def _shapes(value: object, path: str = "") -> FrozenMap[str, ParamShape]:
     doc = _object(value, path, _SHAPES_KEYS)
     _version(doc, path)
@@ -431,7 +434,12 @@ def _shapes(value: object, path: str = "") -> FrozenMap[str, ParamShape]:
         if not fqn:
             raise _fail(where, "a parameter FQN must be non-empty", fqn)
         key: tuple[object, ...] | None = None
-        if type(spec) is dict and spec.keys() == _SHAPE_KEYS and type(spec["shape"]) is list:
+        if (
+            type(spec) is dict
+            and spec.keys() == _SHAPE_KEYS
+            and type(spec["shape"]) is list
+            and set(map(type, spec["shape"])) <= _INT  # true and 1.0 equal 1, but are no size
+        ):
             key = (spec["dtype"], *spec["shape"])
             try:
                 hash(key)

@@ -607,6 +607,17 @@ def test_shapes_built_lazily_are_written_each_as_itself() -> None:
         ({"w": {"shape": [4]}}, 'params["w"].dtype', "missing field"),
         ({"": {"shape": [4], "dtype": "float32"}}, 'params[""]', "non-empty"),
         ({"w": [4]}, 'params["w"]', "JSON object"),
+        # after an equal good entry (1 == true == 1.0): still no size
+        (
+            {"v": {"shape": [1], "dtype": "bfloat16"}, "w": {"shape": [True], "dtype": "bfloat16"}},
+            'params["w"].shape[0]',
+            "an int",
+        ),
+        (
+            {"v": {"shape": [2], "dtype": "bfloat16"}, "w": {"shape": [2.0], "dtype": "bfloat16"}},
+            'params["w"].shape[0]',
+            "an int",
+        ),
     ],
 )
 def test_bad_shapes_documents(params: dict[str, Any], path: str, words: str) -> None:
