@@ -306,7 +306,12 @@ def _index_shapes(path: Path) -> dict[str, ParamShape]:
         )
     files: dict[str, list[str]] = {}
     for name, file in weight_map.items():
-        if not isinstance(file, str) or Path(file).name != file or file in {"", ".", ".."}:
+        if (
+            not isinstance(file, str)
+            or "\0" in file
+            or Path(file).name != file
+            or file in {"", ".", ".."}
+        ):
             raise _fail(
                 where,
                 f"weight_map[{clip(name)!r}] = {quote(file)} is not a file name "

@@ -249,6 +249,7 @@ def index(tmp_path: Path, weight_map: object) -> Path:
         ({"w": "../secret.safetensors"}, "is not a file name beside the index"),
         ({"w": "/etc/passwd"}, "is not a file name beside the index"),
         ({"w": 7}, "is not a file name beside the index"),
+        ({"w": "a\0.safetensors"}, "is not a file name beside the index"),
         ({"w": "a.safetensors", "v": "a.safetensors"}, "has no tensor 'v'"),
         ({}, "holds 'w', which weight_map does not place there"),
         ([], "no 'weight_map' object"),
