@@ -842,6 +842,10 @@ def test_not_a_transformers_model() -> None:
     model.all_tied_weights_keys = {"head.weight": "probe.weight"}
     with pytest.raises(PlanError, match=r"'head.weight' is not a parameter of the model"):
         plan_from_hf(model, ep_axis=None, mesh_axes=["tp"])
+    for odd in (["probe.weight"], {"probe.weight": 1}, None):
+        model.all_tied_weights_keys = {"probe.weight": odd}  # type: ignore[dict-item]
+        with pytest.raises(PlanError, match=r"must map parameter names to parameter names"):
+            plan_from_hf(model, ep_axis=None, mesh_axes=["tp"])
 
 
 @pytest.mark.parametrize(

@@ -528,6 +528,13 @@ def _tie_again(root: nn.Module, placer: _Placer, problems: Problems) -> list[tup
         problems.add(f"model.all_tied_weights_keys must map names to names, got {quote(raw_tied)}")
         return tied
     for target, source in raw_tied.items():
+        if type(target) is not str or type(source) is not str:
+            msg = (
+                f"model.all_tied_weights_keys must map parameter names to parameter names, "
+                f"but maps {quote(target)} to {quote(source)}; fix the model's tied weights"
+            )
+            problems.add(msg, fqn=target if type(target) is str else None)
+            continue
         missing = [n for n in (target, source) if n not in placer.params]
         if missing:
             msg = (
