@@ -30,6 +30,7 @@ from layout_algebra.frozen import FrozenMap, frozen_map_of, getter
 from layout_algebra.geometry import (
     MAX_NDIM,
     MAX_TENSOR_SIZE,
+    MAX_WORLD,
     FsdpAxes,
     as_role_sizes,
     as_sizes,
@@ -38,6 +39,7 @@ from layout_algebra.geometry import (
     local_shape_and_offset,
     plan_error,
     size_of,
+    world_size,
 )
 from layout_algebra.layout import ByModule, ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
@@ -53,7 +55,7 @@ __all__ = [
     "reshard_plan",
 ]
 
-MAX_RANKS: Final = 2**20
+MAX_RANKS: Final = MAX_WORLD
 """The most ranks a layout's mesh or a destination world may have here: enough for any
 real run, and a bound on the work (``dcp_chunks`` and ``reshard_plan`` visit each rank)."""
 
@@ -802,21 +804,15 @@ def reshard_plan(
     if fsdp is not None:
         src = compose_table(src, fsdp=fsdp, mesh_sizes=src_roles, shard_dim=shard_dim)
         dst = compose_table(dst, fsdp=fsdp, mesh_sizes=dst_roles, shard_dim=shard_dim)
-    world_size = math.prod(next(iter(dst_roles.values())).values())
-    if world_size > MAX_RANKS:
-        msg = (
-            f"dst_sizes lay out {world_size:,} ranks, more than the {MAX_RANKS:,} this plans "
-            "for; check the mesh sizes"
-        )
-        raise LayoutError(msg)
-    planner = _Planner(src_roles, dst_roles, world_size)
+    ranks = world_size(dst_roles, "dst_sizes")
+    planner = _Planner(src_roles, dst_roles, ranks)
     fqns, kinds, problems = _plan_all(planner, src, dst, shapes)
     if problems:
         raise plan_error("the reshard", problems)
     # Per parameter at C speed: a few patterns stand for a million parameters.
     counts = Counter(map(id, kinds))
     unique = dict(zip(map(id, kinds), kinds, strict=True))  # holds every pattern it names
-    bytes_read = [0] * world_size
+    bytes_read = [0] * ranks
     for key, count in counts.items():
         for rank, n in enumerate(unique[key].bytes):
             bytes_read[rank] += count * n

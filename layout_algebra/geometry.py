@@ -544,6 +544,28 @@ def _world_size(sizes: Mapping[str, int]) -> int:
     return math.prod(sizes.values())
 
 
+MAX_WORLD: Final = 2**20
+"""The most ranks a world may have where the work is per rank (``lint``, ``dcp_chunks``,
+``reshard_plan``): enough for any real run, and a bound on that work."""
+
+
+def world_size(roles: Mapping[str, Mapping[str, int]], arg: str) -> int:
+    """The number of ranks of the world ``roles`` lay out (checked by ``as_role_sizes``,
+    at least one role), at most ``MAX_WORLD``.
+
+    Raises:
+        LayoutError: naming ``arg``, a world of more ranks.
+    """
+    n = _world_size(next(iter(roles.values())))
+    if n > MAX_WORLD:
+        msg = (
+            f"{arg} lay out {n:,} ranks, more than the {MAX_WORLD:,} this plans for; check "
+            "the mesh sizes"
+        )
+        raise LayoutError(msg)
+    return n
+
+
 def as_role_sizes(mesh_sizes: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
     """``mesh_sizes`` checked: role -> sizes by axis, every role's mesh spanning one world.
 

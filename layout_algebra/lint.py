@@ -44,6 +44,7 @@ from layout_algebra.geometry import (
     local_runs,
     plan_error,
     split_fsdp,
+    world_size,
 )
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard, format_placement
@@ -672,6 +673,7 @@ def lint(
     if not sizes:
         msg = "mesh_sizes names no mesh role; give {'dense': {'dp_shard': 8}, ...}"
         raise LayoutError(msg)
+    world_size(sizes, "mesh_sizes")  # each rank is examined
     roles: dict[str, tuple[tuple[AxisName, ...], AxisName]] | None = None
     default_dim, dims = 0, dict[str, int]()
     if fsdp is not None:

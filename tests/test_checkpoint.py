@@ -45,6 +45,7 @@ from layout_algebra import (
     StridedShard,
     build_table,
     complete_default,
+    lint,
     local_shape_and_offset,
 )
 from layout_algebra.checkpoint import (
@@ -589,7 +590,9 @@ def test_the_command_line_names_what_is_missing(
     assert main(["reshard", train, serve, "--mesh", "tp=4", "--to-mesh", "tp=4"]) == 2
 
 
-def test_work_is_bounded_by_the_ranks_a_world_has() -> None:
+def test_work_is_bounded_by_the_ranks_a_world_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     huge = {"a": 2**20, "b": 2**20}
     layout = SourceLayout("dense", ["a", "b"], [S0, S1])
     with pytest.raises(LayoutError, match="more than the 1,048,576"):
@@ -603,6 +606,16 @@ def test_work_is_bounded_by_the_ranks_a_world_has() -> None:
             src_sizes={"dense": {"a": 2}},
             dst_sizes={"dense": huge},
         )
+    # lint examines every rank too: each axis within bounds, the world not
+    shapes = {"w": ParamShape((4,), "float32")}
+    with pytest.raises(LayoutError, match="mesh_sizes lay out 1,099,511,627,776 ranks"):
+        lint(table, shapes, mesh_sizes={"dense": huge})
+    (tmp_path / "t.json").write_text(to_json(table))
+    (tmp_path / "s.json").write_text(shapes_to_json(shapes))
+    argv = ["lint", str(tmp_path / "t.json"), "--shapes", str(tmp_path / "s.json")]
+    assert main([*argv, "--mesh", "a=1048576,b=1048576"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ranks, more than the 1,048,576" in err
 
 
 # --- tables kept by module ------------------------------------------------------------
