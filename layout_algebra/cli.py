@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TextIO
 
-from layout_algebra._text import clip, columns, did_you_mean, escape
+from layout_algebra._text import clip, columns, did_you_mean, escape, quote
 from layout_algebra.algebra import build_table, diff
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisName, as_axis, check_distinct_axes
 from layout_algebra.checkpoint import reshard_plan
@@ -993,6 +993,15 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     """The parsed arguments, or the exit status of a usage error (2) or of ``--help``."""
+    raw: object = argv
+    if raw is not None and (
+        not isinstance(raw, Sequence)
+        or isinstance(raw, str | bytes)
+        or not all(type(a) is str and "\0" not in a for a in raw)
+    ):  # only a caller in Python can pass these
+        what = f"the arguments must be a sequence of strings without NUL, got {quote(raw)}"
+        _say(sys.stderr, f"{PROG}: {escape(what)}")
+        return 2
     try:
         return _parser().parse_args(argv)
     except SystemExit as e:  # argparse exits on usage errors (2) and after --help (0)

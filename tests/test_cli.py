@@ -810,3 +810,15 @@ def test_demo_json_is_the_demo_table() -> None:
     _, table = demo_model_and_table()
     assert from_json(done.stdout) == table
     assert table.tied == (frozenset({"tok_embeddings.weight", "output.weight"}),)
+
+
+@pytest.mark.parametrize(
+    "argv", [["show", None], ["show", "t\0.json"], ["check", "p.json", "--mesh", None], 0, "show"]
+)
+def test_arguments_a_shell_cannot_pass_are_a_usage_error(
+    argv: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2  # type: ignore[arg-type]  # wrong on purpose
+    err = capsys.readouterr().err
+    assert err.startswith("layout-algebra: the arguments must be a sequence of strings")
+    assert err.count("\n") == 1
