@@ -73,6 +73,10 @@ def as_axis(axis: AxisLike) -> AxisName:
     return found
 
 
+MAX_AXES: Final = 256
+"""The most axes one list may name (a mesh has a handful; a run's vocabulary, tens)."""
+
+
 def as_axes(axes: Iterable[AxisLike], arg: str = "axes") -> tuple[AxisName, ...]:
     """``axes`` as a tuple of ``AxisName``, order kept (the converter of layout fields).
 
@@ -80,7 +84,10 @@ def as_axes(axes: Iterable[AxisLike], arg: str = "axes") -> tuple[AxisName, ...]
         LayoutError: naming ``arg``: a bare string, something not iterable, or an item
             that is not an identifier.
     """
-    items = as_items(axes, arg, "('dp_shard', 'tp')")
+    items = as_items(axes, arg, "('dp_shard', 'tp')", limit=MAX_AXES)
+    if len(items) > MAX_AXES:
+        msg = f"{arg} names more than {MAX_AXES} axes; a mesh has a handful, check the list"
+        raise LayoutError(msg)
     try:
         return tuple(as_axis(a) for a in items)
     except LayoutError as e:

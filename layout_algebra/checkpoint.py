@@ -23,6 +23,7 @@ from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
 
+from layout_algebra._args import as_items
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
@@ -68,7 +69,7 @@ def _as_ints(values: Iterable[int]) -> tuple[int, ...]:
     if isinstance(raw, str) or not isinstance(raw, Iterable):
         msg = f"expected a sequence of ints such as (0, 4), got {quote(values)}"
         raise LayoutError(msg)
-    out = tuple(values)
+    out = as_items(values, "offsets and sizes", "(0, 4)", limit=MAX_NDIM)
     if len(out) > MAX_NDIM or any(type(v) is not int or not 0 <= v <= MAX_TENSOR_SIZE for v in out):
         msg = f"expected at most {MAX_NDIM} ints from 0 to 2**63 - 1, got {quote(values)}"
         raise LayoutError(msg)

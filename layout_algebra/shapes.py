@@ -17,6 +17,7 @@ from typing import Final
 
 import attrs
 
+from layout_algebra._args import as_items
 from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.frozen import FrozenMap
@@ -133,9 +134,10 @@ def _as_shape(value: Iterable[int]) -> tuple[int, ...]:
     if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
         msg = f"a shape is a sequence of sizes such as (4096, 1024), got {quote(raw)}"
         raise LayoutError(msg)
-    shape = tuple(raw)
+    shape = as_items(value, "a shape", "(4096, 1024)", limit=MAX_NDIM)  # more are refused
     if len(shape) >= MAX_NDIM:
-        msg = f"a shape has fewer than {MAX_NDIM} dims, got {len(shape)}; check the shape"
+        got = len(shape) if len(shape) == MAX_NDIM else f"more than {MAX_NDIM}"
+        msg = f"a shape has fewer than {MAX_NDIM} dims, got {got}; check the shape"
         raise LayoutError(msg)
     for n in shape:
         if type(n) is not int or n < 0:

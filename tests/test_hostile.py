@@ -14,6 +14,7 @@ import functools
 import gc
 import importlib
 import inspect
+import itertools
 import json
 import pickle
 import re
@@ -756,3 +757,36 @@ def test_geometry_work_is_bounded() -> None:
     huge = local_shape_and_offset((2**63 - 1,), LAYOUT, {"tp": 2}, {"tp": 1})
     assert huge == ((2**62 - 1,), (2**62,))
     assert sys.maxsize == 2**63 - 1
+
+
+def _raises_midway() -> Iterator[int]:
+    yield 1
+    raise TypeError("the caller's generator broke")
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: strip(map(str, itertools.count())), "axes names more than 256 axes"),
+        (lambda: SourceLayout("dense", itertools.repeat("tp"), [Shard(0)]), "more than 256 axes"),
+        (
+            lambda: build_table(ShardingPlan({}, mesh_axes=["tp"]), itertools.repeat("tp")),
+            "dense_axes",
+        ),
+        (lambda: layout_algebra.ParamShape(itertools.count(1), "float32"), "got more than 64"),
+        (
+            lambda: layout_algebra.ParamShape(_raises_midway(), "float32"),
+            "a shape could not be read",
+        ),
+        (lambda: layout_algebra.Chunk(range(10**18), (4,)), "at most 64 ints"),
+        (
+            lambda: layout_algebra.Chunk(_raises_midway(), (4,)),
+            "offsets and sizes could not be read",
+        ),
+    ],
+)
+def test_an_endless_or_failing_iterable_of_dims_or_axes_is_a_layout_error(
+    make: Callable[[], object], words: str
+) -> None:
+    with pytest.raises(LayoutError, match=words):
+        make()
