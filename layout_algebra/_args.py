@@ -4,20 +4,27 @@
 FQNs, tied pairs, owned axes) is turned into a tuple. A bare ``str`` is refused (it
 would be iterated as characters: ``owned="dp"`` as ``{'d', 'p'}``), and so is anything
 that is not iterable, each with a ``LayoutError`` naming the argument.
+
+``mapping_items(value, arg, example)`` is its counterpart for a mapping argument (mesh
+sizes, named placements, a plan's modules, a table's entries): its items, read once,
+whatever the mapping raises while it is read becoming a ``LayoutError`` naming the
+argument (the mapping's own exception is its ``__cause__``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from itertools import islice
 from typing import TypeVar
 
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
 
-__all__ = ["as_items"]
+__all__ = ["as_items", "mapping_items"]
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 def as_items(
@@ -29,7 +36,7 @@ def as_items(
 
     Raises:
         LayoutError: ``value`` is a ``str`` or ``bytes``, is not iterable, or raises while
-            it is read.
+            it is read (the caller's exception is its ``__cause__``).
     """
     raw: object = value
     if isinstance(raw, str | bytes):
@@ -49,5 +56,36 @@ def as_items(
         raise
     except Exception as e:
         msg = f"{arg} could not be read as a collection such as {example}: {quote(e)}"
-        raise LayoutError(msg) from None
+        raise LayoutError(msg) from e
     return items
+
+
+def mapping_items(
+    value: Mapping[K, V],
+    arg: str,
+    example: str,
+    *,
+    error: Callable[[str], LayoutError] = LayoutError,
+) -> Collection[tuple[K, V]]:
+    """The items of ``value``, a mapping argument (its caller has checked it is one), read once.
+
+    An exact ``dict`` gives its own ``items()`` view (nothing is copied, nothing can
+    fail). Any other mapping is read into a list, in its order, each value fetched once
+    (a mapping that builds its values on access builds each once), so the items are read
+    before anything is done with them and never again: its ``items()``, its iteration,
+    and its ``__getitem__`` of the keys it iterated. ``arg`` and ``example`` shape the
+    message, ``error`` makes the error (a ``LayoutError`` subclass of the caller's).
+
+    Raises:
+        LayoutError: from ``error``: the mapping raised while it was read (its exception
+            is the error's ``__cause__``; a ``LayoutError`` it raises passes untouched).
+    """
+    if type(value) is dict:
+        return value.items()
+    try:
+        return list(iter(value.items()))  # not sized by len(value): only read
+    except LayoutError:
+        raise
+    except Exception as e:
+        msg = f"{arg} could not be read as a mapping such as {example}: {quote(e)}"
+        raise error(msg) from e

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, filterfalse, repeat
 from operator import is_not
-from typing import Final, TypeAlias, cast
+from typing import Final, TypeAlias, TypeVar, cast
 
 import attrs
 
-from layout_algebra._args import as_items
+from layout_algebra._args import as_items, mapping_items
 from layout_algebra._patterns import Matcher, Rule, is_pattern
 from layout_algebra._text import clip, quote, suggest
 from layout_algebra.axes import (
@@ -71,6 +71,8 @@ __all__ = [
     "resolve",
     "strip",
 ]
+
+T = TypeVar("T")
 
 _REPLICATE: Final = Replicate()
 _MAX_LISTED: Final = 50
@@ -948,8 +950,25 @@ def _resolve_one(
 # diff
 
 
-def _layouts(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:
-    out = FrozenMap(value)
+def _read(value: Mapping[str, T], arg: str, example: str) -> Mapping[str, T]:
+    """``value`` itself when a ``dict``, a ``FrozenMap`` or no mapping at all (``FrozenMap``
+    refuses it), else its items read once into a dict."""
+    raw: object = value
+    if type(raw) is dict or type(raw) is FrozenMap or not isinstance(raw, Mapping):
+        return value
+    return dict(mapping_items(value, arg, example))
+
+
+def _added(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:
+    return _layouts(value, "added")
+
+
+def _removed(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:
+    return _layouts(value, "removed")
+
+
+def _layouts(value: Mapping[str, SourceLayout], arg: str) -> FrozenMap[str, SourceLayout]:
+    out = FrozenMap(_read(value, arg, "{'w': SourceLayout('dense', ['tp'], [Shard(0)])}"))
     for fqn, layout in out.items():
         raw: object = layout
         if not isinstance(raw, SourceLayout):
@@ -961,7 +980,7 @@ def _layouts(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:
 def _changes(
     value: Mapping[str, tuple[SourceLayout, SourceLayout]],
 ) -> FrozenMap[str, tuple[SourceLayout, SourceLayout]]:
-    out = FrozenMap(value)
+    out = FrozenMap(_read(value, "changed", "{'w': (old_layout, new_layout)}"))
     for fqn, change in out.items():
         raw: object = change
         if not (
@@ -990,8 +1009,8 @@ class TableDiff:
     ``changed`` gives ``(old, new)``; ``tied_added``/``tied_removed`` the storage groups.
     """
 
-    added: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
-    removed: FrozenMap[str, SourceLayout] = attrs.field(converter=_layouts)
+    added: FrozenMap[str, SourceLayout] = attrs.field(converter=_added)
+    removed: FrozenMap[str, SourceLayout] = attrs.field(converter=_removed)
     changed: FrozenMap[str, tuple[SourceLayout, SourceLayout]] = attrs.field(converter=_changes)
     tied_added: tuple[frozenset[str], ...] = attrs.field(
         default=(), converter=_tied_added, repr=groups_repr

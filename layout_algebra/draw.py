@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
+from layout_algebra._args import mapping_items
 from layout_algebra._text import clip, columns, escape, quote
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.errors import LayoutError
@@ -175,7 +176,7 @@ def _check_args(
         msg = f"draw: mesh_sizes must map axis names to sizes, got {quote(mesh_sizes)}"
         raise LayoutError(msg)
     sizes: dict[str, int] = {}
-    for axis, n in mesh_sizes.items():
+    for axis, n in mapping_items(mesh_sizes, "draw: mesh_sizes", "{'dp_shard': 2, 'tp': 2}"):
         if not isinstance(axis, str) or type(n) is not int or n < 1:
             msg = (
                 f"draw: mesh_sizes must map axis names to sizes >= 1, got {quote(axis)}: "

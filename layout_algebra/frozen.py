@@ -13,6 +13,7 @@ from typing import Generic, TypeVar, overload
 
 import attrs
 
+from layout_algebra._args import mapping_items
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
 
@@ -99,10 +100,14 @@ def getter(mapping: Mapping[K, V]) -> Callable[[K], V | None]:
 
 def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
     raw: object = items
+    if type(raw) is dict:
+        return dict(raw)
+    if type(raw) is FrozenMap:
+        return dict(raw._items)
     if not isinstance(raw, Mapping):
         msg = f"a FrozenMap is made from a mapping such as {{'tp': 2}}, got {quote(raw)}"
         raise LayoutError(msg)
-    return dict(items)
+    return dict(mapping_items(items, "a FrozenMap's items", "{'tp': 2}"))
 
 
 @attrs.frozen(eq=False, repr=False)

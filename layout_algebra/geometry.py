@@ -18,6 +18,7 @@ from typing import Final, TypeAlias, assert_never
 
 import attrs
 
+from layout_algebra._args import mapping_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import (
     FSDP_OWNED_AXES,
@@ -102,7 +103,7 @@ def as_sizes(values: Mapping[str, int], what: str, floor: int = 1) -> dict[str, 
         msg = f"{what} must map axis name to int, such as {{'tp': 2}}, got {quote(raw)}"
         raise LayoutError(msg)
     out: dict[str, int] = {}
-    for key, value in values.items():
+    for key, value in mapping_items(values, what, "{'tp': 2}"):
         try:
             name = axis_str(key)
         except LayoutError as e:
@@ -581,7 +582,7 @@ def as_role_sizes(mesh_sizes: Mapping[str, Mapping[str, int]]) -> dict[str, dict
         )
         raise LayoutError(msg)
     out: dict[str, dict[str, int]] = {}
-    for role, sizes in mesh_sizes.items():
+    for role, sizes in mapping_items(mesh_sizes, "mesh_sizes", "{'dense': {'tp': 2}}"):
         key: object = role
         if not isinstance(key, str) or not key:
             msg = f"mesh_sizes keys are mesh roles such as 'dense', got {quote(role)}"
@@ -614,7 +615,7 @@ def as_fsdp_axes(
         )
         raise LayoutError(msg)
     out: dict[str, tuple[tuple[AxisName, ...], AxisName]] = {}
-    for role, value in fsdp.items():
+    for role, value in mapping_items(fsdp, "fsdp", "{'dense': 'dp_shard'}"):
         item: object = value
         if isinstance(item, str | AxisName):
             out[role] = ((), as_axis(item))
@@ -648,7 +649,7 @@ def as_shard_dims(
         _check_shard_dim(shard_dim)
         return shard_dim, {}
     by_fqn: dict[str, int] = {}
-    for fqn, dim in shard_dim.items():
+    for fqn, dim in mapping_items(shard_dim, "shard_dim", "{'experts.w1': 1}"):
         if fqn not in fqns:
             msg = (
                 f"shard_dim names {quote(fqn)}, which is not a parameter of the table; give dims "

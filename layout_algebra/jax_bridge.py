@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias, assert_never
 
+from layout_algebra._args import as_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
@@ -308,13 +309,14 @@ def from_partition_spec(
     if sizes is None:
         msg = "mesh_sizes must map axis name to int, such as {'tp': 2}, got None"
         raise LayoutError(msg)
+    entries = as_items(spec, "spec", "('tp', None)")  # read once
     placements: dict[AxisName, Placement] = {}
-    for dim, entry in enumerate(spec):
+    for dim, entry in enumerate(entries):
         names = _entry_axes(entry, dim)
         for i, axis in enumerate(names):
             if axis in placements or axis in names[:i]:
                 msg = (
-                    f"PartitionSpec {quote(tuple(spec))} names axis {quote(axis.name)} "
+                    f"PartitionSpec {quote(entries)} names axis {quote(axis.name)} "
                     "twice; an axis splits at most one dim once"
                 )
                 raise LayoutError(msg, axis=axis.name)

@@ -22,7 +22,7 @@ from typing import ClassVar, Final, TypeVar, overload
 
 import attrs
 
-from layout_algebra._args import as_items
+from layout_algebra._args import as_items, mapping_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
@@ -503,7 +503,7 @@ def _check_entries(entries: Mapping[str, SourceLayout]) -> Mapping[str, SourceLa
         raise LayoutError(msg)
     checked: dict[str, SourceLayout] = {}
     seen: set[SourceLayout] = set()  # by value: a lazily built mapping may free each layout
-    for fqn, layout in entries.items():
+    for fqn, layout in mapping_items(entries, "a table's entries", "{'wq.weight': layout}"):
         if not is_fqn(fqn):
             msg = f"entries: a parameter FQN must be a non-empty string, got {quote(fqn)}"
             raise LayoutError(msg)
@@ -723,5 +723,5 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
             msg = f"entries must map FQN to SourceLayout, got {quote(raw)}"
             raise LayoutError(msg)
         merged = dict(self._items.items())
-        merged.update(entries.items())
+        merged.update(mapping_items(entries, "entries", "{'wq.weight': layout}"))
         return ParamLayoutTable(merged, tied=self.tied, dropped=self.dropped)

@@ -27,6 +27,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
+from layout_algebra._args import mapping_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
@@ -556,14 +557,19 @@ def _uneven_note(
 # the whole table
 
 
-def _check_shapes(shapes: Mapping[str, ParamShape]) -> None:
+def _check_shapes(shapes: Mapping[str, ParamShape]) -> Mapping[str, ParamShape]:
+    """``shapes`` itself when a ``dict`` or a ``FrozenMap``, else its items read once into
+    a dict (every lookup, count and pass of the lint then reads that)."""
     raw: object = shapes
+    if type(raw) is dict or type(raw) is FrozenMap:
+        return shapes
     if not isinstance(raw, Mapping):
         msg = (
             "shapes must map parameter FQN to ParamShape (shapes_from_module, "
             f"shapes_from_safetensors), got {quote(raw)}"
         )
         raise LayoutError(msg)
+    return dict(mapping_items(shapes, "shapes", "shapes_from_module(model)"))
 
 
 def _check_shape(fqn: str, value: object) -> ParamShape:
@@ -668,7 +674,7 @@ def lint(
     if not isinstance(raw, ParamLayoutTable):
         msg = f"table must be a ParamLayoutTable, got {quote(raw)}"
         raise LayoutError(msg)
-    _check_shapes(shapes)
+    shapes = _check_shapes(shapes)
     sizes = as_role_sizes(mesh_sizes)
     if not sizes:
         msg = "mesh_sizes names no mesh role; give {'dense': {'dp_shard': 8}, ...}"

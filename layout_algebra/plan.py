@@ -12,7 +12,7 @@ from typing import Final, Protocol, Self
 
 import attrs
 
-from layout_algebra._args import as_items
+from layout_algebra._args import as_items, mapping_items
 from layout_algebra._patterns import WILDCARD
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
@@ -79,7 +79,17 @@ def as_named(param: str, named: NamedLike) -> NamedPlacements:
         )
         raise LayoutError(msg, fqn=param)
     out: dict[str, Placement] = {}
-    for axis, placement in named.items():
+    items = (
+        named.items()
+        if type(raw) is dict
+        else mapping_items(
+            raw,
+            f"{clip(param)}: named placements",
+            "{'tp': Shard(0)}",
+            error=lambda msg: LayoutError(msg, fqn=param),
+        )
+    )
+    for axis, placement in items:
         try:
             name = axis_str(axis)
         except LayoutError as e:
@@ -212,7 +222,8 @@ def _as_params(params: Mapping[str, NamedLike]) -> tuple[ModuleParams, _Kind | N
     # lives: a lazily built mapping may free each dict after handing it out.
     converted: dict[int, tuple[object, NamedPlacements]] = {}
     out: dict[str, NamedPlacements] = {}
-    for path, named in params.items():
+    example = "{'wq.weight': {'tp': Shard(0)}}"
+    for path, named in mapping_items(params, "a module plan's params", example):
         if not _is_path(path):
             msg = (
                 f"parameter path {quote(path)} must be a non-empty dotted name such as "
@@ -300,13 +311,14 @@ def _is_module_fqn(name: object) -> bool:
     return type(name) is str and (not name or _segments_ok(name))
 
 
-def _check_modules(modules: Mapping[str, ModulePlan]) -> None:
-    """Every key of ``modules`` a module FQN and every value a ``ModulePlan``.
+def _check_modules(modules: Iterable[tuple[str, ModulePlan]]) -> None:
+    """Every key of ``modules`` (a plan's modules' items) a module FQN and every value a
+    ``ModulePlan``.
 
     Raises:
         LayoutError: naming the first key or value that is not.
     """
-    for fqn, spec in modules.items():
+    for fqn, spec in modules:
         if not _is_module_fqn(fqn):
             msg = (
                 f"module FQN {quote(fqn)} must be a dotted name ('' for the root module; a "
@@ -329,8 +341,10 @@ def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]
     if not isinstance(raw, Mapping):
         msg = f"a plan's modules must map module FQNs to ModulePlan, got {quote(raw)}"
         raise LayoutError(msg)
-    _check_modules(modules)  # before it is copied: a lazily built mapping is read once
-    return FrozenMap(modules)
+    # Read once, checked, then copied: a lazily built mapping is read once.
+    items = mapping_items(modules, "a plan's modules", "{'attn': ModulePlan(...)}")
+    _check_modules(items)
+    return frozen_map_of(dict(items))
 
 
 @attrs.frozen
@@ -394,7 +408,7 @@ def _index_of(modules: dict[str, ModulePlan]) -> _Index:
         and not joined.endswith(".")
         and all(type(spec) is ModulePlan for spec in kinds)
     ):
-        _check_modules(modules)  # raises, or passes keys with '*' and subclasses
+        _check_modules(modules.items())  # raises, or passes keys with '*' and subclasses
     distinct = {id(spec.params): spec.params for spec in kinds}  # kinds hold them
     patterns = WILDCARD in joined or any(WILDCARD in "\0".join(p) for p in distinct.values())
     nested = not patterns and _nested(modules, joined, kinds)

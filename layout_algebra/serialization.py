@@ -35,6 +35,7 @@ from typing import Any, Final, TypeVar, cast
 
 import cattrs
 
+from layout_algebra._args import mapping_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
@@ -556,13 +557,13 @@ def _shape_obj(shape: ParamShape) -> dict[str, object]:
     return {"shape": list(shape.shape), "dtype": shape.dtype}
 
 
-def _shapes_obj(shapes: Mapping[str, ParamShape]) -> dict[str, object]:
-    """A shapes document: the one place its envelope is written."""
+def _shapes_obj(shapes: Iterable[tuple[str, ParamShape]]) -> dict[str, object]:
+    """A shapes document of the shapes' items: the one place its envelope is written."""
     # Models repeat a few shapes: each equal one is written once (by value, so a mapping
     # that builds its values afresh, freeing each after use, cannot recycle a key).
     cache: dict[ParamShape, dict[str, object]] = {}
     params: dict[str, object] = {}
-    for fqn, shape in shapes.items():
+    for fqn, shape in shapes:
         obj = cache.get(shape)
         if obj is None:
             obj = cache[shape] = _shape_obj(shape)
@@ -819,12 +820,22 @@ def shapes_to_json(shapes: Mapping[str, ParamShape]) -> str:
         SerializationError: ``shapes`` is not a mapping from FQN to ``ParamShape``.
     """
     raw: object = shapes
-    if not isinstance(raw, Mapping) or not all(
-        isinstance(k, str) and k and isinstance(v, ParamShape) for k, v in raw.items()
+    items = (
+        mapping_items(
+            raw,
+            "shapes_to_json: shapes",
+            "{'w': ParamShape((8, 4), 'bfloat16')}",
+            error=lambda text: SerializationError(text, path="$"),
+        )
+        if isinstance(raw, Mapping)
+        else None
+    )
+    if items is None or not all(
+        isinstance(k, str) and k and isinstance(v, ParamShape) for k, v in items
     ):
         msg = f"shapes_to_json takes a mapping from FQN to ParamShape, got {quote(raw)}"
         raise SerializationError(msg, path="$")
-    return _lay_out(_shapes_obj(shapes), _SHAPES_SPREAD)
+    return _lay_out(_shapes_obj(items), _SHAPES_SPREAD)
 
 
 def shapes_from_json(text: str | bytes) -> Mapping[str, ParamShape]:

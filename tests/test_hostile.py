@@ -22,7 +22,7 @@ import struct
 import sys
 import tempfile
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -764,6 +764,11 @@ def _raises_midway() -> Iterator[int]:
     raise TypeError("the caller's generator broke")
 
 
+def _spec_raising_midway() -> Iterator[str]:
+    yield "tp"
+    raise TypeError("the caller's generator broke")
+
+
 @pytest.mark.parametrize(
     ("make", "words"),
     [
@@ -783,6 +788,12 @@ def _raises_midway() -> Iterator[int]:
             lambda: layout_algebra.Chunk(_raises_midway(), (4,)),
             "offsets and sizes could not be read",
         ),
+        (
+            lambda: layout_algebra.from_partition_spec(
+                _spec_raising_midway(), mesh="dense", axes=["tp"], mesh_sizes={"tp": 2}
+            ),
+            "spec could not be read",
+        ),
     ],
 )
 def test_an_endless_or_failing_iterable_of_dims_or_axes_is_a_layout_error(
@@ -790,3 +801,327 @@ def test_an_endless_or_failing_iterable_of_dims_or_axes_is_a_layout_error(
 ) -> None:
     with pytest.raises(LayoutError, match=words):
         make()
+
+
+# --- a mapping that fails while it is read ------------------------------------------------
+
+
+class _Failing(Mapping[str, object]):
+    """A mapping of ``data`` whose ``items()`` and ``__getitem__`` raise; ``raised`` is the
+    last exception it raised (the one a ``LayoutError`` must carry as its ``__cause__``)."""
+
+    def __init__(self, data: Mapping[str, object]) -> None:
+        self.data = dict(data)
+        self.raised: BaseException | None = None
+
+    def _raise(self, e: Exception) -> typing.NoReturn:
+        self.raised = e
+        raise e
+
+    def __getitem__(self, key: str) -> object:
+        self._raise(RuntimeError(f"__getitem__ {key!r} broke"))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def items(self) -> typing.NoReturn:
+        self._raise(RuntimeError("items() broke"))
+
+
+class _Stale(_Failing):
+    """A mapping iterating keys its ``__getitem__`` refuses (a ``KeyError``): a cache
+    emptied under the caller, say; ``items()`` is ``Mapping``'s own."""
+
+    def __getitem__(self, key: str) -> object:
+        self._raise(KeyError(key))
+
+    def items(self) -> ItemsView[str, object]:  # type: ignore[override]
+        return Mapping.items(self)
+
+
+FAILING_KINDS: typing.Final = (_Failing, _Stale)
+
+_SIZES: typing.Final = {"dp_shard": 2, "tp": 2}
+_SOURCE: typing.Final = ParamLayoutTable({"tp": LAYOUT})
+
+
+_Site: typing.TypeAlias = tuple[Callable[[typing.Any], object], Mapping[str, object], str]
+"""A call given the failing mapping, the items the mapping stands for, what the message
+names."""
+
+MAPPING_SITES: dict[str, _Site] = {
+    # the reproducers
+    "geometry.as_sizes (compose_fsdp)": (
+        lambda m: compose_fsdp(LAYOUT, shard_axis="dp_shard", mesh_sizes=m),
+        _SIZES,
+        "mesh_sizes",
+    ),
+    "geometry.as_sizes (local_shape_and_offset)": (
+        lambda m: local_shape_and_offset((8,), LAYOUT, m, {"tp": 0}),
+        {"tp": 2},
+        "mesh_sizes",
+    ),
+    "geometry.as_sizes (coordinate)": (
+        lambda m: local_runs((8,), LAYOUT, {"tp": 2}, m),
+        {"tp": 0},
+        "coordinate",
+    ),
+    "plan._as_params (ModulePlan)": (ModulePlan, {"w": {"tp": Shard(0)}}, "params"),
+    "plan.as_named (ModulePlan)": (
+        lambda m: ModulePlan({"w": m}),
+        {"tp": Shard(0)},
+        "w: named placements",
+    ),
+    "plan.as_named (resolve)": (lambda m: resolve(m, ["tp"]), {"tp": Shard(0)}, "named placements"),
+    "layout._check_entries (ParamLayoutTable)": (
+        ParamLayoutTable,
+        {"tp": LAYOUT},
+        "entries",
+    ),
+    "lint._check_shapes": (
+        lambda m: layout_algebra.lint(_SOURCE, m, mesh_sizes={"dense": {"tp": 2}}),
+        {"tp": layout_algebra.ParamShape(SHAPE, "float32")},
+        "shapes",
+    ),
+    # the other sites
+    "frozen._as_dict (FrozenMap)": (FrozenMap, {"tp": 2}, "FrozenMap"),
+    "plan._as_modules (ShardingPlan)": (
+        lambda m: ShardingPlan(m, mesh_axes=["tp"]),
+        {"attn": ModulePlan({"w": {"tp": Shard(0)}})},
+        "modules",
+    ),
+    "layout.ParamLayoutTable.with_entries": (
+        TABLE.with_entries,
+        {"x.weight": LAYOUT},
+        "entries",
+    ),
+    "geometry.as_role_sizes (compose_table)": (
+        lambda m: layout_algebra.compose_table(TABLE, fsdp={"dense": "dp_shard"}, mesh_sizes=m),
+        {"dense": _SIZES},
+        "mesh_sizes",
+    ),
+    "geometry.as_sizes (compose_table's mesh_sizes[role])": (
+        lambda m: layout_algebra.compose_table(
+            TABLE, fsdp={"dense": "dp_shard"}, mesh_sizes={"dense": m}
+        ),
+        _SIZES,
+        "mesh_sizes['dense']",
+    ),
+    "geometry.as_fsdp_axes (compose_table)": (
+        lambda m: layout_algebra.compose_table(TABLE, fsdp=m, mesh_sizes=_COMPOSED),
+        {"dense": "dp_shard"},
+        "fsdp",
+    ),
+    "geometry.as_shard_dims (compose_table)": (
+        lambda m: layout_algebra.compose_table(
+            TABLE, fsdp={"dense": "dp_shard"}, mesh_sizes=_COMPOSED, shard_dim=m
+        ),
+        {"norm.weight": 1},
+        "shard_dim",
+    ),
+    "lint (fsdp)": (
+        lambda m: layout_algebra.lint(TABLE, SHAPES, mesh_sizes=_COMPOSED, fsdp=m),
+        {"dense": "dp_shard"},
+        "fsdp",
+    ),
+    "checkpoint.reshard_plan (shapes)": (
+        lambda m: layout_algebra.reshard_plan(
+            _SOURCE, _SOURCE, m, src_sizes={"dense": {"tp": 2}}, dst_sizes={"dense": {"tp": 2}}
+        ),
+        {"tp": layout_algebra.ParamShape(SHAPE, "float32")},
+        "shapes",
+    ),
+    "checkpoint.reshard_plan (dst_sizes)": (
+        lambda m: layout_algebra.reshard_plan(
+            _SOURCE, _SOURCE, SHAPES, src_sizes={"dense": {"tp": 2}}, dst_sizes=m
+        ),
+        {"dense": {"tp": 2}},
+        "mesh_sizes",
+    ),
+    "checkpoint.dcp_chunks (sizes)": (
+        lambda m: layout_algebra.dcp_chunks(LAYOUT, SHAPE, m),
+        {"tp": 2},
+        "mesh_sizes",
+    ),
+    "draw._check_args (draw)": (lambda m: draw.draw(LAYOUT, SHAPE, m), _SIZES, "mesh_sizes"),
+    "jax_bridge (from_partition_spec)": (
+        lambda m: layout_algebra.from_partition_spec(
+            ("tp", None), mesh="dense", axes=["tp"], mesh_sizes=m
+        ),
+        {"tp": 2},
+        "mesh_sizes",
+    ),
+    "jax_bridge (to_partition_spec)": (
+        lambda m: layout_algebra.to_partition_spec(LAYOUT, 2, mesh_sizes=m, shape=SHAPE),
+        {"tp": 2},
+        "mesh_sizes",
+    ),
+    "serialization.shapes_to_json": (
+        lambda m: _serialization().shapes_to_json(m),
+        {"w": layout_algebra.ParamShape(SHAPE, "float32")},
+        "shapes",
+    ),
+    "algebra.TableDiff (added)": (lambda m: TableDiff(m, {}, {}), {"w": LAYOUT}, "added"),
+    "algebra.TableDiff (changed)": (
+        lambda m: TableDiff({}, {}, m),
+        {"w": (LAYOUT, LAYOUT)},
+        "changed",
+    ),
+}
+"""Each place a public callable reads a caller's mapping, by the function that reads it."""
+
+
+def _serialization() -> ModuleType:
+    return importlib.import_module("layout_algebra.serialization")
+
+
+def _check_mapping_error(
+    call: Callable[[Mapping[str, object]], object],
+    mapping: _Failing,
+    argument: str,
+) -> LayoutError:
+    with pytest.raises(LayoutError) as info:
+        call(mapping)
+    error = info.value
+    assert argument in str(error), str(error)
+    assert "could not be read as a mapping" in str(error), str(error)
+    assert mapping.raised is not None
+    assert error.__cause__ is mapping.raised  # the caller's traceback is kept
+    return error
+
+
+@pytest.mark.parametrize("kind", FAILING_KINDS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("site", sorted(MAPPING_SITES))
+def test_a_mapping_that_fails_while_read_is_a_layout_error_naming_the_argument(
+    site: str, kind: type[_Failing]
+) -> None:
+    call, data, argument = MAPPING_SITES[site]
+    _check_mapping_error(call, kind(data), argument)
+
+
+def test_as_items_keeps_the_callers_exception_as_the_cause() -> None:
+    broke = TypeError("the caller's generator broke")
+
+    def midway() -> Iterator[str]:
+        yield "tp"
+        raise broke
+
+    with pytest.raises(LayoutError, match="axes could not be read") as info:
+        strip(midway())
+    assert info.value.__cause__ is broke
+
+
+def test_a_mapping_read_for_a_check_is_read_once() -> None:
+    # The items are read once, before anything is done with them: a lazily built
+    # mapping builds each value once (not once for the check and again for the copy).
+    class Counting(Mapping[str, ModulePlan]):
+        def __init__(self) -> None:
+            self.reads = 0
+
+        def __getitem__(self, key: str) -> ModulePlan:
+            self.reads += 1
+            return ModulePlan({"w": {"tp": Shard(int(key[1:]) % 2)}})
+
+        def __iter__(self) -> Iterator[str]:
+            return (f"m{i}" for i in range(4))
+
+        def __len__(self) -> int:
+            return 4
+
+    modules = Counting()
+    plan = ShardingPlan(modules, mesh_axes=["tp"])
+    assert modules.reads == 4
+    assert list(plan.modules) == ["m0", "m1", "m2", "m3"]
+
+
+# The torch bridge's public entry points (torch is imported by the test, not the module).
+TORCH_MAPPING_SITES: typing.Final = (
+    "_checks.check_meshes (bind)",
+    "_checks.check_meshes (distribute)",
+    "models._check_roles (table_from_module)",
+    "parallelize._Walk.plan (plan_from_parallelize)",
+    "parallelize._Walk.plan (a nested plan)",
+    "transformers._read_plan (plan_from_hf)",
+    "transformers._tie_again (plan_from_hf)",
+)
+
+
+def _torch_mapping_sites() -> dict[str, _Site]:
+    from torch import nn  # noqa: PLC0415 - the module stays importable without torch
+
+    from layout_algebra import torch_bridge  # noqa: PLC0415
+
+    table = ParamLayoutTable({"weight": LAYOUT})
+
+    class HfModel(nn.Module):
+        def __init__(self, tp_plan: object, tied: object = None) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.tp_plan = tp_plan
+            self.all_tied_weights_keys = tied
+
+    return {
+        "_checks.check_meshes (bind)": (
+            lambda m: torch_bridge.bind(table, nn.Linear(4, 4), m),
+            {"dense": object()},
+            "bind(meshes=...)",
+        ),
+        "_checks.check_meshes (distribute)": (
+            lambda m: torch_bridge.distribute(nn.Linear(4, 4), table, m),
+            {"dense": object()},
+            "distribute(meshes=...)",
+        ),
+        "models._check_roles (table_from_module)": (
+            lambda m: torch_bridge.table_from_module(nn.Linear(4, 4), roles=m),
+            {"mesh": "dense"},
+            "table_from_module(roles=...)",
+        ),
+        "parallelize._Walk.plan (plan_from_parallelize)": (
+            lambda m: torch_bridge.plan_from_parallelize(nn.Linear(4, 4), m, mesh_axes=["tp"]),
+            {"": object()},
+            "plan_from_parallelize(plan=...)",
+        ),
+        "parallelize._Walk.plan (a nested plan)": (
+            lambda m: torch_bridge.plan_from_parallelize(
+                nn.Sequential(nn.Linear(4, 4)), {"0": m}, mesh_axes=["tp"]
+            ),
+            {"": object()},
+            "plan key '0'",
+        ),
+        "transformers._read_plan (plan_from_hf)": (
+            lambda m: torch_bridge.plan_from_hf(HfModel(m), mesh_axes=["tp"]),
+            {"lin": "colwise"},
+            "model.tp_plan",
+        ),
+        "transformers._tie_again (plan_from_hf)": (
+            lambda m: torch_bridge.plan_from_hf(HfModel({"lin": "colwise"}, m), mesh_axes=["tp"]),
+            {"lin.weight": "lin.bias"},
+            "model.all_tied_weights_keys",
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", FAILING_KINDS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("site", TORCH_MAPPING_SITES)
+def test_a_mapping_that_fails_while_the_torch_bridge_reads_it_is_a_layout_error(
+    site: str, kind: type[_Failing]
+) -> None:
+    call, data, argument = _torch_mapping_sites()[site]
+    error = _check_mapping_error(call, kind(data), argument)
+    if "meshes" in argument or "roles" in argument:
+        assert type(error).__name__ == "BindError"  # the bridge's own argument errors
+
+
+def test_managed_bindings_whose_lookup_fails_is_a_bind_error() -> None:
+    from torch import nn  # noqa: PLC0415 - the module stays importable without torch
+
+    from layout_algebra.torch_bridge import managed_bindings  # noqa: PLC0415
+
+    failing = _Failing({})
+    with pytest.raises(LayoutError, match=r"managed_bindings\(bindings=\.\.\.\)") as info:
+        managed_bindings(failing, nn.Linear(4, 4))  # type: ignore[arg-type]
+    assert type(info.value).__name__ == "BindError"
+    assert info.value.__cause__ is failing.raised

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from layout_algebra._args import mapping_items
 from layout_algebra._text import quote
 from layout_algebra.axes import AxisLike, axis_name_set
 from layout_algebra.errors import BindError, LayoutError
@@ -72,16 +73,20 @@ def check_table(table: object, arg: str) -> None:
     )
 
 
-def check_meshes(meshes: object, arg: str) -> None:
-    """Refuse anything but a mapping of mesh roles (str) to ``DeviceMesh`` for ``arg``."""
+def check_meshes(meshes: object, arg: str) -> dict[str, DeviceMesh]:
+    """Refuse anything but a mapping of mesh roles (str) to ``DeviceMesh`` for ``arg``;
+    its items, read once, as a new dict (what the caller then reads instead)."""
     remedy = "pass e.g. {'dense': world_mesh, 'expert': expert_mesh}"
     check_type(meshes, Mapping, arg, "a mapping of mesh roles to DeviceMesh", remedy)
     assert isinstance(meshes, Mapping)
-    for role, mesh in meshes.items():
+    out: dict[str, DeviceMesh] = {}
+    for role, mesh in mapping_items(meshes, arg, "{'dense': world_mesh}", error=BindError):
         if not isinstance(role, str):
             msg = f"{arg}: a mesh role must be a str, got {kind(role)} {quote(role)}; {remedy}"
             raise BindError(msg)
         check_type(mesh, DeviceMesh, f"{arg}[{quote(role)}]", "a DeviceMesh", remedy)
+        out[role] = mesh
+    return out
 
 
 def owned_names(owned: Iterable[AxisLike], arg: str) -> frozenset[str]:

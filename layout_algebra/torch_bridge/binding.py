@@ -12,9 +12,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import placement_types as tpt
 
-from layout_algebra._text import clip, did_you_mean
+from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
-from layout_algebra.errors import BindError
+from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.layout import ByModule, Listed, ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Replicate, Shard, StridedShard, format_placement
 from layout_algebra.torch_bridge._checks import (
@@ -221,8 +221,7 @@ def bind(
     """
     check_table(table, "bind(table=...)")
     check_module(module, "bind(module=...)")
-    check_meshes(meshes, "bind(meshes=...)")
-    binder = _Binder(meshes)
+    binder = _Binder(check_meshes(meshes, "bind(meshes=...)"))
 
     with _gc_paused():
         return _bind(table, module, binder)
@@ -424,7 +423,16 @@ def managed_bindings(
     pairs: list[tuple[nn.Parameter, Binding]] = []
     missing: list[str] = []
     for fqn, param in managed:
-        binding = bindings.get(param)
+        try:
+            binding = bindings.get(param)
+        except LayoutError:
+            raise
+        except Exception as e:  # the caller's mapping failed to look the parameter up
+            msg = (
+                f"managed_bindings(bindings=...) could not be read as a mapping such as "
+                f"bind's result: looking up {clip(fqn)} raised {quote(e)}"
+            )
+            raise BindError(msg, fqn=fqn) from e
         if binding is not None:
             check_type(
                 binding,

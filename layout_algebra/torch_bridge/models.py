@@ -11,6 +11,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from layout_algebra._args import mapping_items
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
@@ -60,7 +61,7 @@ def distribute(
     """
     check_module(module, "distribute(module=...)")
     check_table(table, "distribute(table=...)")
-    check_meshes(meshes, "distribute(meshes=...)")
+    checked = check_meshes(meshes, "distribute(meshes=...)")  # read once, bound below
     world = dist.get_world_size() if dist.is_initialized() else 2**31
     if src_data_rank is not None and (
         type(src_data_rank) is not int or not 0 <= src_data_rank < world
@@ -72,7 +73,7 @@ def distribute(
             f"a rank (an int from 0 to {world - 1}) or None",
             "pass 0, or None to have every rank split its own full tensor",
         )
-    bindings = bind(table, module, meshes)
+    bindings = bind(table, module, checked)
     for param, binding in bindings.items():
         if isinstance(param, DTensor):
             msg = (
@@ -103,8 +104,8 @@ def distribute(
 class _Roles:
     """The role of each DTensor mesh: by identity or equality, else by a matching slice."""
 
-    def __init__(self, roles: Mapping[DeviceMesh, str] | None) -> None:
-        self.roles = dict(roles or {})
+    def __init__(self, roles: dict[DeviceMesh, str]) -> None:
+        self.roles = roles  # checked, the caller's read once (_check_roles)
         self.cache: dict[tuple[int, tuple[str, ...]], str] = {}
         self.keep: list[DeviceMesh] = []  # keeps cached ids valid for the call
 
@@ -166,10 +167,9 @@ def table_from_module(
             equivalent, or a ``Partial`` placement on an owned axis.
     """
     check_module(module, "table_from_module(module=...)")
-    if roles is not None:
-        _check_roles(roles)
+    checked = {} if roles is None else _check_roles(roles)
     owned_axes = owned_names(owned, "table_from_module(owned=...)")
-    role_of = _Roles(roles)
+    role_of = _Roles(checked)
     entries: dict[str, SourceLayout] = {}
     # id of each parameter -> it, its layout and its FQNs (the entry holds the parameter)
     seen: dict[int, tuple[nn.Parameter, SourceLayout, list[str]]] = {}
@@ -188,14 +188,18 @@ def table_from_module(
     return ParamLayoutTable(entries, tied=tied)
 
 
-def _check_roles(roles: object) -> None:
+def _check_roles(roles: object) -> dict[DeviceMesh, str]:
+    """``roles`` checked, its items read once into a new dict."""
     remedy = "pass e.g. {world_mesh: 'dense', expert_mesh: 'expert'}"
     arg = "table_from_module(roles=...)"
     check_type(roles, Mapping, arg, "a mapping of DeviceMesh to mesh role (str)", remedy)
     assert isinstance(roles, Mapping)
-    for mesh, role in roles.items():
+    out: dict[DeviceMesh, str] = {}
+    for mesh, role in mapping_items(roles, arg, "{world_mesh: 'dense'}", error=BindError):
         check_type(mesh, DeviceMesh, f"{arg} key", "a DeviceMesh", remedy)
         check_type(role, str, f"{arg}[{mesh}]", "a mesh role (str)", remedy)
+        out[mesh] = role
+    return out
 
 
 def _layout_of(

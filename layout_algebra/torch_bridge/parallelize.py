@@ -44,6 +44,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from layout_algebra._args import mapping_items
 from layout_algebra._text import quote
 from layout_algebra.axes import AxisLike, as_axes
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
@@ -126,7 +127,8 @@ class _Walk:
             )
             self.problems.add(msg, fqn=path)
             return
-        for sub, style in plan.items():
+        arg = f"plan key {key!r}" if key else "plan_from_parallelize(plan=...)"
+        for sub, style in mapping_items(plan, arg, "{'layers.*.attention.wq': ColwiseParallel()}"):
             if not isinstance(sub, str):
                 msg = (
                     f"plan key {quote(sub)} is not a string; keys are module FQNs such as "

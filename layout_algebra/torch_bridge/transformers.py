@@ -52,6 +52,7 @@ from typing import Final, TypeAlias
 import attrs
 from torch import nn
 
+from layout_algebra._args import mapping_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
@@ -263,7 +264,8 @@ def _read_plan(
         problems.add(f"model.{attr} must map names to style names, got {quote(raw)}")
         return {}
     plan: dict[str, str] = {}
-    for key, style in raw.items():
+    example = "{'layers.*.self_attn.q_proj': 'colwise'}"
+    for key, style in mapping_items(raw, f"model.{attr}", example):
         if not isinstance(key, str) or not isinstance(style, str):
             msg = f"model.{attr}: {quote(key)}: {quote(style)} is not a name and a style name"
             problems.add(msg)
@@ -523,11 +525,14 @@ def _tie_again(root: nn.Module, placer: _Placer, problems: Problems) -> list[tup
     """The model's tied pairs, ``(source, target)``: after loading, each target is its
     source's parameter again, whatever its own rule placed (its placement is dropped)."""
     tied: list[tuple[str, str]] = []
-    raw_tied: object = getattr(root, "all_tied_weights_keys", None) or {}
-    if not isinstance(raw_tied, Mapping):
-        problems.add(f"model.all_tied_weights_keys must map names to names, got {quote(raw_tied)}")
+    raw_tied: object = getattr(root, "all_tied_weights_keys", None)
+    if not isinstance(raw_tied, Mapping):  # None or any other false value: no ties
+        if raw_tied:
+            msg = f"model.all_tied_weights_keys must map names to names, got {quote(raw_tied)}"
+            problems.add(msg)
         return tied
-    for target, source in raw_tied.items():
+    example = "{'lm_head.weight': 'model.embed_tokens.weight'}"
+    for target, source in mapping_items(raw_tied, "model.all_tied_weights_keys", example):
         if type(target) is not str or type(source) is not str:
             msg = (
                 f"model.all_tied_weights_keys must map parameter names to parameter names, "
