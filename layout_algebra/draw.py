@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import as_items, mapping_items
 from layout_algebra._text import clip, columns, escape, quote
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.errors import LayoutError
@@ -159,7 +159,7 @@ def _check_args(
             f"got {quote(global_shape)}"
         )
         raise LayoutError(msg)
-    shape = tuple(global_shape)
+    shape = as_items(global_shape, "draw: global_shape", "(16, 8)", limit=MAX_DRAW_DIMS)
     if any(type(n) is not int or not 0 <= n <= MAX_SIZE for n in shape):
         msg = (
             f"{clip(escape(fqn))}: shape {quote(shape)} must hold sizes from 0 to {MAX_SIZE} "
@@ -167,8 +167,10 @@ def _check_args(
         )
         raise LayoutError(msg, fqn=fqn)
     if not 1 <= len(shape) <= MAX_DRAW_DIMS:
+        ndim = len(shape)
+        dims = f"more than {MAX_DRAW_DIMS}" if ndim > MAX_DRAW_DIMS else str(ndim)
         msg = (
-            f"{clip(escape(fqn))}: shape {quote(shape)} has {len(shape)} dims; a parameter "
+            f"{clip(escape(fqn))}: shape {quote(shape)} has {dims} dims; a parameter "
             f"has 1 to {MAX_DRAW_DIMS}, give its real shape"
         )
         raise LayoutError(msg, fqn=fqn)

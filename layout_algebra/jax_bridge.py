@@ -256,12 +256,11 @@ def _entry_axes(entry: object, dim: int) -> tuple[AxisName, ...]:
 def _check_reductions(spec: object) -> None:
     for field in ("unreduced", "reduced"):
         pending: object = getattr(spec, field, None)
-        if (
-            isinstance(pending, Iterable)
-            and not isinstance(pending, str)
-            and any(True for _ in pending)
-        ):
-            names = sorted(map(str, pending))
+        if isinstance(pending, Iterable) and not isinstance(pending, str):
+            names = sorted(map(str, as_items(pending, f"PartitionSpec.{field}", "()")))
+        else:
+            names = []
+        if names:
             msg = (
                 f"PartitionSpec has {field} axes {quote(names)}: pending reductions, which a "
                 "parameter's layout cannot hold (Partial); reduce them in JAX first"

@@ -352,6 +352,16 @@ def test_draw_refuses_what_it_cannot_print(
     assert words in e.value.message and "draw" in e.value.message
 
 
+class _BrokenShape(Sequence[int]):
+    """A sequence of sizes whose reading fails."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:  # type: ignore[override]
+        raise RuntimeError("the caller's shape broke")
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -360,7 +370,8 @@ def test_draw_refuses_what_it_cannot_print(
         ((EMB, (4.0,), {"tp": 2}), "sizes from 0 to"),
         ((EMB, (2**63,), {"tp": 2}), "sizes from 0 to"),
         ((EMB, (), {"tp": 2}), "has 0 dims"),
-        ((EMB, (1,) * 65, {"tp": 2}), "has 65 dims"),
+        ((EMB, (1,) * 65, {"tp": 2}), "has more than 64 dims"),
+        ((EMB, _BrokenShape(), {"tp": 2}), "global_shape could not be read"),
         ((EMB, (4,), ["tp"]), "mesh_sizes must map"),
         ((EMB, (4,), {"tp": 0}), "sizes >= 1"),
         ((EMB, (4,), {"tp": True}), "sizes >= 1"),

@@ -223,6 +223,15 @@ def test_pending_reductions_of_a_spec_are_refused() -> None:
             Spec(("dp",)), mesh="dense", axes=["dp", "tp"], mesh_sizes={"dp": 2, "tp": 2}
         )
 
+    def pending() -> Iterator[str]:  # read once: a generator's axes are all seen
+        yield "tp"
+
+    class Once(tuple[SpecEntry, ...]):
+        reduced = pending()
+
+    with pytest.raises(LayoutError, match=r"reduced axes \['tp'\]"):
+        from_partition_spec(Once(("dp",)), mesh="dense", axes=["dp", "tp"], mesh_sizes={"dp": 2})
+
 
 # ---------------------------------------------------------------------------------------
 # against JAX's NamedSharding, in a subprocess
