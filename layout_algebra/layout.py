@@ -448,12 +448,16 @@ class Listed(_Kept):
         fqns, kinds, layouts = self._fqns, list(self._kinds), list(self._layouts)
         added: list[str] = []
         for fqn, layout in changes.items():
-            layouts.append(layout)
             try:
-                kinds[fqns.index(fqn)] = len(layouts) - 1
+                kind = layouts.index(layout)  # a layout it has already (the few distinct)
+            except ValueError:
+                kind = len(layouts)
+                layouts.append(layout)
+            try:
+                kinds[fqns.index(fqn)] = kind
             except ValueError:
                 added.append(fqn)
-                kinds.append(len(layouts) - 1)
+                kinds.append(kind)
         return Listed(fqns + tuple(added), kinds, tuple(layouts))
 
     def completed(self, fqns: Iterable[str], default: SourceLayout) -> Listed:

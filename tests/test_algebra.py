@@ -1287,6 +1287,8 @@ def test_tied_members_of_a_listed_table_change_in_place_or_come_last(norms: int)
     assert table == expected and table.tied == expected.tied
     # a few changes are made in the listed entries, more spell them out by FQN
     assert type(table._items) is (Listed if norms + 1 <= _MAX_SCANS else _CheckedEntries)
+    if type(table._items) is Listed:  # the layouts S(0) and R it had, and no other
+        assert len(table._items._layouts) == 2
 
 
 def test_a_listed_table_is_looked_up_by_scanning_until_it_needs_its_dict() -> None:
