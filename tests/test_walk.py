@@ -19,7 +19,17 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import parametrize
 
-from layout_algebra import BindError, ParamLayoutTable, Shard, SourceLayout
+from layout_algebra import (
+    BindError,
+    ModulePlan,
+    ParamLayoutTable,
+    Placement,
+    Replicate,
+    Shard,
+    ShardingPlan,
+    SourceLayout,
+    build_table,
+)
 from layout_algebra.torch_bridge import (
     bind,
     shapes_from_module,
@@ -199,3 +209,41 @@ def test_parameters_freed_during_the_walk_are_never_taken_for_one_another() -> N
     table = table_from_module(model)
     assert list(table) == [f"p{i}" for i in range(6)]
     assert table.tied == ()
+
+
+@st.composite
+def tables_by_module(draw: st.DrawFn, module: nn.Module) -> ParamLayoutTable:
+    """A table of some of ``module``'s parameters as ``build_table`` makes it from a plan
+    of module plans: each FQN cut into a module key and a (maybe dotted) path at a drawn
+    dot, the modules in a drawn order, each parameter object laid out alike under every
+    alias (so aliases agree)."""
+    names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+    params = dict(module.named_parameters(remove_duplicate=False))
+    layouts: list[dict[str, Placement]] = [{"tp": Shard(0)}, {"tp": Replicate()}]
+    kind_of: dict[int, int] = {}
+    modules: dict[str, dict[str, dict[str, Placement]]] = {}
+    for fqn in draw(st.lists(st.sampled_from(names), unique=True)) if names else []:
+        segments = fqn.split(".")
+        cut = draw(st.integers(0, len(segments) - 1))
+        key, path = ".".join(segments[:cut]), ".".join(segments[cut:])
+        kind = kind_of.setdefault(id(params[fqn]), draw(st.integers(0, 1)))
+        modules.setdefault(key, {})[path] = layouts[kind]
+    keys = draw(st.permutations(list(modules)))
+    plan = ShardingPlan(
+        {key: ModulePlan(modules[key]) for key in keys}, mesh_axes=["dp_shard", "tp"]
+    )
+    return build_table(plan, ["dp_shard", "tp"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_bind_of_a_table_by_module_is_binds_of_it_spelled_out_on_random_trees(
+    world_mesh: MeshFactory, data: st.DataObject
+) -> None:
+    tree = data.draw(trees())
+    table = data.draw(tables_by_module(tree))
+    spelled = ParamLayoutTable(dict(table.items()))
+    meshes = {"dense": world_mesh({"dp_shard": 2, "tp": 4})}
+    ours, theirs = bind(table, tree, meshes), bind(spelled, tree, meshes)
+    assert dict(ours) == dict(theirs)
+    assert [b.fqn for b in ours.values()] == [b.fqn for b in theirs.values()]
