@@ -20,7 +20,7 @@ from typing import TypeVar
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
 
-__all__ = ["as_items", "mapping_items"]
+__all__ = ["as_items", "mapping_dict", "mapping_items"]
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -88,4 +88,25 @@ def mapping_items(
         raise
     except Exception as e:
         msg = f"{arg} could not be read as a mapping such as {example}: {quote(e)}"
+        raise error(msg) from e
+
+
+def mapping_dict(
+    value: Mapping[K, V],
+    arg: str,
+    example: str,
+    *,
+    error: Callable[[str], LayoutError] = LayoutError,
+) -> dict[K, V]:
+    """``mapping_items`` of ``value`` in a new dict (each key once, the last value of a
+    key given twice, as ``dict`` keeps it).
+
+    Raises:
+        LayoutError: from ``error``, as ``mapping_items``, or a key that is not hashable.
+    """
+    items = mapping_items(value, arg, example, error=error)
+    try:
+        return dict(items)
+    except TypeError as e:  # an unhashable key: a dict's own could not hold it
+        msg = f"{arg} has a key that cannot be a dict key ({quote(e)}), such as {example}"
         raise error(msg) from e

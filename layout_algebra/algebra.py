@@ -15,7 +15,7 @@ from typing import Final, TypeAlias, TypeVar, cast
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_items
+from layout_algebra._args import as_items, mapping_dict
 from layout_algebra._patterns import Matcher, Rule, is_pattern
 from layout_algebra._text import clip, quote, suggest
 from layout_algebra.axes import (
@@ -956,7 +956,7 @@ def _read(value: Mapping[str, T], arg: str, example: str) -> Mapping[str, T]:
     raw: object = value
     if type(raw) is dict or type(raw) is FrozenMap or not isinstance(raw, Mapping):
         return value
-    return dict(mapping_items(value, arg, example))
+    return mapping_dict(value, arg, example)
 
 
 def _added(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:

@@ -23,7 +23,7 @@ from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_items
+from layout_algebra._args import as_items, mapping_dict
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
@@ -799,7 +799,7 @@ def reshard_plan(
         raise LayoutError(msg)
     if type(raw) is not dict and type(raw) is not FrozenMap:
         # read once: every lookup below is then a dict's
-        shapes = dict(mapping_items(shapes, "shapes", "shapes_from_module(model)"))
+        shapes = mapping_dict(shapes, "shapes", "shapes_from_module(model)")
     src_roles = as_role_sizes(src_sizes)
     dst_roles = as_role_sizes(dst_sizes)
     if not dst_roles:

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar, overload
 
 import attrs
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import mapping_dict
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
 
@@ -107,7 +107,7 @@ def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
     if not isinstance(raw, Mapping):
         msg = f"a FrozenMap is made from a mapping such as {{'tp': 2}}, got {quote(raw)}"
         raise LayoutError(msg)
-    return dict(mapping_items(items, "a FrozenMap's items", "{'tp': 2}"))
+    return mapping_dict(items, "a FrozenMap's items", "{'tp': 2}")
 
 
 @attrs.frozen(eq=False, repr=False)

@@ -27,7 +27,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import mapping_dict
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
@@ -569,7 +569,7 @@ def _check_shapes(shapes: Mapping[str, ParamShape]) -> Mapping[str, ParamShape]:
             f"shapes_from_safetensors), got {quote(raw)}"
         )
         raise LayoutError(msg)
-    return dict(mapping_items(shapes, "shapes", "shapes_from_module(model)"))
+    return mapping_dict(shapes, "shapes", "shapes_from_module(model)")
 
 
 def _check_shape(fqn: str, value: object) -> ParamShape:

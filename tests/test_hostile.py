@@ -1125,3 +1125,53 @@ def test_managed_bindings_whose_lookup_fails_is_a_bind_error() -> None:
         managed_bindings(failing, nn.Linear(4, 4))  # type: ignore[arg-type]
     assert type(info.value).__name__ == "BindError"
     assert info.value.__cause__ is failing.raised
+
+
+class _UnhashableKey(Mapping[object, object]):
+    """A mapping of one value under a list: no dict can hold its key."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __getitem__(self, key: object) -> object:
+        return self.value
+
+    def __iter__(self) -> Iterator[object]:
+        return iter([["w"]])
+
+    def __len__(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda m: FrozenMap(m(2)), "a FrozenMap's items"),
+        (lambda m: TableDiff(m(LAYOUT), {}, {}), "added"),
+        (
+            lambda m: layout_algebra.lint(
+                _SOURCE,
+                m(layout_algebra.ParamShape(SHAPE, "float32")),
+                mesh_sizes={"dense": {"tp": 2}},
+            ),
+            "shapes",
+        ),
+        (
+            lambda m: layout_algebra.reshard_plan(
+                _SOURCE,
+                _SOURCE,
+                m(layout_algebra.ParamShape(SHAPE, "float32")),
+                src_sizes={"dense": {"tp": 2}},
+                dst_sizes={"dense": {"tp": 2}},
+            ),
+            "shapes",
+        ),
+    ],
+)
+def test_a_mapping_with_a_key_no_dict_can_hold_is_a_layout_error(
+    call: Callable[[type[_UnhashableKey]], object], argument: str
+) -> None:
+    with pytest.raises(LayoutError, match="has a key that cannot be a dict key") as info:
+        call(_UnhashableKey)
+    assert info.value.message.startswith(argument)
+    assert isinstance(info.value.__cause__, TypeError)
