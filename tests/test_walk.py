@@ -19,17 +19,10 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import parametrize
 
-from layout_algebra import (
-    BindError,
-    ModulePlan,
-    ParamLayoutTable,
-    Placement,
-    Replicate,
-    Shard,
-    ShardingPlan,
-    SourceLayout,
-    build_table,
-)
+from layout_algebra import BindError, ParamLayoutTable, SourceLayout
+from layout_algebra.algebra import build_table
+from layout_algebra.placements import Placement, Replicate, Shard
+from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.torch_bridge import (
     bind,
     shapes_from_module,
