@@ -265,26 +265,32 @@ class ByModule(_Kept):
             held[key_id] = (key, hit[1])
         return ByModule(self._modules, held, self._len)
 
-    def completed(self, fqns: Iterable[str], default: SourceLayout) -> ByModule | None:
+    def completed(self, fqns: Sequence[str], default: SourceLayout) -> ByModule | None:
         """These entries, then each of ``fqns`` they lack (once, in the order given) with
         ``default``, as ``dict.setdefault`` in a loop orders them: kept by module, the
         added ones as the root module's (``None`` when a root module comes before other
         modules: the caller then spells the entries out by FQN).
 
-        The FQNs these entries spell are found at C speed, each module kind's modules
-        picked out and joined with each of its paths, into one set; an added FQN is none
-        of them, so the root module spells it and nothing else."""
+        The FQNs these entries spell are struck from the set of ``fqns`` at C speed, each
+        module kind's modules picked out and joined with each of its paths; what is left
+        is what they lack (usually nothing). An added FQN is none of theirs, so the root
+        module spells it and nothing else."""
         if not self._root_last():
             return None  # before the work of finding them
         modules = self._modules
+        wanted = set(fqns)
+        wanted.difference_update(self.inner("") or ())  # the root's paths are its FQNs
         names, keys = tuple(modules), tuple(modules.values())
-        present = set(self.inner("") or ())  # the root module's paths are its FQNs
         for key, inner in self._inner_of.values():
+            if not wanted:
+                break
             picked = filter(None, compress(names, map(is_, keys, repeat(key))))
             prefixes = list(map(add, picked, repeat(".")))
             for path in inner:
-                present.update(map(add, prefixes, repeat(path)))
-        return self.with_added(dict.fromkeys(filterfalse(present.__contains__, fqns), default))
+                wanted.difference_update(map(add, prefixes, repeat(path)))
+        if not wanted:
+            return self
+        return self.with_added(dict.fromkeys(filter(wanted.__contains__, fqns), default))
 
     def with_added(self, added: dict[str, SourceLayout]) -> ByModule | None:
         """These entries, then ``added`` (checked layouts of FQNs these lack, never to be
