@@ -35,6 +35,13 @@ def _check_name(_: object, __: attrs.Attribute[str], value: object) -> None:
         raise LayoutError(msg, axis=clip(value))
 
 
+def _plain(value: str) -> str:
+    """A ``str`` subclass as the plain text it holds (its own ``__hash__``, ``__eq__`` and
+    the rest never reach a name); anything else as it is, for the validator."""
+    raw: object = value  # user input: checked by the validator, whatever the annotation says
+    return str.__str__(value) if isinstance(raw, str) and type(raw) is not str else value
+
+
 @attrs.frozen(cache_hash=True)
 class AxisName:
     """The name of one dimension of a device mesh, such as ``tp`` or ``dp_shard``.
@@ -42,7 +49,7 @@ class AxisName:
     Every API that takes an axis takes a plain ``str`` too; ``str(axis) == axis.name``.
     """
 
-    name: str = attrs.field(validator=_check_name)
+    name: str = attrs.field(converter=_plain, validator=_check_name)
 
     def __str__(self) -> str:
         return self.name
@@ -63,7 +70,7 @@ def as_axis(axis: AxisLike) -> AxisName:
     if isinstance(axis, AxisName):
         return axis
     if type(axis) is not str:
-        return AxisName(axis)  # a str subclass is checked and kept; anything else refused
+        return AxisName(axis)  # a str subclass as its plain text; anything else refused
     found = _INTERNED.get(axis)
     if found is None:
         found = AxisName(axis)

@@ -240,6 +240,7 @@ def parse_placement(text: str) -> Placement:
             f"a placement must be text such as 'S(0)' or 'R', got {quote(raw)}; grammar: {GRAMMAR}"
         )
         raise PlacementSyntaxError(msg, text=quote(raw))
+    text = str.__str__(raw)  # a str subclass as the plain text it holds (the cache's key)
     cached = _CACHE.get(text)
     if cached is not None:
         return cached

@@ -1175,3 +1175,37 @@ def test_a_mapping_with_a_key_no_dict_can_hold_is_a_layout_error(
         call(_UnhashableKey)
     assert info.value.message.startswith(argument)
     assert isinstance(info.value.__cause__, TypeError)
+
+
+class _HashBreaks(str):
+    """A name whose own hash raises."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        raise RuntimeError("the caller's str subclass broke")
+
+
+class _EqualsAll(str):
+    """Text that claims to equal anything and hashes as ``R``: a cache keyed by it would
+    answer ``R`` with what it spells."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        return hash("R")
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+
+def test_a_str_subclass_is_read_as_the_plain_text_it_holds() -> None:
+    layout = SourceLayout("dense", [_HashBreaks("tp")], [Shard(0)])
+    assert type(layout.axes[0].name) is str
+    assert layout == SourceLayout("dense", ["tp"], [Shard(0)])
+    assert strip([_HashBreaks("tp")]) == (AxisName("tp"),)
+    assert type(AxisName(_HashBreaks("ep")).name) is str
+    assert parse_placement(_HashBreaks("S(0)")) == Shard(0)
+    # no cache answers plain text with what a subclass spelled
+    assert parse_placement(_EqualsAll("S(1)")) == Shard(1)
+    assert parse_placement("R") == Replicate()
