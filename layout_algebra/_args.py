@@ -20,7 +20,7 @@ from typing import TypeVar
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
 
-__all__ = ["as_items", "mapping_dict", "mapping_items"]
+__all__ = ["as_items", "mapping_dict", "mapping_items", "plain_str"]
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -110,3 +110,11 @@ def mapping_dict(
     except TypeError as e:  # an unhashable key: a dict's own could not hold it
         msg = f"{arg} has a key that cannot be a dict key ({quote(e)}), such as {example}"
         raise error(msg) from e
+
+
+def plain_str(value: str) -> str:
+    """A ``str`` subclass as the plain text it holds, so its own ``__hash__``, ``__eq__``
+    and the rest never reach a name or a cache; anything else as it is (a converter's
+    validator refuses what is not a ``str``)."""
+    raw: object = value  # user input: checked by the validator, whatever the annotation says
+    return str.__str__(value) if isinstance(raw, str) and type(raw) is not str else value

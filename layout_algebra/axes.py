@@ -8,7 +8,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra._args import as_items
+from layout_algebra._args import as_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
 
@@ -35,13 +35,6 @@ def _check_name(_: object, __: attrs.Attribute[str], value: object) -> None:
         raise LayoutError(msg, axis=clip(value))
 
 
-def _plain(value: str) -> str:
-    """A ``str`` subclass as the plain text it holds (its own ``__hash__``, ``__eq__`` and
-    the rest never reach a name); anything else as it is, for the validator."""
-    raw: object = value  # user input: checked by the validator, whatever the annotation says
-    return str.__str__(value) if isinstance(raw, str) and type(raw) is not str else value
-
-
 @attrs.frozen(cache_hash=True)
 class AxisName:
     """The name of one dimension of a device mesh, such as ``tp`` or ``dp_shard``.
@@ -49,7 +42,7 @@ class AxisName:
     Every API that takes an axis takes a plain ``str`` too; ``str(axis) == axis.name``.
     """
 
-    name: str = attrs.field(converter=_plain, validator=_check_name)
+    name: str = attrs.field(converter=plain_str, validator=_check_name)
 
     def __str__(self) -> str:
         return self.name

@@ -22,7 +22,7 @@ from typing import ClassVar, Final, TypeVar, overload
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_items
+from layout_algebra._args import as_items, mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
@@ -72,7 +72,7 @@ class SourceLayout:
     axes and ``placements`` one placement per axis. Printed as ``dense[tp=S(0), ep=R]``.
     """
 
-    mesh: str = attrs.field(validator=_check_mesh_role)
+    mesh: str = attrs.field(converter=plain_str, validator=_check_mesh_role)
     axes: tuple[AxisName, ...] = attrs.field(converter=as_axes)
     placements: tuple[Placement, ...] = attrs.field(converter=_as_placements)
 
@@ -624,7 +624,7 @@ class Drop:
     """
 
     fqn: str = attrs.field(validator=_check_drop_fqn)
-    mesh: str = attrs.field(validator=_check_mesh_role)
+    mesh: str = attrs.field(converter=plain_str, validator=_check_mesh_role)
     axis: AxisName = attrs.field(converter=as_axis)
     placement: Placement = attrs.field(validator=_check_drop_placement)
 

@@ -12,6 +12,7 @@ from typing import Final, Literal, Self, TypeAlias, TypeGuard, assert_never, get
 
 import attrs
 
+from layout_algebra._args import plain_str
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError, PlacementSyntaxError
 
@@ -240,7 +241,7 @@ def parse_placement(text: str) -> Placement:
             f"a placement must be text such as 'S(0)' or 'R', got {quote(raw)}; grammar: {GRAMMAR}"
         )
         raise PlacementSyntaxError(msg, text=quote(raw))
-    text = str.__str__(raw)  # a str subclass as the plain text it holds (the cache's key)
+    text = plain_str(text)  # the cache's key
     cached = _CACHE.get(text)
     if cached is not None:
         return cached

@@ -1209,3 +1209,6 @@ def test_a_str_subclass_is_read_as_the_plain_text_it_holds() -> None:
     # no cache answers plain text with what a subclass spelled
     assert parse_placement(_EqualsAll("S(1)")) == Shard(1)
     assert parse_placement("R") == Replicate()
+    role = SourceLayout(_HashBreaks("dense"), ["tp"], [Shard(0)])  # a mesh role too
+    assert type(role.mesh) is str
+    assert str(role) == "dense[tp=S(0)]"
