@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, filterfalse, repeat
 from operator import is_not
-from typing import Final, TypeAlias, TypeVar, cast
+from typing import Final, TypeAlias, cast
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_dict
+from layout_algebra._args import as_items
 from layout_algebra._patterns import Matcher, Rule, is_pattern
 from layout_algebra._text import clip, quote, suggest
 from layout_algebra.axes import (
@@ -33,7 +33,7 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
-from layout_algebra.frozen import FrozenMap
+from layout_algebra.frozen import FrozenMap, read_once
 from layout_algebra.layout import (
     ByModule,
     Drop,
@@ -42,6 +42,7 @@ from layout_algebra.layout import (
     SourceLayout,
     as_groups,
     check_fqn,
+    check_fqns,
     groups_repr,
     partial_error,
 )
@@ -71,8 +72,6 @@ __all__ = [
     "resolve",
     "strip",
 ]
-
-T = TypeVar("T")
 
 _REPLICATE: Final = Replicate()
 _MAX_LISTED: Final = 50
@@ -439,9 +438,7 @@ def complete_default(
         raise LayoutError(msg)
     pairs = None if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
     default = SourceLayout(mesh, source, (_REPLICATE,) * len(source))
-    if not (set(map(type, names)) <= {str} and all(names)):
-        for fqn in names:
-            check_fqn(fqn, "fqns")  # the first that is not an FQN raises
+    check_fqns(names, "fqns")
     kept = table._items
     entries: Mapping[str, SourceLayout]
     completed_kept = (
@@ -744,9 +741,7 @@ def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> 
         for path, named in spec.params.items()
     )
     names = fqns if type(fqns) is tuple else tuple(fqns)
-    for raw in () if set(map(type, names)) <= {str} and all(names) else names:
-        if type(raw) is not str or not raw:
-            check_fqn(raw, "fqns")  # the first FQN that is not one
+    check_fqns(names, "fqns")
     answers = matcher.match_all(names)
     listed = _enter_matched(builder, matcher, names, answers)
     if listed is None:
@@ -950,15 +945,6 @@ def _resolve_one(
 # diff
 
 
-def _read(value: Mapping[str, T], arg: str, example: str) -> Mapping[str, T]:
-    """``value`` itself when a ``dict``, a ``FrozenMap`` or no mapping at all (``FrozenMap``
-    refuses it), else its items read once into a dict."""
-    raw: object = value
-    if type(raw) is dict or type(raw) is FrozenMap or not isinstance(raw, Mapping):
-        return value
-    return mapping_dict(value, arg, example)
-
-
 def _added(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:
     return _layouts(value, "added")
 
@@ -968,7 +954,7 @@ def _removed(value: Mapping[str, SourceLayout]) -> FrozenMap[str, SourceLayout]:
 
 
 def _layouts(value: Mapping[str, SourceLayout], arg: str) -> FrozenMap[str, SourceLayout]:
-    out = FrozenMap(_read(value, arg, "{'w': SourceLayout('dense', ['tp'], [Shard(0)])}"))
+    out = FrozenMap(read_once(value, arg, "{'w': SourceLayout('dense', ['tp'], [Shard(0)])}"))
     for fqn, layout in out.items():
         raw: object = layout
         if not isinstance(raw, SourceLayout):
@@ -980,7 +966,7 @@ def _layouts(value: Mapping[str, SourceLayout], arg: str) -> FrozenMap[str, Sour
 def _changes(
     value: Mapping[str, tuple[SourceLayout, SourceLayout]],
 ) -> FrozenMap[str, tuple[SourceLayout, SourceLayout]]:
-    out = FrozenMap(_read(value, "changed", "{'w': (old_layout, new_layout)}"))
+    out = FrozenMap(read_once(value, "changed", "{'w': (old_layout, new_layout)}"))
     for fqn, change in out.items():
         raw: object = change
         if not (

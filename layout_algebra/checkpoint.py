@@ -23,11 +23,11 @@ from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_dict
+from layout_algebra._args import as_items
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap, frozen_map_of, getter
+from layout_algebra.frozen import FrozenMap, frozen_map_of, getter, read_once
 from layout_algebra.geometry import (
     MAX_NDIM,
     MAX_TENSOR_SIZE,
@@ -797,9 +797,7 @@ def reshard_plan(
     if not isinstance(raw, Mapping):
         msg = f"shapes must map parameter FQN to its shape and dtype, got {quote(shapes)}"
         raise LayoutError(msg)
-    if type(raw) is not dict and type(raw) is not FrozenMap:
-        # read once: every lookup below is then a dict's
-        shapes = mapping_dict(shapes, "shapes", "shapes_from_module(model)")
+    shapes = read_once(shapes, "shapes", "shapes_from_module(model)")  # looked up per FQN
     src_roles = as_role_sizes(src_sizes)
     dst_roles = as_role_sizes(dst_sizes)
     if not dst_roles:

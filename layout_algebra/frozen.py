@@ -98,6 +98,20 @@ def getter(mapping: Mapping[K, V]) -> Callable[[K], V | None]:
     return mapping.get
 
 
+def read_once(value: Mapping[K, V], arg: str, example: str) -> Mapping[K, V]:
+    """``value`` itself when a ``dict``, a ``FrozenMap`` or no mapping at all (the caller
+    refuses that), else its items read once into a dict (``mapping_dict``): what a caller
+    that looks a mapping argument up many times reads instead.
+
+    Raises:
+        LayoutError: naming ``arg``, as ``mapping_dict``.
+    """
+    raw: object = value
+    if type(raw) is dict or type(raw) is FrozenMap or not isinstance(raw, Mapping):
+        return value
+    return mapping_dict(value, arg, example)
+
+
 def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
     raw: object = items
     if type(raw) is dict:

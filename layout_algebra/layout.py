@@ -141,7 +141,18 @@ def _plain_key(key: object) -> str | None:
     for a key no entry has; an unhashable key raises ``TypeError``, as a dict's lookup
     does."""
     hash(key)
-    return str(key) if isinstance(key, str) else None
+    return plain_str(key) if isinstance(key, str) else None
+
+
+def _lacked(fqns: Sequence[str], spelled: Iterable[Iterable[str]]) -> list[str]:
+    """Each of ``fqns`` (once, in the order given) that none of ``spelled`` holds: every
+    spelled FQN struck from their set at C speed, what is left read back in order."""
+    wanted = set(fqns)
+    for names in spelled:
+        if not wanted:
+            break
+        wanted.difference_update(names)
+    return list(dict.fromkeys(filter(wanted.__contains__, fqns))) if wanted else []
 
 
 class _Kept(Mapping[str, SourceLayout]):
@@ -277,20 +288,21 @@ class ByModule(_Kept):
         module spells it and nothing else."""
         if not self._root_last():
             return None  # before the work of finding them
+        lacked = _lacked(fqns, self._spelled())
+        return self.with_added(dict.fromkeys(lacked, default))
+
+    def _spelled(self) -> Iterator[Iterable[str]]:
+        """The FQNs of these entries, a batch at a time, each spelled at C speed: the root
+        module's paths (its FQNs), then each module kind's modules joined with each of
+        its paths."""
         modules = self._modules
-        wanted = set(fqns)
-        wanted.difference_update(self.inner("") or ())  # the root's paths are its FQNs
+        yield self.inner("") or ()
         names, keys = tuple(modules), tuple(modules.values())
         for key, inner in self._inner_of.values():
-            if not wanted:
-                break
             picked = filter(None, compress(names, map(is_, keys, repeat(key))))
             prefixes = list(map(add, picked, repeat(".")))
             for path in inner:
-                wanted.difference_update(map(add, prefixes, repeat(path)))
-        if not wanted:
-            return self
-        return self.with_added(dict.fromkeys(filter(wanted.__contains__, fqns), default))
+                yield map(add, prefixes, repeat(path))
 
     def with_added(self, added: dict[str, SourceLayout]) -> ByModule | None:
         """These entries, then ``added`` (checked layouts of FQNs these lack, never to be
@@ -466,12 +478,14 @@ class Listed(_Kept):
                 kinds.append(kind)
         return Listed(fqns + tuple(added), kinds, tuple(layouts))
 
-    def completed(self, fqns: Iterable[str], default: SourceLayout) -> Listed:
+    def completed(self, fqns: Sequence[str], default: SourceLayout) -> Listed:
         """These entries, then each of ``fqns`` they lack (once, in the order given) with
         ``default``, as ``dict.setdefault`` in a loop orders them; found at C speed with
         one set of these FQNs, and kept listed."""
         if type(fqns) is tuple and fqns == self._fqns:
             return self  # the FQNs the table was built from (each compared by identity)
+        # One set of these FQNs, probed by the given ones (cheaper than striking these
+        # from a set of those, as a table kept by module does: these are spelled already)
         missing = tuple(dict.fromkeys(filterfalse(set(self._fqns).__contains__, fqns)))
         if not missing:
             return self
@@ -543,6 +557,18 @@ def check_fqn(name: object, arg: str) -> str:
         msg = f"{arg}: a parameter FQN must be a non-empty string, got {quote(name)}"
         raise LayoutError(msg)
     return name
+
+
+def check_fqns(names: Sequence[object], arg: str) -> None:
+    """Every one of ``names`` a parameter FQN (``check_fqn``), at C speed when each is a
+    non-empty plain ``str``.
+
+    Raises:
+        LayoutError: naming ``arg``, for the first that is not.
+    """
+    if not (set(map(type, names)) <= {str} and all(names)):
+        for name in names:
+            check_fqn(name, arg)
 
 
 def partial_error(layout: SourceLayout, fqn: str | None = None) -> LayoutError | None:

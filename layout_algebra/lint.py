@@ -27,11 +27,10 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra._args import mapping_dict
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap, getter
+from layout_algebra.frozen import FrozenMap, getter, read_once
 from layout_algebra.geometry import (
     FsdpAxes,
     FsdpParts,
@@ -558,18 +557,16 @@ def _uneven_note(
 
 
 def _check_shapes(shapes: Mapping[str, ParamShape]) -> Mapping[str, ParamShape]:
-    """``shapes`` itself when a ``dict`` or a ``FrozenMap``, else its items read once into
-    a dict (every lookup, count and pass of the lint then reads that)."""
+    """``shapes`` checked to be a mapping, read once (``read_once``: every lookup, count
+    and pass of the lint then reads what it gives)."""
     raw: object = shapes
-    if type(raw) is dict or type(raw) is FrozenMap:
-        return shapes
     if not isinstance(raw, Mapping):
         msg = (
             "shapes must map parameter FQN to ParamShape (shapes_from_module, "
             f"shapes_from_safetensors), got {quote(raw)}"
         )
         raise LayoutError(msg)
-    return mapping_dict(shapes, "shapes", "shapes_from_module(model)")
+    return read_once(shapes, "shapes", "shapes_from_module(model)")
 
 
 def _check_shape(fqn: str, value: object) -> ParamShape:

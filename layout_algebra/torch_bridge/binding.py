@@ -276,10 +276,9 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
                     looked_up = inner.get(name) if inner is not None else None
                     if looked_up is None:
                         looked_up = by_module.get(walked)
-                elif by_fqn is None:  # the table's own dict, or its listed entries' own
-                    by_fqn = kept.as_dict() if type(kept) is Listed else kept
-                    looked_up = by_fqn.get(walked)
                 else:
+                    if by_fqn is None:  # the table's own dict, or its listed entries' own
+                        by_fqn = kept.as_dict() if type(kept) is Listed else kept
                     looked_up = by_fqn.get(walked)
                 if looked_up is None:
                     continue
