@@ -17,6 +17,7 @@ import math
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -329,7 +330,13 @@ def on_gloo(scenario: Callable[..., object], *args: object, world_size: int) -> 
 
 
 def _gloo_rank(rank: int, job: _Job) -> None:
-    """One rank: join the group, run the scenario, write its value (or its traceback)."""
+    """One rank: join the group, run the scenario, write its value (or its traceback).
+
+    A rank that succeeded shuts its group down only once every rank has written its
+    result: gloo torn down on one rank while a peer is still exchanging with it can abort
+    either process. A rank that raised shuts down at once, so that a peer left waiting in a
+    collective it never joined fails instead of hanging.
+    """
     result: dict[str, object]
     try:
         dist.init_process_group(
@@ -338,10 +345,23 @@ def _gloo_rank(rank: int, job: _Job) -> None:
         result = {"ok": True, "value": job.scenario(rank, *job.args)}
     except BaseException:
         result = {"ok": False, "traceback": traceback.format_exc()}
+    try:
+        written = Path(job.out, f"rank{rank}.json.part")
+        written.write_text(json.dumps(result))
+        written.rename(Path(job.out, f"rank{rank}.json"))
+        if result["ok"]:
+            _await_results(job)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    Path(job.out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _await_results(job: _Job, *, timeout: float = 120.0) -> None:
+    """Wait (at most ``timeout`` seconds) until every rank has written its result."""
+    deadline = time.monotonic() + timeout
+    files = [Path(job.out, f"rank{r}.json") for r in range(job.world_size)]
+    while not all(f.exists() for f in files) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _free_port() -> int:
