@@ -982,11 +982,13 @@ def fsdp_storage_runs(
     Raises:
         LayoutError: as ``split_fsdp`` and ``local_runs``, or FSDP's dim not in the tensor.
     """
-    parts = split_fsdp(layout, mesh_sizes, owned=owned)
+    check_layout(layout)
+    sizes = as_sizes(mesh_sizes, "mesh_sizes", floor=1)  # each argument read once
+    where = as_sizes(coordinate, "coordinate", floor=0)
+    parts = split_fsdp(layout, sizes, owned=owned)
     shape = _check_shape(global_shape)
     if parts.shard is not None and parts.shard_dim >= len(shape):
         p = layout.placement_on(parts.shard)
         _check_dim(layout, parts.shard, p, parts.shard_dim, len(shape))
-    runs = local_runs(shape, parts.source, mesh_sizes, coordinate)
-    where = as_sizes(coordinate, "coordinate", floor=0)
-    return _fsdp_chunk(runs, parts, as_sizes(mesh_sizes, "mesh_sizes", floor=1), where)
+    runs = local_runs(shape, parts.source, sizes, where)
+    return _fsdp_chunk(runs, parts, sizes, where)

@@ -14,7 +14,7 @@ import math
 import pickle
 import random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -761,6 +761,34 @@ def test_fsdp_storage_is_what_torch_keeps(
             assert _indices(kept) == seen["kept"], (name, rank)
         # and DTensor's reading is local_runs of the composed layout
         assert _indices(local_runs(case.shape, composed, case.sizes, at)) == seen["read"]
+
+
+class _CountedReads(Mapping[str, int]):
+    """A mapping that counts how often its values are read."""
+
+    def __init__(self, values: Mapping[str, int]) -> None:
+        self._data = dict(values)
+        self.reads = 0
+
+    def __getitem__(self, key: str) -> int:
+        self.reads += 1
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def test_fsdp_storage_runs_reads_its_mappings_once() -> None:
+    case = next(c for c in STORAGE_CASES.values() if c.replicate)  # HSDP: every kind of axis
+    composed = case.composed()
+    at = _coordinate(case.sizes, 1)
+    sizes, where = _CountedReads(case.sizes), _CountedReads(at)
+    kept = fsdp_storage_runs(case.shape, composed, sizes, where)
+    assert kept == fsdp_storage_runs(case.shape, composed, case.sizes, at)
+    assert (sizes.reads, where.reads) == (len(case.sizes), len(at))
 
 
 @pytest.mark.parametrize("name", list(STORAGE_CASES))
