@@ -333,6 +333,18 @@ class ByModule(_Kept):
         key = self._modules.get(module)
         return None if key is None else self._inner_of[id(key)][1]  # key held by modules
 
+    def lookups(
+        self,
+    ) -> tuple[
+        Callable[[str], object | None], Mapping[int, tuple[object, Mapping[str, SourceLayout]]]
+    ]:
+        """``(key_of, inner_of)`` for a caller's own loop over many modules (``inner``
+        inlined): ``key_of(module)`` is the module's key object or ``None``, and
+        ``inner_of[id(key)][1]`` its inner map (the key is held by the modules, so its id
+        is its own). Modules of one kind share one key, so a caller that remembers the
+        last key looks its inner map up once per run of a kind."""
+        return self._modules.get, self._inner_of
+
     def by_module(self) -> Iterator[tuple[str, Mapping[str, SourceLayout]]]:
         """``(module FQN, {param path: layout})`` in plan order."""
         inner_of = self._inner_of

@@ -9,14 +9,15 @@ torch's walk calls (then torch's walk is used from that module on).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.utils import parametrize
 
 from layout_algebra import BindError, ParamLayoutTable, SourceLayout
@@ -44,12 +45,10 @@ def our_pairs(module: nn.Module) -> list[tuple[str, int]]:
 
 
 def grouped_pairs(module: nn.Module) -> list[tuple[str, int]]:
-    return [
-        (prefix + n, id(p))
-        for prefix, group in parameter_groups(module)
-        for n, p in group
-        if p is not None
-    ]
+    groups = list(parameter_groups(module))
+    for fqn, prefix, _ in groups:  # a module's prefix is its FQN and a dot
+        assert prefix == (f"{fqn}." if fqn else "")
+    return [(prefix + n, id(p)) for _, prefix, group in groups for n, p in group if p is not None]
 
 
 def same_as_torch(module: nn.Module) -> None:
@@ -205,21 +204,27 @@ def test_parameters_freed_during_the_walk_are_never_taken_for_one_another() -> N
 
 
 @st.composite
-def tables_by_module(draw: st.DrawFn, module: nn.Module) -> ParamLayoutTable:
+def tables_by_module(
+    draw: st.DrawFn, module: nn.Module, *, faults: bool = False
+) -> ParamLayoutTable:
     """A table of some of ``module``'s parameters as ``build_table`` makes it from a plan
     of module plans: each FQN cut into a module key and a (maybe dotted) path at a drawn
-    dot, the modules in a drawn order, each parameter object laid out alike under every
-    alias (so aliases agree)."""
+    dot, the modules in a drawn order. With ``faults``, a layout may shard a dim the
+    parameter lacks and aliases may disagree; without, each parameter object is laid out
+    alike under every alias and its dim 0 sharded at most."""
     names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
     params = dict(module.named_parameters(remove_duplicate=False))
     layouts: list[dict[str, Placement]] = [{"tp": Shard(0)}, {"tp": Replicate()}]
+    if faults:
+        layouts.append({"tp": Shard(1)})
     kind_of: dict[int, int] = {}
     modules: dict[str, dict[str, dict[str, Placement]]] = {}
     for fqn in draw(st.lists(st.sampled_from(names), unique=True)) if names else []:
         segments = fqn.split(".")
         cut = draw(st.integers(0, len(segments) - 1))
         key, path = ".".join(segments[:cut]), ".".join(segments[cut:])
-        kind = kind_of.setdefault(id(params[fqn]), draw(st.integers(0, 1)))
+        drawn = draw(st.integers(0, len(layouts) - 1))
+        kind = drawn if faults else kind_of.setdefault(id(params[fqn]), drawn)
         modules.setdefault(key, {})[path] = layouts[kind]
     keys = draw(st.permutations(list(modules)))
     plan = ShardingPlan(
@@ -240,3 +245,32 @@ def test_bind_of_a_table_by_module_is_binds_of_it_spelled_out_on_random_trees(
     ours, theirs = bind(table, tree, meshes), bind(spelled, tree, meshes)
     assert dict(ours) == dict(theirs)
     assert [b.fqn for b in ours.values()] == [b.fqn for b in theirs.values()]
+    for fqn in table:  # every binding is found under the FQN it was bound under
+        if fqn in ours.fqns():
+            assert ours.by_fqn(fqn)[1] == theirs.by_fqn(fqn)[1]
+
+
+def _bound_or_refused(
+    table: ParamLayoutTable, tree: nn.Module, meshes: Mapping[str, DeviceMesh]
+) -> object:
+    """What ``bind`` gives: the bindings by FQN, or the error's text and what it names."""
+    try:
+        return bind(table, tree, meshes).fqns()
+    except BindError as e:
+        return (str(e), e.fqn, e.axis, e.placement)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_bind_of_a_table_by_module_refuses_as_binds_of_it_spelled_out(
+    world_mesh: MeshFactory, data: st.DataObject
+) -> None:
+    # Aliases that disagree and dims a parameter lacks are the same errors, naming the
+    # same FQNs, whichever way the table keeps its entries.
+    tree = data.draw(trees())
+    table = data.draw(tables_by_module(tree, faults=True))
+    spelled = ParamLayoutTable(dict(table.items()))
+    meshes = {"dense": world_mesh({"dp_shard": 2, "tp": 4})}
+    ours = _bound_or_refused(table, tree, meshes)
+    event("refused" if isinstance(ours, tuple) else "bound")
+    assert ours == _bound_or_refused(spelled, tree, meshes)

@@ -30,14 +30,16 @@ _NAMED_PARAMETERS = nn.Module.named_parameters
 _NAMED_MEMBERS = nn.Module._named_members
 
 
-ParamGroup: TypeAlias = tuple[str, Iterable[tuple[str, "nn.Parameter | None"]]]
-"""A prefix and ``(name, parameter)`` pairs: each FQN is ``prefix + name``. A pair's
-parameter may be ``None``, to be skipped."""
+ParamGroup: TypeAlias = tuple[str, str, Iterable[tuple[str, "nn.Parameter | None"]]]
+"""A module's FQN, its prefix (the FQN and a dot, ``""`` for the root) and its
+``(name, parameter)`` pairs: each FQN is ``prefix + name``. A pair's parameter may be
+``None``, to be skipped. (Torch's own walk is one group of the root's: ``""``, ``""``
+and every FQN as a name.)"""
 
 
 def named_parameters(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
     """``module.named_parameters(remove_duplicate=False)``, walked in one loop."""
-    for prefix, group in parameter_groups(module):
+    for _, prefix, group in parameter_groups(module):
         for name, param in group:
             if param is not None:
                 yield prefix + name, param
@@ -49,7 +51,7 @@ def parameter_groups(module: nn.Module) -> Iterator[ParamGroup]:
     named)."""
     root = type(module)
     if root.named_parameters is not _NAMED_PARAMETERS or root._named_members is not _NAMED_MEMBERS:
-        yield "", module.named_parameters(remove_duplicate=False)
+        yield "", "", module.named_parameters(remove_duplicate=False)
         return
     # Pre-order, each module's own parameters before its children's, names joined as
     # torch joins them (an empty FQN takes no dot).
@@ -61,13 +63,13 @@ def parameter_groups(module: nn.Module) -> Iterator[ParamGroup]:
         if type(sub).named_modules is not _NAMED_MODULES:
             # Torch's walk of the modules from here on (the ones so far are its first).
             for fqn, sub in islice(module.named_modules(remove_duplicate=False), visited, None):
-                yield (f"{fqn}." if fqn else ""), sub._parameters.items()
+                yield fqn, (f"{fqn}." if fqn else ""), sub._parameters.items()
             return
         visited += 1
         prefix = f"{fqn}." if fqn else ""
         params = sub._parameters
         if params:
-            yield prefix, params.items()
+            yield fqn, prefix, params.items()
         children = sub._modules
         if children:  # pushed last first, so popped in registration order
             push([(prefix + k, m) for k, m in reversed(children.items()) if m is not None])

@@ -231,39 +231,102 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
     """The map of every parameter of ``module`` that ``table`` names, checked.
 
     The hot loop: one pass over the module's parameters, a lookup or two each, filling
-    the map as it goes (one weak reference per parameter carries its entry). Tables
-    usually list parameters in the module's order, so the table is walked alongside and
-    only an FQN out of step is looked up by hash. After the last parameter, an FQN of
-    the table the module lacks raises.
+    the map as it goes (one weak reference per parameter carries its entry). After the
+    last parameter, an FQN of the table the module lacks raises. Entries are counted as
+    they are found (a table kept by module iterates by a generator, which has no exact
+    length hint): FQNs are distinct, so each is found once.
 
-    An entry found in step is bound under the table's own FQN string, so the map shares
-    it and the walk's copy is freed at once (new memory is what this machine pays most
-    for). Entries are counted as they are found, in step or by hash (a table kept by
-    module iterates by a generator, which has no exact length hint).
+    There are two loops, by how the table keeps its entries, each with the checks and
+    the map inline (a call per parameter would cost more than either loop's own work):
+
+    - ``_bound_by_module`` (a table kept by module, as ``build_table`` makes from most
+      plans): each walked module's inner map is found once per run of modules of one
+      kind, and each parameter in it by its own name; the binding keeps the module's
+      prefix and that name, so no FQN string is made per parameter.
+    - ``_bound_in_step`` (any other table): tables usually list parameters in the
+      module's order, so the table is walked alongside and only an FQN out of step is
+      looked up by hash. An entry found in step is bound under the table's own FQN
+      string, so the map shares it and the walk's copy is freed at once (new memory is
+      what this machine pays most for).
 
     Measured interleaved (``make bench``), 100,000 parameters, against
     ``dict(named_parameters)``: torch's walk and two generators (walk, check) feeding
     the map took 1.50x in module order and 1.98x shuffled; the walk a module at a time
-    (``parameter_groups``) with the checks and the map in this one loop takes 1.13-1.28x
+    (``parameter_groups``) with the checks and the map in one loop takes 1.13-1.28x
     and 1.57-1.70x. The walk and a weak reference per parameter alone take 0.6x; a
     shuffled table adds a hash of every freshly walked FQN and a probe into a dict cold
-    from the walk (0.4x).
+    from the walk (0.4x). A table kept by module took 1.37-1.41x, its inner map looked
+    up per module and an FQN made per parameter; 1.19-1.21x with neither.
     """
     out = ParamBindings()
+    kept = table._items
+    if type(kept) is ByModule:
+        found = _bound_by_module(kept, module, binder, out)
+    else:
+        found = _bound_in_step(table, module, binder, out)
+    if found < len(table):
+        names = {fqn for fqn, _ in named_parameters(module)}
+        unknown = next(fqn for fqn in table if fqn not in names)
+        raise _unknown_fqn(unknown, module, names)
+    return out
+
+
+def _bound_by_module(
+    by_module: ByModule, module: nn.Module, binder: _Binder, out: ParamBindings
+) -> int:
+    """``_bind``'s loop for a table kept by module: the entries found, ``out`` filled."""
+    drop, setdefault = out._drop, out._refs.setdefault  # the map is filled here, once
+    get_slot = binder.by_id.get
+    key_of, inner_of = by_module.lookups()
+    last_key: object = None
+    inner: Mapping[str, SourceLayout] | None = None
+    found = 0
+    for module_fqn, prefix, group in parameter_groups(module):
+        key = key_of(module_fqn)  # by_module.inner(module_fqn), once per run of a kind
+        if key is not last_key:
+            last_key = key
+            inner = None if key is None else inner_of[id(key)][1]  # key held by modules
+        for name, param in group:
+            if param is None:
+                continue
+            layout = inner.get(name) if inner is not None else None
+            if layout is not None:
+                head, tail = prefix, name  # no string made: the FQN is spelled if asked
+            else:  # a dotted path (or none): by the whole FQN
+                head, tail = "", prefix + name
+                looked_up = by_module.get(tail)
+                if looked_up is None:
+                    continue
+                layout = looked_up
+            found += 1
+            hit = get_slot(id(layout))
+            slot = (
+                hit[1] if hit is not None and hit[0] is layout else binder.slot(head + tail, layout)
+            )
+            if slot.min_ndim and param.dim() < slot.min_ndim:
+                raise binder.dim_error(head + tail, layout, param)
+            pid = id(param)
+            ref = _ParamRef(param, drop)
+            first = setdefault(pid, ref)
+            if first is ref:
+                ref.pid, ref.head, ref.tail, ref.entry = pid, head, tail, slot
+            elif first.entry is not slot:  # equal layouts share one slot
+                raise _alias_conflict(first.fqn, by_module[first.fqn], head + tail, layout)
+    return found
+
+
+def _bound_in_step(
+    table: ParamLayoutTable, module: nn.Module, binder: _Binder, out: ParamBindings
+) -> int:
+    """``_bind``'s loop for any other table: the entries found, ``out`` filled."""
     drop, setdefault = out._drop, out._refs.setdefault  # the map is filled here, once
     get_slot = binder.by_id.get
     kept = table._items
-    by_module = kept if type(kept) is ByModule else None
-    # A table kept by module spells no FQN string to share: each is found in the inner
-    # map of the walked module (or, on a dotted path, by the whole FQN), never in step.
-    entries = iter(() if by_module is not None else table.items())
+    entries = iter(table.items())
     next_fqn, next_layout = next(entries, _END)
     by_fqn: Mapping[str, SourceLayout] | None = None
-    inner: Mapping[str, SourceLayout] | None = None
-    found = 0  # entries of the table found, in step or by hash
-    for prefix, group in parameter_groups(module):
-        if by_module is not None:
-            inner = by_module.inner(prefix[:-1])  # the prefix is the module's FQN and a dot
+    found = 0
+    for _, prefix, group in parameter_groups(module):
         for name, param in group:
             if param is None:
                 continue
@@ -272,14 +335,9 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
                 fqn, layout = next_fqn, next_layout  # the table's string: the walk's is freed
                 next_fqn, next_layout = next(entries, _END)
             else:
-                if by_module is not None:
-                    looked_up = inner.get(name) if inner is not None else None
-                    if looked_up is None:
-                        looked_up = by_module.get(walked)
-                else:
-                    if by_fqn is None:  # the table's own dict, or its listed entries' own
-                        by_fqn = kept.as_dict() if type(kept) is Listed else kept
-                    looked_up = by_fqn.get(walked)
+                if by_fqn is None:  # the table's own dict, or its listed entries' own
+                    by_fqn = kept.as_dict() if type(kept) is Listed else kept
+                looked_up = by_fqn.get(walked)
                 if looked_up is None:
                     continue
                 fqn, layout = walked, looked_up
@@ -292,15 +350,10 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
             ref = _ParamRef(param, drop)
             first = setdefault(pid, ref)
             if first is ref:
-                ref.pid, ref.fqn, ref.entry = pid, fqn, slot
+                ref.pid, ref.tail, ref.entry = pid, fqn, slot
             elif first.entry is not slot:  # equal layouts share one slot
                 raise _alias_conflict(first.fqn, table[first.fqn], fqn, layout)
-    # FQNs are distinct, so each entry is found once: in step or by hash.
-    if found < len(table):
-        names = {fqn for fqn, _ in named_parameters(module)}
-        unknown = next(fqn for fqn in table if fqn not in names)
-        raise _unknown_fqn(unknown, module, names)
-    return out
+    return found
 
 
 def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_AXES) -> Binding:

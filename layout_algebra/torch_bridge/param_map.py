@@ -111,13 +111,26 @@ class _Slot:
 
 
 class _ParamRef(weakref.ref[nn.Parameter]):
-    """A weak reference to a bound parameter that carries its entry."""
+    """A weak reference to a bound parameter that carries its entry.
 
-    __slots__ = ("entry", "fqn", "pid")
+    Its FQN is kept in two parts, spelled when asked for: ``bind`` walks a module at a
+    time, so a parameter found in its module's map keeps the module's prefix (shared by
+    its siblings) and its own name (the module's own string), and no string is made per
+    parameter; one bound under a whole FQN keeps that FQN as its tail and no head (one
+    store fewer in the hot loop: an unset slot reads as ``""``).
+    """
+
+    __slots__ = ("entry", "head", "pid", "tail")
     pid: int
-    fqn: str
+    head: str
+    tail: str
     entry: _Slot | Binding
     """The slot of the parameter's layout until its ``Binding`` is made, then that."""
+
+    @property
+    def fqn(self) -> str:
+        """The FQN the parameter is bound under."""
+        return getattr(self, "head", "") + self.tail  # "" + fqn is fqn itself, not a copy
 
 
 def _dropper(refs: dict[int, _ParamRef]) -> Callable[[_ParamRef], None]:
@@ -197,7 +210,7 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
             pid = id(param)
             if pid not in refs:
                 ref = refs[pid] = _ParamRef(param, drop)
-                ref.pid, ref.fqn, ref.entry = pid, binding.fqn, binding
+                ref.pid, ref.tail, ref.entry = pid, binding.fqn, binding
 
     @staticmethod
     def _binding(ref: _ParamRef) -> Binding:

@@ -89,7 +89,7 @@ def bind_weakid(table: Table, module: nn.Module, meshes: Mapping[str, DeviceMesh
     out = WeakIdBindings()
     data, by_fqn = out._data, table._items
     with _gc_paused():
-        for prefix, group in parameter_groups(module):
+        for _, prefix, group in parameter_groups(module):
             for name, param in group:
                 if param is None:
                     continue
