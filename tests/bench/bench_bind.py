@@ -214,6 +214,20 @@ def run(*, quick: bool = False) -> None:
         SHUFFLED_TARGET,
         f"floor {small.shuffled_floor / small.named:.2f} (and a lookup of each FQN)",
     )
+    # Most tables are built from a plan of module plans, and kept by module: the same
+    # targets, in the module's order and in the reverse one.
+    record(
+        f"bind of a table kept by module, {small.params:,} params",
+        small.by_module / small.named,
+        RATIO_TARGET,
+        "built from a plan of the layers, in module order",
+    )
+    record(
+        f"the same, modules in reverse order, {small.params:,} params",
+        small.by_module_reversed / small.named,
+        SHUFFLED_TARGET,
+        "an order unlike the module's",
+    )
 
     def growth(a: float, b: float) -> float:
         return (b / large.params) / (a / small.params)
