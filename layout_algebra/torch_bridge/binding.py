@@ -227,7 +227,7 @@ def bind(
         return _bind(table, module, binder)
 
 
-def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamBindings:
+def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamBindings:  # noqa: PLR0915 (one hot loop: a call per parameter costs more than its work)
     """The map of every parameter of ``module`` that ``table`` names, checked.
 
     The hot loop: one pass over the module's parameters, a lookup or two each, filling
@@ -236,18 +236,20 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
     they are found (a table kept by module iterates by a generator, which has no exact
     length hint): FQNs are distinct, so each is found once.
 
-    There are two loops, by how the table keeps its entries, each with the checks and
-    the map inline (a call per parameter would cost more than either loop's own work):
+    How an entry is found depends on how the table keeps its entries:
 
-    - ``_bound_by_module`` (a table kept by module, as ``build_table`` makes from most
-      plans): each walked module's inner map is found once per run of modules of one
-      kind, and each parameter in it by its own name; the binding keeps the module's
-      prefix and that name, so no FQN string is made per parameter.
-    - ``_bound_in_step`` (any other table): tables usually list parameters in the
-      module's order, so the table is walked alongside and only an FQN out of step is
-      looked up by hash. An entry found in step is bound under the table's own FQN
-      string, so the map shares it and the walk's copy is freed at once (new memory is
-      what this machine pays most for).
+    - a table kept by module (as ``build_table`` makes from most plans): each walked
+      module's inner map is found once per run of modules of one kind, and each
+      parameter in it by its own name; the binding keeps the module's prefix and that
+      name (``_ParamRef.head`` and ``tail``), so no FQN string is made per parameter;
+    - any other table: tables usually list parameters in the module's order, so the
+      table is walked alongside and only an FQN out of step is looked up by hash. An
+      entry found in step is bound under the table's own FQN string, so the map shares
+      it and the walk's copy is freed at once (new memory is what this machine pays most
+      for).
+
+    The checks and the map are inline in the one loop: a call per parameter would cost
+    more than the loop's own work.
 
     Measured interleaved (``make bench``), 100,000 parameters, against
     ``dict(named_parameters)``: torch's walk and two generators (walk, check) feeding
@@ -259,101 +261,72 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
     up per module and an FQN made per parameter; 1.19-1.21x with neither.
     """
     out = ParamBindings()
+    drop, setdefault = out._drop, out._refs.setdefault  # the map is filled here, once
+    get_slot = binder.by_id.get
     kept = table._items
-    if type(kept) is ByModule:
-        found = _bound_by_module(kept, module, binder, out)
-    else:
-        found = _bound_in_step(table, module, binder, out)
+    by_module = kept if type(kept) is ByModule else None
+    if by_module is not None:
+        key_of, inner_of = by_module.lookups()
+    last_key: object = None
+    inner: Mapping[str, SourceLayout] | None = None
+    entries = iter(() if by_module is not None else table.items())
+    next_fqn, next_layout = next(entries, _END)
+    by_fqn: Mapping[str, SourceLayout] | None = None
+    found = 0  # entries of the table found, in step or by hash
+    for module_fqn, prefix, group in parameter_groups(module):
+        if by_module is not None:  # by_module.inner(module_fqn), once per run of a kind
+            key = key_of(module_fqn)
+            if key is not last_key:
+                last_key = key
+                inner = None if key is None else inner_of[id(key)][1]  # key held by modules
+        for name, param in group:
+            if param is None:
+                continue
+            head = None  # the FQN is tail alone
+            if by_module is not None:
+                layout = inner.get(name) if inner is not None else None
+                if layout is not None:
+                    head, tail = prefix, name  # no string made: the FQN is spelled if asked
+                else:  # a dotted path (or none): by the whole FQN
+                    tail = prefix + name
+                    looked_up = by_module.get(tail)
+                    if looked_up is None:
+                        continue
+                    layout = looked_up
+            else:
+                tail = prefix + name
+                if tail == next_fqn:  # the table's string: the walk's is freed at once
+                    tail, layout = next_fqn, next_layout
+                    next_fqn, next_layout = next(entries, _END)
+                else:
+                    if by_fqn is None:  # the table's own dict, or its listed entries' own
+                        by_fqn = kept.as_dict() if type(kept) is Listed else kept
+                    looked_up = by_fqn.get(tail)
+                    if looked_up is None:
+                        continue
+                    layout = looked_up
+            found += 1
+            hit = get_slot(id(layout))
+            if hit is None or hit[0] is not layout:
+                hit = (layout, binder.slot(tail if head is None else head + tail, layout))
+            slot = hit[1]
+            if slot.min_ndim and param.dim() < slot.min_ndim:
+                raise binder.dim_error(tail if head is None else head + tail, layout, param)
+            pid = id(param)
+            ref = _ParamRef(param, drop)
+            first = setdefault(pid, ref)
+            if first is ref:
+                ref.pid, ref.tail, ref.entry = pid, tail, slot
+                if head is not None:
+                    ref.head = head
+            elif first.entry is not slot:  # equal layouts share one slot
+                fqn = tail if head is None else head + tail
+                raise _alias_conflict(first.fqn, table[first.fqn], fqn, layout)
     if found < len(table):
         names = {fqn for fqn, _ in named_parameters(module)}
         unknown = next(fqn for fqn in table if fqn not in names)
         raise _unknown_fqn(unknown, module, names)
     return out
-
-
-def _bound_by_module(
-    by_module: ByModule, module: nn.Module, binder: _Binder, out: ParamBindings
-) -> int:
-    """``_bind``'s loop for a table kept by module: the entries found, ``out`` filled."""
-    drop, setdefault = out._drop, out._refs.setdefault  # the map is filled here, once
-    get_slot = binder.by_id.get
-    key_of, inner_of = by_module.lookups()
-    last_key: object = None
-    inner: Mapping[str, SourceLayout] | None = None
-    found = 0
-    for module_fqn, prefix, group in parameter_groups(module):
-        key = key_of(module_fqn)  # by_module.inner(module_fqn), once per run of a kind
-        if key is not last_key:
-            last_key = key
-            inner = None if key is None else inner_of[id(key)][1]  # key held by modules
-        for name, param in group:
-            if param is None:
-                continue
-            layout = inner.get(name) if inner is not None else None
-            if layout is not None:
-                head, tail = prefix, name  # no string made: the FQN is spelled if asked
-            else:  # a dotted path (or none): by the whole FQN
-                head, tail = "", prefix + name
-                looked_up = by_module.get(tail)
-                if looked_up is None:
-                    continue
-                layout = looked_up
-            found += 1
-            hit = get_slot(id(layout))
-            slot = (
-                hit[1] if hit is not None and hit[0] is layout else binder.slot(head + tail, layout)
-            )
-            if slot.min_ndim and param.dim() < slot.min_ndim:
-                raise binder.dim_error(head + tail, layout, param)
-            pid = id(param)
-            ref = _ParamRef(param, drop)
-            first = setdefault(pid, ref)
-            if first is ref:
-                ref.pid, ref.head, ref.tail, ref.entry = pid, head, tail, slot
-            elif first.entry is not slot:  # equal layouts share one slot
-                raise _alias_conflict(first.fqn, by_module[first.fqn], head + tail, layout)
-    return found
-
-
-def _bound_in_step(
-    table: ParamLayoutTable, module: nn.Module, binder: _Binder, out: ParamBindings
-) -> int:
-    """``_bind``'s loop for any other table: the entries found, ``out`` filled."""
-    drop, setdefault = out._drop, out._refs.setdefault  # the map is filled here, once
-    get_slot = binder.by_id.get
-    kept = table._items
-    entries = iter(table.items())
-    next_fqn, next_layout = next(entries, _END)
-    by_fqn: Mapping[str, SourceLayout] | None = None
-    found = 0
-    for _, prefix, group in parameter_groups(module):
-        for name, param in group:
-            if param is None:
-                continue
-            walked = prefix + name
-            if walked == next_fqn:
-                fqn, layout = next_fqn, next_layout  # the table's string: the walk's is freed
-                next_fqn, next_layout = next(entries, _END)
-            else:
-                if by_fqn is None:  # the table's own dict, or its listed entries' own
-                    by_fqn = kept.as_dict() if type(kept) is Listed else kept
-                looked_up = by_fqn.get(walked)
-                if looked_up is None:
-                    continue
-                fqn, layout = walked, looked_up
-            found += 1
-            hit = get_slot(id(layout))
-            slot = hit[1] if hit is not None and hit[0] is layout else binder.slot(fqn, layout)
-            if slot.min_ndim and param.dim() < slot.min_ndim:
-                raise binder.dim_error(fqn, layout, param)
-            pid = id(param)
-            ref = _ParamRef(param, drop)
-            first = setdefault(pid, ref)
-            if first is ref:
-                ref.pid, ref.tail, ref.entry = pid, fqn, slot
-            elif first.entry is not slot:  # equal layouts share one slot
-                raise _alias_conflict(first.fqn, table[first.fqn], fqn, layout)
-    return found
 
 
 def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_AXES) -> Binding:
