@@ -325,7 +325,12 @@ class ByModule(_Kept):
     def _root_last(self) -> bool:
         """Whether the root module, if any, is the last module (its entries come last)."""
         modules = self._modules
-        return "" not in modules or tuple(modules)[-1] == ""
+        if "" not in modules:
+            return True
+        if isinstance(modules, dict):  # as every table the package builds holds: at once
+            last: str = next(reversed(modules))
+            return last == ""
+        return tuple(modules)[-1] == ""
 
     def inner(self, module: str) -> Mapping[str, SourceLayout] | None:
         """The layouts of ``module``'s parameter paths (``{"wq.weight": ...}``), or

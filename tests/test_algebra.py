@@ -44,6 +44,7 @@ from layout_algebra import (
     resolve,
     strip,
 )
+from layout_algebra.frozen import FrozenMap
 from layout_algebra.layout import _MAX_SCANS, ByModule, Listed, _CheckedEntries
 from layout_algebra.plan import NamedPlacements
 from tests.strategies import (
@@ -1545,6 +1546,18 @@ def _kept_table(kind: str, layers: int, root: str | None) -> ParamLayoutTable:
     )
     assert type(table._items) is ByModule
     return table
+
+
+@pytest.mark.parametrize("root", [None, "first", "last"])
+def test_entries_kept_by_module_over_any_mapping_find_the_root_as_over_a_dict(
+    root: str | None,
+) -> None:
+    # Completing adds entries under the root module only when it comes last; the plan's
+    # dict is read at once from its end, any other mapping by its keys.
+    kept = _kept_table("by_module", 2, root)._items
+    assert isinstance(kept, ByModule)
+    over_a_view = ByModule(FrozenMap(kept._modules), kept._inner_of)
+    assert over_a_view._root_last() == kept._root_last() == (root != "first")
 
 
 @given(
