@@ -79,15 +79,11 @@ def as_named(param: str, named: NamedLike) -> NamedPlacements:
         )
         raise LayoutError(msg, fqn=param)
     out: dict[str, Placement] = {}
-    items = (
-        named.items()
-        if type(raw) is dict
-        else mapping_items(
-            raw,
-            f"{clip(param)}: named placements",
-            "{'tp': Shard(0)}",
-            error=lambda msg: LayoutError(msg, fqn=param),
-        )
+    items = mapping_items(
+        raw,
+        f"{clip(param)}: named placements",
+        "{'tp': Shard(0)}",
+        error=lambda msg: LayoutError(msg, fqn=param),
     )
     for axis, placement in items:
         try:

@@ -233,20 +233,29 @@ def tables_by_module(
     return build_table(plan, ["dp_shard", "tp"])
 
 
+def _drawn(
+    data: st.DataObject, world_mesh: MeshFactory, *, faults: bool = False
+) -> tuple[nn.Module, ParamLayoutTable, ParamLayoutTable, dict[str, DeviceMesh]]:
+    """A random tree, a table of it kept by module (``tables_by_module``), the same table
+    spelled out by FQN, and the meshes to bind them on."""
+    tree = data.draw(trees())
+    table = data.draw(tables_by_module(tree, faults=faults))
+    spelled = ParamLayoutTable(dict(table.items()))
+    return tree, table, spelled, {"dense": world_mesh({"dp_shard": 2, "tp": 4})}
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_bind_of_a_table_by_module_is_binds_of_it_spelled_out_on_random_trees(
     world_mesh: MeshFactory, data: st.DataObject
 ) -> None:
-    tree = data.draw(trees())
-    table = data.draw(tables_by_module(tree))
-    spelled = ParamLayoutTable(dict(table.items()))
-    meshes = {"dense": world_mesh({"dp_shard": 2, "tp": 4})}
+    tree, table, spelled, meshes = _drawn(data, world_mesh)
     ours, theirs = bind(table, tree, meshes), bind(spelled, tree, meshes)
     assert dict(ours) == dict(theirs)
     assert [b.fqn for b in ours.values()] == [b.fqn for b in theirs.values()]
+    bound = ours.fqns()
     for fqn in table:  # every binding is found under the FQN it was bound under
-        if fqn in ours.fqns():
+        if fqn in bound:
             assert ours.by_fqn(fqn)[1] == theirs.by_fqn(fqn)[1]
 
 
@@ -267,10 +276,7 @@ def test_bind_of_a_table_by_module_refuses_as_binds_of_it_spelled_out(
 ) -> None:
     # Aliases that disagree and dims a parameter lacks are the same errors, naming the
     # same FQNs, whichever way the table keeps its entries.
-    tree = data.draw(trees())
-    table = data.draw(tables_by_module(tree, faults=True))
-    spelled = ParamLayoutTable(dict(table.items()))
-    meshes = {"dense": world_mesh({"dp_shard": 2, "tp": 4})}
+    tree, table, spelled, meshes = _drawn(data, world_mesh, faults=True)
     ours = _bound_or_refused(table, tree, meshes)
     event("refused" if isinstance(ours, tuple) else "bound")
     assert ours == _bound_or_refused(spelled, tree, meshes)

@@ -282,7 +282,7 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
         for name, param in group:
             if param is None:
                 continue
-            head = None  # the FQN is tail alone
+            head = ""  # the FQN is head + tail: tail itself when head is empty
             if by_module is not None:
                 layout = inner.get(name) if inner is not None else None
                 if layout is not None:
@@ -306,22 +306,21 @@ def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamB
                         continue
                     layout = looked_up
             found += 1
-            hit = get_slot(id(layout))
-            if hit is None or hit[0] is not layout:
-                hit = (layout, binder.slot(tail if head is None else head + tail, layout))
-            slot = hit[1]
+            hit = get_slot(id(layout))  # binder.slot's own first lookup, inlined
+            slot = (
+                hit[1] if hit is not None and hit[0] is layout else binder.slot(head + tail, layout)
+            )
             if slot.min_ndim and param.dim() < slot.min_ndim:
-                raise binder.dim_error(tail if head is None else head + tail, layout, param)
+                raise binder.dim_error(head + tail, layout, param)
             pid = id(param)
             ref = _ParamRef(param, drop)
             first = setdefault(pid, ref)
             if first is ref:
                 ref.pid, ref.tail, ref.entry = pid, tail, slot
-                if head is not None:
+                if head:  # unset, it reads as ""
                     ref.head = head
             elif first.entry is not slot:  # equal layouts share one slot
-                fqn = tail if head is None else head + tail
-                raise _alias_conflict(first.fqn, table[first.fqn], fqn, layout)
+                raise _alias_conflict(first.fqn, table[first.fqn], head + tail, layout)
     if found < len(table):
         names = {fqn for fqn, _ in named_parameters(module)}
         unknown = next(fqn for fqn in table if fqn not in names)
