@@ -15,12 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from itertools import islice
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
 
-__all__ = ["as_items", "mapping_dict", "mapping_items", "plain_str"]
+__all__ = [
+    "MAX_NDIM",
+    "MAX_TENSOR_SIZE",
+    "as_items",
+    "as_shape",
+    "mapping_dict",
+    "mapping_items",
+    "plain_str",
+]
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -118,3 +126,41 @@ def plain_str(value: str) -> str:
     validator refuses what is not a ``str``)."""
     raw: object = value  # user input: checked by the validator, whatever the annotation says
     return str.__str__(value) if isinstance(raw, str) and type(raw) is not str else value
+
+
+MAX_NDIM: Final = 64
+"""A tensor has at most this many dims (torch's own limit), so a dim is < 64."""
+
+MAX_TENSOR_SIZE: Final = 2**63 - 1
+"""The largest size or offset along a dim: torch counts elements in int64."""
+
+
+def as_shape(
+    value: Iterable[int], arg: str = "a shape", *, fqn: str | None = None
+) -> tuple[int, ...]:
+    """``value`` as a tensor shape: at most ``MAX_NDIM`` ints from 0 to ``MAX_TENSOR_SIZE``.
+
+    The one check of "a shape is a sequence of sizes": a ``str`` or ``bytes`` is refused
+    (``b"tp"`` would read as the sizes 116 and 112), an endless iterable stops at the bound.
+    ``arg`` names the argument in the message, ``fqn`` the parameter (set on the error).
+
+    Raises:
+        LayoutError: not such a sequence, naming ``arg`` (and ``fqn``).
+    """
+    who = f"{quote(fqn)}: " if fqn else ""
+    raw: object = value
+    if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
+        msg = f"{who}{arg} must be a sequence of sizes such as (4096, 1024), got {quote(raw)}"
+        raise LayoutError(msg, fqn=fqn)
+    shape = as_items(value, arg, "(4096, 1024)", limit=MAX_NDIM)
+    if len(shape) > MAX_NDIM:
+        msg = f"{who}{arg} has more than {MAX_NDIM} dims (torch's limit); check the shape"
+        raise LayoutError(msg, fqn=fqn)
+    for n in shape:
+        if type(n) is not int or not 0 <= n <= MAX_TENSOR_SIZE:
+            msg = (
+                f"{who}{arg} holds sizes from 0 to 2**63 - 1 (int64), got {quote(n)} in "
+                f"{quote(shape)}"
+            )
+            raise LayoutError(msg, fqn=fqn)
+    return shape

@@ -18,7 +18,7 @@ from typing import Final, TypeAlias, assert_never
 
 import attrs
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE, mapping_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import (
     FSDP_OWNED_AXES,
@@ -60,12 +60,6 @@ MAX_FSDP_SOURCE_AXES: Final = 2
 
 MAX_MESH_SIZE: Final = 2**20
 """The largest size of one mesh axis the geometry takes (a million ranks)."""
-
-MAX_TENSOR_SIZE: Final = 2**63 - 1
-"""The largest size of one tensor dim: torch sizes are int64."""
-
-MAX_NDIM: Final = 64
-"""The most dims a tensor has."""
 
 MAX_PIECES: Final = 2**20
 """The most pieces a ``StridedShard`` may cut one dim into for the geometry to follow it."""

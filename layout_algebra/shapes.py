@@ -17,7 +17,7 @@ from typing import Final
 
 import attrs
 
-from layout_algebra._args import as_items
+from layout_algebra._args import MAX_NDIM, as_items
 from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.frozen import FrozenMap
@@ -96,9 +96,6 @@ _ALIASES: Final[Mapping[str, str]] = FrozenMap(
     }
 )
 """torch's other spellings of the same dtypes (``torch.half is torch.float16``)."""
-
-MAX_NDIM: Final = 64
-"""A tensor has fewer dims than this (torch's own limit)."""
 
 MAX_HEADER_BYTES: Final = 100_000_000
 """A safetensors header is at most this long (the limit the safetensors library enforces)."""
