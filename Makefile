@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test typecheck lint bench check clean
+.PHONY: venv demo test test-fast typecheck lint bench check clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,10 @@ typecheck: $(STAMP)
 
 test: typecheck
 	$(BIN)/python -m pytest -q
+
+# Day-to-day: everything but the tests that spawn real gloo processes.
+test-fast: typecheck
+	$(BIN)/python -m pytest -q -m "not distributed"
 
 lint: $(STAMP)
 	$(BIN)/ruff check layout_algebra tests

@@ -5,6 +5,8 @@ package turns that plan into a checked ``ParamLayoutTable``, predicts what FSDP2
 make of it, and (in ``layout_algebra.torch_bridge``) maps it onto a live model.
 """
 
+__version__ = "0.1.0"
+
 from layout_algebra.algebra import (
     TableDiff,
     build_table,
