@@ -33,6 +33,7 @@ from layout_algebra.geometry import compose_fsdp, compose_table, local_runs, loc
 from layout_algebra.jax_bridge import from_partition_spec, to_partition_spec
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout
 from layout_algebra.lint import LintNote, LintProblem, LintReport, RankMemory, lint
+from layout_algebra.mesh import Mesh
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -57,6 +58,7 @@ __all__ = [
     "LintNote",
     "LintProblem",
     "LintReport",
+    "Mesh",
     "ModulePlan",
     "OwnedAxisError",
     "ParamLayoutTable",

@@ -66,7 +66,7 @@ from layout_algebra.plan import NamedPlacements
 CORE_MODULES = ("axes", "placements", "layout", "frozen", "plan", "algebra", "geometry")
 """The core: its modules keep no ``id()`` of an object without the object beside it."""
 
-PURE_MODULES = (*CORE_MODULES, "shapes", "lint", "checkpoint", "jax_bridge", "draw")
+PURE_MODULES = (*CORE_MODULES, "mesh", "shapes", "lint", "checkpoint", "jax_bridge", "draw")
 """The pure modules whose public names the property covers, besides the top level.
 
 The torch bridge, serialization and the command line have hostile-input tests of their own.
@@ -178,6 +178,10 @@ def _shapes() -> dict[str, Case]:
     composed = _COMPOSED
     return {
         "AxisName": Case(AxisName, ("tp",)),
+        "Mesh": Case(layout_algebra.Mesh, ({"dp_shard": 2, "tp": 4},)),
+        "Mesh.parse": Case(layout_algebra.Mesh.parse, ("dp_shard=2,tp=4",)),
+        "Mesh.coordinate": Case(layout_algebra.Mesh({"dp_shard": 2, "tp": 4}).coordinate, (5,)),
+        "Mesh.rank": Case(layout_algebra.Mesh({"dp_shard": 2, "tp": 4}).rank, ((1, 1),)),
         "Shard": Case(Shard, (0,)),
         "Replicate": Case(Replicate),
         "Partial": Case(Partial, ("max",)),

@@ -30,6 +30,7 @@ TOP_LEVEL = frozenset(
         "ModulePlan",
         "TableDiff",
         "FSDP_OWNED_AXES",
+        "Mesh",
         # the DSL
         "parse_placement",
         "format_placement",
@@ -72,8 +73,8 @@ TOP_LEVEL = frozenset(
         "from_partition_spec",
     }
 )
-"""What API.md names at the top level, plus ``local_runs``, ``ReduceOp``, ``FrozenMap``
-and ``Drop``."""
+"""What API.md names at the top level (``Mesh`` among them), plus ``local_runs``,
+``ReduceOp``, ``FrozenMap`` and ``Drop``."""
 
 INTERNALS = frozenset(
     {
@@ -105,6 +106,7 @@ CORE_MODULES = (
     "plan",
     "algebra",
     "geometry",
+    "mesh",
     "errors",
     "testing",
 )
