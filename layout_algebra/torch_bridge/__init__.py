@@ -20,7 +20,9 @@ This package is the only part of layout_algebra that imports torch (install it w
   (meta-device models welcome), for the lint;
 - ``parallelize`` and ``transformers``: ``plan_from_parallelize`` and ``plan_from_hf``
   read the plans torch's ``parallelize_module`` and transformers' own ``tp_plan`` /
-  ``ep_plan`` apply as a ``ShardingPlan`` (transformers itself is never imported).
+  ``ep_plan`` apply as a ``ShardingPlan`` (transformers itself is never imported);
+- ``tables``: ``table_from_hf`` and ``table_from_parallelize``, a model's complete table
+  from those plans in one call.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from layout_algebra.torch_bridge.models import (
 from layout_algebra.torch_bridge.parallelize import plan_from_parallelize
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 from layout_algebra.torch_bridge.shapes import shapes_from_module
+from layout_algebra.torch_bridge.tables import table_from_hf, table_from_parallelize
 from layout_algebra.torch_bridge.transformers import plan_from_hf
 
 __all__ = [
@@ -53,7 +56,9 @@ __all__ = [
     "plan_from_hf",
     "plan_from_parallelize",
     "shapes_from_module",
+    "table_from_hf",
     "table_from_module",
+    "table_from_parallelize",
     "tied_pairs_from_module",
     "to_torch",
 ]
