@@ -23,18 +23,24 @@ from typing import Final, Protocol, TypeAlias, assert_never
 
 import attrs
 
-from layout_algebra._args import as_items
+from layout_algebra._args import (
+    MAX_TENSOR_SIZE,
+    as_items,
+    as_shape,
+    mapping_dict,
+    mapping_items,
+    plain_str,
+)
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap, frozen_map_of, getter, read_once
+from layout_algebra.frozen import FrozenMap, frozen_map_of, getter
 from layout_algebra.geometry import (
-    MAX_NDIM,
-    MAX_TENSOR_SIZE,
     MAX_WORLD,
     FsdpAxes,
     as_role_sizes,
     as_sizes,
+    check_dims,
     check_layout,
     compose_table,
     local_shape_and_offset,
@@ -42,7 +48,14 @@ from layout_algebra.geometry import (
     size_of,
     world_size,
 )
-from layout_algebra.layout import ByModule, ParamLayoutTable, SourceLayout, partial_error
+from layout_algebra.layout import (
+    ByModule,
+    ParamLayoutTable,
+    SourceLayout,
+    check_fqn,
+    check_fqns,
+    partial_error,
+)
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
 from layout_algebra.shapes import DTYPE_BYTES, as_dtype
 
@@ -64,16 +77,25 @@ real run, and a bound on the work (``dcp_chunks`` and ``reshard_plan`` visit eac
 # values
 
 
-def _as_ints(values: Iterable[int]) -> tuple[int, ...]:
-    raw: object = values
-    if isinstance(raw, str) or not isinstance(raw, Iterable):
-        msg = f"expected a sequence of ints such as (0, 4), got {quote(values)}"
-        raise LayoutError(msg)
-    out = as_items(values, "offsets and sizes", "(0, 4)", limit=MAX_NDIM)
-    if len(out) > MAX_NDIM or any(type(v) is not int or not 0 <= v <= MAX_TENSOR_SIZE for v in out):
-        msg = f"expected at most {MAX_NDIM} ints from 0 to 2**63 - 1, got {quote(values)}"
-        raise LayoutError(msg)
-    return out
+# Each field's converter names it: ``as_shape`` checks offsets and sizes alike.
+def _as_chunk_offsets(value: Iterable[int]) -> tuple[int, ...]:
+    return as_shape(value, "Chunk.offsets")
+
+
+def _as_chunk_sizes(value: Iterable[int]) -> tuple[int, ...]:
+    return as_shape(value, "Chunk.sizes")
+
+
+def _as_dest_offsets(value: Iterable[int]) -> tuple[int, ...]:
+    return as_shape(value, "Read.dest_offsets")
+
+
+def _as_storage_offsets(value: Iterable[int]) -> tuple[int, ...]:
+    return as_shape(value, "Read.storage_offsets")
+
+
+def _as_lengths(value: Iterable[int]) -> tuple[int, ...]:
+    return as_shape(value, "Read.lengths")
 
 
 def _box(offsets: Sequence[int], sizes: Sequence[int]) -> str:
@@ -85,11 +107,12 @@ class Chunk:
     """One box of a tensor as a checkpoint records it: where it starts and how big it is.
 
     ``str`` is the box as slices, ``Chunk((4, 0), (4, 8))`` is ``[4:8, 0:8]``. Chunks
-    order by offsets (then sizes).
+    order by offsets (then sizes). Offsets and sizes are shapes (``as_shape``): as many
+    of each, and every box ends within int64.
     """
 
-    offsets: tuple[int, ...] = attrs.field(converter=_as_ints)
-    sizes: tuple[int, ...] = attrs.field(converter=_as_ints)
+    offsets: tuple[int, ...] = attrs.field(converter=_as_chunk_offsets)
+    sizes: tuple[int, ...] = attrs.field(converter=_as_chunk_sizes)
 
     @sizes.validator
     def _check_rank(self, _: attrs.Attribute[tuple[int, ...]], value: object) -> None:
@@ -97,6 +120,12 @@ class Chunk:
             msg = (
                 f"a chunk has one offset and one size per dim, got offsets {self.offsets} and "
                 f"sizes {self.sizes}"
+            )
+            raise LayoutError(msg)
+        if any(o + n > MAX_TENSOR_SIZE for o, n in zip(self.offsets, self.sizes, strict=True)):
+            msg = (
+                f"Chunk {self.offsets} + {self.sizes} ends beyond 2**63 - 1, the largest size of "
+                "a dim (int64); give a box of the tensor"
             )
             raise LayoutError(msg)
 
@@ -109,20 +138,53 @@ class Chunk:
         return math.prod(self.sizes)
 
 
+def _check_read_fqn(_: object, __: attrs.Attribute[str], value: object) -> None:
+    check_fqn(value, "Read.fqn")
+
+
+def _check_read_chunk(_: object, __: attrs.Attribute[Chunk], value: object) -> None:
+    if not isinstance(value, Chunk):
+        msg = f"Read.chunk: expected a Chunk such as Chunk((0, 0), (4, 8)), got {quote(value)}"
+        raise LayoutError(msg)
+
+
 @attrs.frozen(cache_hash=True)
 class Read:
     """One read a destination rank makes: a box of one saved chunk into its local shard.
 
     ``storage_offsets`` are relative to the saved ``chunk``, ``dest_offsets`` to the
     rank's local shard, and ``lengths`` is the box's size: torch's ``ReadItem`` for that
-    parameter, with the saved chunk in place of its storage index.
+    parameter, with the saved chunk in place of its storage index. Each field is checked
+    (a wrong type is a ``LayoutError`` naming it); the box has the chunk's dims and lies
+    within it.
     """
 
-    fqn: str
-    chunk: Chunk
-    dest_offsets: tuple[int, ...] = attrs.field(converter=_as_ints)
-    storage_offsets: tuple[int, ...] = attrs.field(converter=_as_ints)
-    lengths: tuple[int, ...] = attrs.field(converter=_as_ints)
+    fqn: str = attrs.field(converter=plain_str, validator=_check_read_fqn)
+    chunk: Chunk = attrs.field(validator=_check_read_chunk)
+    dest_offsets: tuple[int, ...] = attrs.field(converter=_as_dest_offsets)
+    storage_offsets: tuple[int, ...] = attrs.field(converter=_as_storage_offsets)
+    lengths: tuple[int, ...] = attrs.field(converter=_as_lengths)
+
+    @lengths.validator
+    def _check_box(self, _: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+        ndim = len(self.chunk.sizes)
+        given = (self.dest_offsets, self.storage_offsets, value)
+        if any(len(v) != ndim for v in given):
+            msg = (
+                f"Read {clip(self.fqn)!r}: dest_offsets {self.dest_offsets}, storage_offsets "
+                f"{self.storage_offsets} and lengths {value} each need one int per dim of "
+                f"chunk {self.chunk}"
+            )
+            raise LayoutError(msg, fqn=self.fqn)
+        if any(
+            o + n > size
+            for o, n, size in zip(self.storage_offsets, value, self.chunk.sizes, strict=True)
+        ):
+            msg = (
+                f"Read {clip(self.fqn)!r}: storage_offsets {self.storage_offsets} and lengths "
+                f"{value} reach beyond chunk {self.chunk}; a read is a box of its chunk"
+            )
+            raise LayoutError(msg, fqn=self.fqn)
 
     def __str__(self) -> str:
         start = [c + o for c, o in zip(self.chunk.offsets, self.storage_offsets, strict=True)]
@@ -222,33 +284,17 @@ def _dim_extents(
     return out
 
 
-def _check_shape(global_shape: Sequence[int], fqn: str | None = None) -> tuple[int, ...]:
-    raw: object = global_shape
-    who = f"{clip(fqn)}: " if fqn else ""
-    if isinstance(raw, str) or not isinstance(raw, Sequence):
-        msg = f"{who}a shape is a sequence of sizes such as (16, 8), got {quote(global_shape)}"
-        raise LayoutError(msg, fqn=fqn)
-    shape = tuple(global_shape)
-    if len(shape) > MAX_NDIM or any(
-        type(n) is not int or not 0 <= n <= MAX_TENSOR_SIZE for n in shape
-    ):
-        msg = (
-            f"{who}a shape holds at most {MAX_NDIM} ints from 0 to 2**63 - 1 (int64), got "
-            f"{quote(global_shape)}"
-        )
-        raise LayoutError(msg, fqn=fqn)
-    return shape
-
-
-def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None) -> None:
+def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None) -> dict[str, int]:
     checked = as_sizes(sizes, "mesh_sizes")
     for axis in layout.axes:
         size_of(checked, axis, layout, fqn)
+    return checked
 
 
 def _chunks(
     layout: SourceLayout, shape: tuple[int, ...], sizes: Mapping[str, int]
 ) -> tuple[Chunk, ...]:
+    check_dims(layout, len(shape), shape=shape)  # a dim the tensor lacks is no box of it
     extents = _dim_extents(shape, layout, sizes)
     boxes: dict[tuple[int, ...], tuple[int, ...]] = {}
     for combo in itertools.product(*extents):
@@ -259,7 +305,7 @@ def _chunks(
 
 
 def dcp_chunks(
-    layout: SourceLayout, global_shape: Sequence[int], mesh_sizes: Mapping[str, int]
+    layout: SourceLayout, global_shape: Iterable[int], mesh_sizes: Mapping[str, int]
 ) -> tuple[Chunk, ...]:
     """The distinct boxes torch's distributed checkpoint records for one parameter.
 
@@ -288,13 +334,13 @@ def dcp_chunks(
         The boxes, sorted by offsets.
 
     Raises:
-        LayoutError: a ``Partial`` (DCP saves whole values), a dim the tensor lacks, an
-            axis with no size.
+        LayoutError: a ``Partial`` (DCP saves whole values), a shard of a dim the tensor
+            lacks, an axis with no size, a ``global_shape`` that is no shape (``as_shape``).
     """
     _check_layout(layout)
-    shape = _check_shape(global_shape)
-    _check_sizes(layout, mesh_sizes, None)
-    return _chunks(layout, shape, mesh_sizes)
+    shape = as_shape(global_shape, "global_shape")
+    sizes = _check_sizes(layout, mesh_sizes, None)
+    return _chunks(layout, shape, sizes)
 
 
 # ---------------------------------------------------------------------------------------
@@ -452,6 +498,47 @@ def _layout_str(layout: SourceLayout) -> str:
     return str(layout) if layout.axes else f"{layout.mesh} (plain tensor)"
 
 
+def _as_bytes_read(value: Iterable[int]) -> tuple[int, ...]:
+    out = as_items(value, "ReshardPlan.bytes_read", "(64, 64)", limit=MAX_RANKS)
+    if not 1 <= len(out) <= MAX_RANKS or any(type(n) is not int or n < 0 for n in out):
+        msg = (
+            f"ReshardPlan.bytes_read: expected 1 to {MAX_RANKS:,} ints >= 0 (the bytes of "
+            f"each destination rank), got {quote(value)}; make it with reshard_plan"
+        )
+        raise LayoutError(msg)
+    return out
+
+
+def _as_by_param(value: Mapping[str, int]) -> FrozenMap[str, int]:
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"ReshardPlan.by_param: expected a mapping of FQN to bytes, got {quote(raw)}"
+        raise LayoutError(msg)
+    frozen = (
+        value  # frozen already: not copied
+        if isinstance(value, FrozenMap) and type(value) is FrozenMap
+        else frozen_map_of(mapping_dict(value, "ReshardPlan.by_param", "{'w': 64}"))
+    )
+    if not set(map(type, frozen)) <= {str} or any(
+        type(n) is not int or n < 0 for n in frozen.values()
+    ):
+        msg = (
+            f"ReshardPlan.by_param: expected plain FQNs mapped to ints >= 0 (bytes), got "
+            f"{quote(raw)}; make it with reshard_plan"
+        )
+        raise LayoutError(msg)
+    return frozen
+
+
+def _check_plan_table(
+    _: object, attribute: attrs.Attribute[ParamLayoutTable], value: object
+) -> None:
+    if not isinstance(value, ParamLayoutTable):
+        name = attribute.alias or attribute.name
+        msg = f"ReshardPlan.{name}: expected a ParamLayoutTable, got {quote(value)}"
+        raise LayoutError(msg)
+
+
 _REPORT_RANKS: Final = 16
 _REPORT_PARAMS: Final = 10
 
@@ -467,10 +554,10 @@ class ReshardPlan:
     ``str()`` is a report: bytes per rank, total, largest, the parameters that move most.
     """
 
-    bytes_read: tuple[int, ...]
-    by_param: FrozenMap[str, int]
-    _src: ParamLayoutTable = attrs.field(alias="src")
-    _dst: ParamLayoutTable = attrs.field(alias="dst")
+    bytes_read: tuple[int, ...] = attrs.field(converter=_as_bytes_read)
+    by_param: FrozenMap[str, int] = attrs.field(converter=_as_by_param)
+    _src: ParamLayoutTable = attrs.field(alias="src", validator=_check_plan_table)
+    _dst: ParamLayoutTable = attrs.field(alias="dst", validator=_check_plan_table)
     _fqns: tuple[str, ...] = attrs.field(alias="fqns", eq=False)
     _kinds: tuple[_Pattern, ...] = attrs.field(alias="kinds", eq=False)
     """Each parameter's reads (``_fqns[i]``'s are ``_kinds[i]``): a few shared patterns."""
@@ -482,6 +569,25 @@ class ReshardPlan:
             msg = (
                 "ReshardPlan(fqns=..., kinds=...): one kind of reads per FQN, both tuples; "
                 f"got {quote(fqns)} and {quote(value)}; make it with reshard_plan"
+            )
+            raise LayoutError(msg)
+        check_fqns(fqns, "ReshardPlan.fqns")
+        ranks = len(self.bytes_read)
+        # What reads(), chunks_read() and the report look up must be there; plain types
+        # first, so no caller's __hash__ or __eq__ runs.
+        if (
+            not set(map(type, fqns)) <= {str}
+            or not set(map(type, value)) <= {_Pattern}
+            or len(set(fqns)) != len(fqns)
+            or self.by_param.keys() != set(fqns)
+            or not all(map(self._dst.__contains__, fqns))
+            or not all(map(self._src.__contains__, fqns))
+            or any(len(k.pieces) != ranks for k in set(value))
+        ):
+            msg = (
+                "ReshardPlan(fqns=..., kinds=...): each FQN once, each in src, dst and by_param "
+                f"(and no other), each kind of reads for the {ranks} destination ranks; got "
+                f"fqns {quote(fqns)}; make it with reshard_plan"
             )
             raise LayoutError(msg)
 
@@ -531,6 +637,9 @@ class ReshardPlan:
         Raises:
             LayoutError: ``fqn`` is not loaded.
         """
+        raw: object = fqn
+        if isinstance(raw, str):
+            fqn = plain_str(fqn)  # its own __eq__ never runs
         for name, pattern in zip(self._fqns, self._kinds, strict=True):
             if name == fqn:
                 return sum(map(len, pattern.pieces))
@@ -598,6 +707,33 @@ ShapesLike: TypeAlias = Mapping[str, HasShape]
 """Parameter shapes by FQN: ``ParamShape`` values, or anything with ``shape`` and ``dtype``."""
 
 
+def _shapes_by_fqn(shapes: ShapesLike) -> Mapping[str, HasShape]:
+    """``shapes`` read once, its str keys as plain strings: what ``reshard_plan`` looks
+    up per parameter, so a key's own ``__eq__`` or ``__hash__`` never runs there.
+
+    Raises:
+        LayoutError: naming ``shapes``: not a mapping, a mapping that raises while it is
+            read, or a key no dict can hold (the exception is the ``__cause__``).
+    """
+    raw: object = shapes
+    if not isinstance(raw, Mapping):
+        msg = f"shapes must map parameter FQN to its shape and dtype, got {quote(shapes)}"
+        raise LayoutError(msg)
+    if (type(raw) is dict or type(raw) is FrozenMap) and set(map(type, shapes)) <= {str}:
+        return shapes  # plain keys already: nothing to copy
+    example = "shapes_from_module(model)"
+    out: dict[str, HasShape] = {}
+    try:
+        for key, value in mapping_items(shapes, "shapes", example):
+            out[plain_str(key)] = value  # a key of another type is never looked up
+    except LayoutError:
+        raise
+    except Exception as e:  # a key whose hash fails
+        msg = f"shapes has a key that cannot be a dict key ({quote(e)}), such as {example}"
+        raise LayoutError(msg) from e
+    return out
+
+
 def _find_shape(fqn: str, shapes: ShapesLike, table: ParamLayoutTable) -> HasShape:
     found = shapes.get(fqn)
     if found is None:
@@ -615,12 +751,16 @@ def _find_shape(fqn: str, shapes: ShapesLike, table: ParamLayoutTable) -> HasSha
 
 def _read_shape(fqn: str, found: HasShape) -> tuple[tuple[int, ...], int]:
     """``found``'s shape, checked, and its dtype's bytes per element."""
-    shape: object = getattr(found, "shape", None)
-    dtype: object = getattr(found, "dtype", None)
+    try:
+        shape: object = getattr(found, "shape", None)
+        dtype: object = getattr(found, "dtype", None)
+    except Exception as e:  # a property of the caller's that raises
+        msg = f"{clip(fqn)}: its .shape or .dtype could not be read ({quote(e)}); give a ParamShape"
+        raise LayoutError(msg, fqn=fqn) from e
     if shape is None or dtype is None:
         msg = f"{clip(fqn)}: its shape {quote(found)} has no .shape and .dtype; give a ParamShape"
         raise LayoutError(msg, fqn=fqn)
-    checked = _check_shape(shape, fqn)  # type: ignore[arg-type]  # checked at run time
+    checked = as_shape(shape, "shape", fqn=fqn)  # type: ignore[arg-type]  # checked at run time
     try:
         name = as_dtype(dtype)
     except LayoutError as error:
@@ -674,12 +814,14 @@ class _Reads:
             return pattern
         except LayoutError as error:
             if error.fqn != fqn:
-                error = LayoutError(
+                named = LayoutError(
                     f"{clip(fqn)}: {error.message}",
                     fqn=fqn,
                     axis=error.axis,
                     placement=error.placement,
                 )
+                named.__cause__ = error.__cause__  # the caller's own exception, if any
+                error = named
             self.problems.append(error)
             return None
 
@@ -793,11 +935,7 @@ def reshard_plan(
     """
     _check_table(src, "src")
     _check_table(dst, "dst")
-    raw: object = shapes
-    if not isinstance(raw, Mapping):
-        msg = f"shapes must map parameter FQN to its shape and dtype, got {quote(shapes)}"
-        raise LayoutError(msg)
-    shapes = read_once(shapes, "shapes", "shapes_from_module(model)")  # looked up per FQN
+    shapes = _shapes_by_fqn(shapes)  # looked up per FQN
     src_roles = as_role_sizes(src_sizes)
     dst_roles = as_role_sizes(dst_sizes)
     if not dst_roles:

@@ -19,13 +19,21 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final
 
-from layout_algebra._args import as_items, mapping_items
+from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE, as_shape, plain_str
 from layout_algebra._text import clip, columns, escape, quote
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import Runs, compose_fsdp, fsdp_storage_runs, local_runs, split_fsdp
+from layout_algebra.geometry import (
+    Runs,
+    as_sizes,
+    check_dims,
+    compose_fsdp,
+    fsdp_storage_runs,
+    local_runs,
+    split_fsdp,
+)
 from layout_algebra.layout import SourceLayout
-from layout_algebra.placements import MAX_DIM, Shard, StridedShard, format_placement
+from layout_algebra.placements import Shard, StridedShard, format_placement
 
 __all__ = [
     "MAX_DRAW_CELLS",
@@ -46,10 +54,10 @@ MAX_DRAW_WORK: Final = 2**18
 """The most pieces strided shards may cut a parameter into, over all ranks: a strided
 shard cuts its dim into ``split_factor`` pieces on every rank."""
 
-MAX_DRAW_DIMS: Final = MAX_DIM + 1
+MAX_DRAW_DIMS: Final = MAX_NDIM
 """A parameter has at most this many dims (as a torch tensor)."""
 
-MAX_SIZE: Final = 2**63 - 1
+MAX_SIZE: Final = MAX_TENSOR_SIZE
 """The largest size of a dim (torch sizes are int64)."""
 
 _PICTURE_DIMS: Final = 2
@@ -143,7 +151,9 @@ def _grid(
 
 def _check_args(
     layout: object, global_shape: object, mesh_sizes: object, fqn: object, fsdp: object
-) -> tuple[tuple[int, ...], dict[str, int]]:
+) -> tuple[tuple[int, ...], dict[str, int], str, str | None]:
+    """The arguments checked: the shape, the sizes, and ``fqn`` and ``fsdp`` as plain text
+    (a ``str`` subclass's own methods never run)."""
     if not isinstance(layout, SourceLayout):
         msg = f"draw: layout must be a SourceLayout, got {quote(layout)}"
         raise LayoutError(msg)
@@ -153,39 +163,18 @@ def _check_args(
     if fsdp is not None and not isinstance(fsdp, str):
         msg = f"draw: fsdp must be an axis name or None, got {quote(fsdp)}"
         raise LayoutError(msg)
-    if isinstance(global_shape, str | bytes) or not isinstance(global_shape, Sequence):
+    name = plain_str(fqn)
+    shape = as_shape(global_shape, "global_shape", fqn=name)  # type: ignore[arg-type]  # checked
+    if not shape:
         msg = (
-            "draw: global_shape must be a sequence of sizes such as (16, 8), "
-            f"got {quote(global_shape)}"
+            f"{clip(escape(name))}: shape {quote(shape)} has 0 dims; a parameter has 1 to "
+            f"{MAX_DRAW_DIMS}, give its real shape"
         )
-        raise LayoutError(msg)
-    shape = as_items(global_shape, "draw: global_shape", "(16, 8)", limit=MAX_DRAW_DIMS)
-    if any(type(n) is not int or not 0 <= n <= MAX_SIZE for n in shape):
-        msg = (
-            f"{clip(escape(fqn))}: shape {quote(shape)} must hold sizes from 0 to {MAX_SIZE} "
-            "(a torch size); give the parameter's real shape"
-        )
-        raise LayoutError(msg, fqn=fqn)
-    if not 1 <= len(shape) <= MAX_DRAW_DIMS:
-        ndim = len(shape)
-        dims = f"more than {MAX_DRAW_DIMS}" if ndim > MAX_DRAW_DIMS else str(ndim)
-        msg = (
-            f"{clip(escape(fqn))}: shape {quote(shape)} has {dims} dims; a parameter "
-            f"has 1 to {MAX_DRAW_DIMS}, give its real shape"
-        )
-        raise LayoutError(msg, fqn=fqn)
+        raise LayoutError(msg, fqn=name)
     if not isinstance(mesh_sizes, Mapping):
         msg = f"draw: mesh_sizes must map axis names to sizes, got {quote(mesh_sizes)}"
         raise LayoutError(msg)
-    sizes: dict[str, int] = {}
-    for axis, n in mapping_items(mesh_sizes, "draw: mesh_sizes", "{'dp_shard': 2, 'tp': 2}"):
-        if not isinstance(axis, str) or type(n) is not int or n < 1:
-            msg = (
-                f"draw: mesh_sizes must map axis names to sizes >= 1, got {quote(axis)}: "
-                f"{quote(n)}; give every axis of the world mesh its size"
-            )
-            raise LayoutError(msg)
-        sizes[axis] = n
+    sizes = as_sizes(mesh_sizes, "mesh_sizes")
     ranks = math.prod(sizes.values())
     if ranks > MAX_DRAW_RANKS:
         msg = (
@@ -193,7 +182,7 @@ def _check_args(
             f"prints at most {MAX_DRAW_RANKS}: draw the parameter on a smaller mesh"
         )
         raise LayoutError(msg)
-    return shape, sizes
+    return shape, sizes, name, None if fsdp is None else plain_str(fsdp)
 
 
 def _composed(
@@ -221,26 +210,12 @@ def _composed(
 def _pictured_dims(layout: SourceLayout, shape: tuple[int, ...], fqn: str) -> tuple[int, ...]:
     """The dims the picture shows: every dim of a 1-D or 2-D parameter, else the sharded
     ones (at least one: dim 0 when none is sharded)."""
+    try:
+        check_dims(layout, len(shape), shape=shape)
+    except LayoutError as e:
+        msg = f"{clip(escape(fqn))}: {e.message}"
+        raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
     sharded = sorted({p.dim for p in layout.placements if isinstance(p, Shard | StridedShard)})
-    for dim in sharded:
-        if dim >= len(shape):
-            axis = next(
-                a.name
-                for a, p in zip(layout.axes, layout.placements, strict=True)
-                if isinstance(p, Shard | StridedShard) and p.dim == dim
-            )
-            shown = next(
-                format_placement(p)
-                for a, p in zip(layout.axes, layout.placements, strict=True)
-                if a.name == axis
-            )
-            msg = (
-                f"{clip(escape(fqn))}: {shown} on axis {clip(axis)!r} in {clip(str(layout))} "
-                f"shards dim {dim}, but "
-                f"shape {shape} has {len(shape)} dim{'s' if len(shape) != 1 else ''}; "
-                "give the parameter's real shape"
-            )
-            raise LayoutError(msg, fqn=fqn, axis=axis, placement=shown)
     if len(shape) <= _PICTURE_DIMS:
         return tuple(range(len(shape)))
     if len(sharded) > _PICTURE_DIMS:
@@ -277,7 +252,7 @@ def _check_pieces(layout: SourceLayout, sizes: Mapping[str, int], fqn: str) -> N
 
 def draw(
     layout: SourceLayout,
-    global_shape: Sequence[int],
+    global_shape: Iterable[int],
     mesh_sizes: Mapping[str, int],
     *,
     fqn: str = "<param>",
@@ -329,7 +304,7 @@ def draw(
             dims, or a picture too large to print: more than ``MAX_DRAW_RANKS`` ranks,
             ``MAX_DRAW_CELLS`` cells or ``MAX_DRAW_WORK`` pieces.
     """
-    shape, sizes = _check_args(layout, global_shape, mesh_sizes, fqn, fsdp)
+    shape, sizes, fqn, fsdp = _check_args(layout, global_shape, mesh_sizes, fqn, fsdp)
     drawn = _composed(layout, fqn, sizes, fsdp)
     dims = _pictured_dims(drawn, shape, fqn)
     _check_pieces(drawn, sizes, fqn)

@@ -18,7 +18,7 @@ from typing import Final, TypeAlias, assert_never
 
 import attrs
 
-from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE, mapping_items
+from layout_algebra._args import MAX_NDIM, as_shape, mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import (
     FSDP_OWNED_AXES,
@@ -384,29 +384,31 @@ def _take(runs: Runs, spans: Iterable[tuple[int, int]]) -> Runs:
     return tuple(out)
 
 
-def _check_shape(global_shape: Sequence[int]) -> tuple[int, ...]:
-    raw: object = global_shape
-    if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
-        msg = f"global_shape must be a sequence of sizes such as (16, 8), got {quote(raw)}"
-        raise LayoutError(msg)
-    if len(global_shape) > MAX_NDIM:
-        msg = f"global_shape has {len(global_shape)} dims; a tensor has at most {MAX_NDIM}"
-        raise LayoutError(msg)
-    shape = tuple(global_shape)
-    if any(type(n) is not int or not 0 <= n <= MAX_TENSOR_SIZE for n in shape):
-        msg = f"global_shape must hold ints from 0 to 2**63 - 1 (int64), got {quote(shape)}"
-        raise LayoutError(msg)
-    return shape
+def check_dims(
+    layout: SourceLayout,
+    ndim: int,
+    fqn: str | None = None,
+    *,
+    shape: tuple[int, ...] | None = None,
+) -> None:
+    """The one check that every placement of ``layout`` shards a dim a tensor of ``ndim``
+    dims has: ``S(1)`` on a 1-D tensor, or any shard of a 0-d one, is refused. ``shape``,
+    when known, is shown in the message.
 
-
-def _check_dim(layout: SourceLayout, axis: AxisName, p: Placement, dim: int, ndim: int) -> None:
-    if dim >= ndim:
-        shown = format_placement(p)
-        msg = (
-            f"{clip(str(layout))}: {shown} on axis {clip(axis.name)!r} shards dim {dim} but the "
-            f"tensor has {ndim} dim{'s' if ndim != 1 else ''}; shard a dim below {ndim}"
-        )
-        raise LayoutError(msg, axis=axis.name, placement=shown)
+    Raises:
+        LayoutError: naming the axis, the placement (and ``fqn``).
+    """
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        if isinstance(p, Shard | StridedShard) and p.dim >= ndim:
+            shown = format_placement(p)
+            who = f"{clip(fqn)}: " if fqn else ""
+            tensor = "the tensor" if shape is None else f"shape {clip(str(shape))}"
+            fix = f"shard a dim below {ndim}" if ndim else "replicate it (R) on that axis"
+            msg = (
+                f"{who}{clip(str(layout))}: {shown} on axis {clip(axis.name)!r} shards dim "
+                f"{p.dim}, but {tensor} has {ndim} dim{'s' if ndim != 1 else ''}; {fix}"
+            )
+            raise LayoutError(msg, fqn=fqn, axis=axis.name, placement=shown)
 
 
 def _index_on(coordinate: Mapping[str, int], axis: AxisName, size: int) -> int:
@@ -428,7 +430,7 @@ def _index_on(coordinate: Mapping[str, int], axis: AxisName, size: int) -> int:
 
 
 def local_runs(
-    global_shape: Sequence[int],
+    global_shape: Iterable[int],
     layout: SourceLayout,
     mesh_sizes: Mapping[str, int],
     coordinate: Mapping[str, int],
@@ -455,20 +457,29 @@ def local_runs(
             index, or an index is outside its axis.
     """
     check_layout(layout)
-    shape = _check_shape(global_shape)
+    shape = as_shape(global_shape, "global_shape")
     sizes = as_sizes(mesh_sizes, "mesh_sizes", floor=1)
     where = as_sizes(coordinate, "coordinate", floor=0)
+    return _local_runs(shape, layout, sizes, where)
+
+
+def _local_runs(
+    shape: tuple[int, ...],
+    layout: SourceLayout,
+    sizes: Mapping[str, int],
+    where: Mapping[str, int],
+) -> tuple[Runs, ...]:
+    """``local_runs`` of checked arguments (``as_shape``, ``as_sizes``)."""
+    check_dims(layout, len(shape), shape=shape)
     runs: list[Runs] = [(range(n),) if n else () for n in shape]
     for axis, p in zip(layout.axes, layout.placements, strict=True):
         size = size_of(sizes, axis, layout)
         index = _index_on(where, axis, size)
         match p:
             case Shard(dim):
-                _check_dim(layout, axis, p, dim, len(shape))
                 held = sum(map(len, runs[dim]))
                 runs[dim] = _take(runs[dim], [_chunk(held, size, index)])
             case StridedShard(dim, split_factor=k):
-                _check_dim(layout, axis, p, dim, len(shape))
                 held = sum(map(len, runs[dim]))
                 if min(k, held) > MAX_PIECES:
                     shown = format_placement(p)
@@ -487,7 +498,7 @@ def local_runs(
 
 
 def local_shape_and_offset(
-    global_shape: Sequence[int],
+    global_shape: Iterable[int],
     layout: SourceLayout,
     mesh_sizes: Mapping[str, int],
     coordinate: Mapping[str, int],
@@ -516,11 +527,14 @@ def local_shape_and_offset(
     Raises:
         LayoutError: as ``local_runs``.
     """
-    runs = local_runs(global_shape, layout, mesh_sizes, coordinate)
+    check_layout(layout)
+    shape = as_shape(global_shape, "global_shape")  # read once: it may be an iterator
+    sizes = as_sizes(mesh_sizes, "mesh_sizes", floor=1)
+    where = as_sizes(coordinate, "coordinate", floor=0)
+    runs = _local_runs(shape, layout, sizes, where)
     local = tuple(sum(map(len, dim_runs)) for dim_runs in runs)
     offset = tuple(
-        dim_runs[0].start if dim_runs else size
-        for dim_runs, size in zip(runs, global_shape, strict=True)
+        dim_runs[0].start if dim_runs else size for dim_runs, size in zip(runs, shape, strict=True)
     )
     return local, offset
 
@@ -643,7 +657,12 @@ def as_shard_dims(
         _check_shard_dim(shard_dim)
         return shard_dim, {}
     by_fqn: dict[str, int] = {}
-    for fqn, dim in mapping_items(shard_dim, "shard_dim", "{'experts.w1': 1}"):
+    for key, dim in mapping_items(shard_dim, "shard_dim", "{'experts.w1': 1}"):
+        raw: object = key
+        if not isinstance(raw, str):
+            msg = f"shard_dim keys are parameter FQNs such as 'experts.w1', got {quote(raw)}"
+            raise LayoutError(msg)
+        fqn = plain_str(key)  # its own __eq__ and __hash__ never reach the table
         if fqn not in fqns:
             msg = (
                 f"shard_dim names {quote(fqn)}, which is not a parameter of the table; give dims "
@@ -826,6 +845,34 @@ def compose_table(
 # what FSDP2 really keeps
 
 
+def _check_parts_source(_: object, __: attrs.Attribute[SourceLayout], value: object) -> None:
+    if not isinstance(value, SourceLayout):
+        msg = (
+            f"FsdpParts.source: expected a SourceLayout such as dense[tp=S(0)], got {quote(value)}"
+        )
+        raise LayoutError(msg)
+
+
+def _as_parts_replicate(value: Iterable[AxisLike]) -> tuple[AxisName, ...]:
+    return as_axes(value, "FsdpParts.replicate")
+
+
+def _as_parts_shard(value: AxisLike | None) -> AxisName | None:
+    if value is None:
+        return None
+    try:
+        return as_axis(value)
+    except LayoutError as e:
+        msg = f"FsdpParts.shard: {e.message} (or None when FSDP does not shard)"
+        raise LayoutError(msg, axis=e.axis) from None
+
+
+def _check_parts_dim(_: object, __: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or not 0 <= value < MAX_NDIM:
+        msg = f"FsdpParts.shard_dim: expected an int from 0 to {MAX_NDIM - 1}, got {quote(value)}"
+        raise LayoutError(msg)
+
+
 @attrs.frozen
 class FsdpParts:
     """A composed layout read as ``fully_shard`` made it: FSDP's axes, then the source.
@@ -833,12 +880,13 @@ class FsdpParts:
     ``shard`` is FSDP's shard axis (``None`` when nothing shards: no FSDP axis, or only
     ``R`` on it), ``replicate`` the HSDP replicate axis if any, ``shard_dim`` the tensor
     dim FSDP shards and ``source`` the layout the parameter had before ``fully_shard``.
+    A field of the wrong type is a ``LayoutError`` naming it.
     """
 
-    source: SourceLayout
-    replicate: tuple[AxisName, ...]
-    shard: AxisName | None
-    shard_dim: int
+    source: SourceLayout = attrs.field(validator=_check_parts_source)
+    replicate: tuple[AxisName, ...] = attrs.field(converter=_as_parts_replicate)
+    shard: AxisName | None = attrs.field(converter=_as_parts_shard)
+    shard_dim: int = attrs.field(validator=_check_parts_dim)
 
 
 def split_fsdp(
@@ -938,7 +986,7 @@ def _fsdp_chunk(
 
 
 def fsdp_storage_runs(
-    global_shape: Sequence[int],
+    global_shape: Iterable[int],
     layout: SourceLayout,
     mesh_sizes: Mapping[str, int],
     coordinate: Mapping[str, int],
@@ -980,9 +1028,7 @@ def fsdp_storage_runs(
     sizes = as_sizes(mesh_sizes, "mesh_sizes", floor=1)  # each argument read once
     where = as_sizes(coordinate, "coordinate", floor=0)
     parts = split_fsdp(layout, sizes, owned=owned)
-    shape = _check_shape(global_shape)
-    if parts.shard is not None and parts.shard_dim >= len(shape):
-        p = layout.placement_on(parts.shard)
-        _check_dim(layout, parts.shard, p, parts.shard_dim, len(shape))
-    runs = local_runs(shape, parts.source, sizes, where)
+    shape = as_shape(global_shape, "global_shape")
+    check_dims(layout, len(shape), shape=shape)  # FSDP's dim too, which the source may not shard
+    runs = _local_runs(shape, parts.source, sizes, where)
     return _fsdp_chunk(runs, parts, sizes, where)

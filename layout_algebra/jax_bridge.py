@@ -16,14 +16,14 @@ and (given the shape) a dim the axes do not split evenly, since JAX shards evenl
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Final, TypeAlias, assert_never
 
-from layout_algebra._args import as_items
+from layout_algebra._args import MAX_NDIM, as_items, as_shape
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import MAX_TENSOR_SIZE, as_sizes, check_layout, size_of
+from layout_algebra.geometry import as_sizes, check_dims, check_layout, size_of
 from layout_algebra.layout import SourceLayout
 from layout_algebra.placements import (
     Partial,
@@ -44,8 +44,8 @@ _MAX_SHOWN: Final = 200
 
 
 def _check_ndim(ndim: int) -> None:
-    if type(ndim) is not int or not 0 <= ndim < 64:
-        msg = f"ndim must be an int in [0, 64) (the tensor's rank), got {quote(ndim)}"
+    if type(ndim) is not int or not 0 <= ndim <= MAX_NDIM:
+        msg = f"ndim must be an int from 0 to {MAX_NDIM} (the tensor's rank), got {quote(ndim)}"
         raise LayoutError(msg)
 
 
@@ -106,15 +106,12 @@ def _order(
             continue
         shown = format_placement(StridedShard(dim, split_factor=k))
         if sizes is None:
-            if len(entry) == 1:
-                # One axis after it shards the dim: the split factor can only count that
-                # one (its size), so the order is known without the sizes.
-                entry.append(axis)
-                continue
+            # Even one later axis sharding the dim is no proof: the split factor must be
+            # its size, and only the sizes say whether it is.
             msg = (
-                f"{layout}: {shown} on axis {quote(axis.name)} needs the mesh's sizes to find "
-                f"which of the {len(entry)} axes sharding dim {dim} after it its split factor "
-                "counts; give mesh_sizes={axis: n, ...}"
+                f"{layout}: {shown} on axis {quote(axis.name)} needs the mesh's sizes to check "
+                f"its split factor {k} against the axes sharding dim {dim} after it; give "
+                "mesh_sizes={axis: n, ...}"
             )
             raise LayoutError(msg, axis=axis.name, placement=shown)
         position = _prefix_with_product(entry, k, sizes, layout)
@@ -135,7 +132,7 @@ def to_partition_spec(
     ndim: int,
     *,
     mesh_sizes: Mapping[str, int] | None = None,
-    shape: Sequence[int] | None = None,
+    shape: Iterable[int] | None = None,
 ) -> tuple[SpecEntry, ...]:
     """The ``PartitionSpec`` entries of ``layout`` for a tensor of ``ndim`` dims.
 
@@ -147,47 +144,41 @@ def to_partition_spec(
     >>> fsdp_tp = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2), Shard(0)])
     >>> to_partition_spec(fsdp_tp, 2, mesh_sizes={"dp": 4, "tp": 2})
     (('tp', 'dp'), None)
-    >>> to_partition_spec(fsdp_tp, 2)  # one axis after dp shards dim 0: its order is known
-    (('tp', 'dp'), None)
     >>> to_partition_spec(SourceLayout("dense", ["tp"], [Shard(1)]), 2)
     (None, 'tp')
 
     Args:
         layout: the layout; its axes are the JAX mesh's axes (or some of them).
         ndim: the tensor's number of dims.
-        mesh_sizes: the size of each axis, by name; needed to check ``shape``, and for a
-            ``StridedShard`` whose dim more than one later axis shards.
+        mesh_sizes: the size of each axis, by name; needed to check ``shape``, and for
+            every ``StridedShard`` (its split factor is checked against them).
         shape: the tensor's shape, to check that every split is even as JAX needs.
 
     Raises:
-        LayoutError: a ``Partial``; a shard of a dim beyond ``ndim``; a split factor
-            that is no product of more major axes; with ``shape``, a dim the axes do not
-            split evenly.
+        LayoutError: a ``Partial``; a shard of a dim beyond ``ndim``; a ``StridedShard``
+            without ``mesh_sizes``, or whose split factor is no product of more major
+            axes; with ``shape``, a dim the axes do not split evenly.
     """
     check_layout(layout)
     _check_ndim(ndim)
     sizes = _sizes(mesh_sizes, "mesh_sizes")
-    by_dim: dict[int, list[tuple[AxisName, int]]] = {}
+    checked = None if shape is None else _check_shape(shape, ndim)
     for axis, p in zip(layout.axes, layout.placements, strict=True):
-        shown = format_placement(p)
         if isinstance(p, Partial):
+            shown = format_placement(p)
             msg = (
                 f"{layout}: {shown} on axis {quote(axis.name)} is a pending reduction, and a "
                 "PartitionSpec says how dims are split, not which sums are pending; reduce "
                 "it first (R) or shard a dim (S(dim))"
             )
             raise LayoutError(msg, axis=axis.name, placement=shown)
+    check_dims(layout, ndim)
+    by_dim: dict[int, list[tuple[AxisName, int]]] = {}
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
         split = _split(p)
-        if split is None:
-            continue
-        dim, k = split
-        if dim >= ndim:
-            msg = (
-                f"{layout}: {shown} on axis {quote(axis.name)} shards dim {dim} but the tensor has "
-                f"{ndim} dim{'s' if ndim != 1 else ''}; shard a dim below {ndim}"
-            )
-            raise LayoutError(msg, axis=axis.name, placement=shown)
-        by_dim.setdefault(dim, []).append((axis, k))
+        if split is not None:
+            dim, k = split
+            by_dim.setdefault(dim, []).append((axis, k))
     entries: list[SpecEntry] = []
     for dim in range(ndim):
         splits = by_dim.get(dim)
@@ -196,38 +187,39 @@ def to_partition_spec(
             continue
         order = _order(layout, dim, splits, sizes)
         entries.append(order[0] if len(order) == 1 else order)
-    if shape is not None:
-        _check_even(layout, shape, ndim, entries, sizes)
+    if checked is not None:
+        _check_even(layout, checked, entries, sizes)
     return tuple(entries)
+
+
+def _check_shape(shape: Iterable[int], ndim: int) -> tuple[int, ...]:
+    checked = as_shape(shape, "shape")
+    if len(checked) != ndim:
+        msg = (
+            f"shape {quote(checked)} has {len(checked)} dims but ndim is {ndim}; give a "
+            f"sequence of {ndim} ints, the tensor's shape"
+        )
+        raise LayoutError(msg)
+    return checked
 
 
 def _check_even(
     layout: SourceLayout,
-    shape: Sequence[int],
-    ndim: int,
+    shape: tuple[int, ...],
     entries: list[SpecEntry],
     sizes: Mapping[str, int] | None,
 ) -> None:
-    raw: object = shape
-    if (
-        isinstance(raw, str | bytes)
-        or not isinstance(raw, Sequence)
-        or len(shape) != ndim
-        or any(type(n) is not int or not 0 <= n <= MAX_TENSOR_SIZE for n in shape)
-    ):
-        msg = f"shape must be a sequence of {ndim} ints from 0 to 2**63 - 1, got {quote(shape)}"
-        raise LayoutError(msg)
     for dim, (n, entry) in enumerate(zip(shape, entries, strict=True)):
         if entry is None:
             continue
         names = (entry,) if isinstance(entry, str) else entry
         if sizes is None:
-            msg = f"{layout}: checking shape {tuple(shape)} needs mesh_sizes; give mesh_sizes="
+            msg = f"{layout}: checking shape {shape} needs mesh_sizes; give mesh_sizes="
             raise LayoutError(msg)
         parts = math.prod(size_of(sizes, as_axis(a), layout) for a in names)
-        if type(n) is not int or n % parts:
+        if n % parts:
             msg = (
-                f"{layout}: dim {dim} of shape {tuple(shape)} is {quote(n)} long, which "
+                f"{layout}: dim {dim} of shape {shape} is {quote(n)} long, which "
                 f"{clip(' x '.join(names))} = {parts} ranks do not split evenly, and JAX "
                 "shards evenly only; pad the dim or shard another"
             )
@@ -255,7 +247,13 @@ def _entry_axes(entry: object, dim: int) -> tuple[AxisName, ...]:
 
 def _check_reductions(spec: object) -> None:
     for field in ("unreduced", "reduced"):
-        pending: object = getattr(spec, field, None)
+        try:
+            pending: object = getattr(spec, field, None)
+        except Exception as e:  # a spec-like object whose attribute raises
+            msg = (
+                f"spec: PartitionSpec.{field} could not be read ({quote(e)}); give a PartitionSpec"
+            )
+            raise LayoutError(msg) from e
         if isinstance(pending, Iterable) and not isinstance(pending, str):
             names = sorted(map(str, as_items(pending, f"PartitionSpec.{field}", "()")))
         else:
@@ -293,10 +291,11 @@ def from_partition_spec(
 
     Raises:
         LayoutError: an entry that names no axes (``UNCONSTRAINED``), an axis named twice
-            or not in ``axes``, an axis with no size, pending reductions (``unreduced``).
+            or not in ``axes``, an axis with no size, pending reductions (``unreduced``),
+            more entries than a tensor has dims (``MAX_NDIM``).
     """
     raw: object = spec
-    if isinstance(raw, str) or not isinstance(raw, Iterable):
+    if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
         msg = (
             "spec must be a PartitionSpec or a sequence of entries such as ('tp', None), "
             f"got {quote(spec)}"
@@ -308,7 +307,10 @@ def from_partition_spec(
     if sizes is None:
         msg = "mesh_sizes must map axis name to int, such as {'tp': 2}, got None"
         raise LayoutError(msg)
-    entries = as_items(spec, "spec", "('tp', None)")  # read once
+    entries = as_items(spec, "spec", "('tp', None)", limit=MAX_NDIM)  # read once
+    if len(entries) > MAX_NDIM:
+        msg = f"spec has more than {MAX_NDIM} entries, one per dim; a tensor has at most {MAX_NDIM}"
+        raise LayoutError(msg)
     placements: dict[AxisName, Placement] = {}
     for dim, entry in enumerate(entries):
         names = _entry_axes(entry, dim)

@@ -476,7 +476,7 @@ def test_every_problem_of_a_reshard_is_reported() -> None:
             dst_sizes={"dense": {"tp": 2}},
         )
     problems = {p.fqn: p.message for p in caught.value.problems}
-    assert "shards dim 1 but the tensor has 1 dim" in problems["a"]
+    assert "shards dim 1, but shape (4,) has 1 dim" in problems["a"]
     assert "not in the checkpoint's table" in problems["b"]
     assert "mesh role 'other', which dst_sizes has no sizes for" in problems["c"]
 
@@ -500,7 +500,7 @@ def test_missing_shapes_sizes_and_partials_are_named() -> None:
         dcp_chunks(SourceLayout("dense", ["tp"], [Partial()]), (4,), {"tp": 2})
     with pytest.raises(LayoutError, match="src must be a ParamLayoutTable"):
         reshard_plan({}, table, {}, src_sizes=sizes, dst_sizes=sizes)  # type: ignore[arg-type]
-    with pytest.raises(LayoutError, match="a shape is a sequence"):
+    with pytest.raises(LayoutError, match="global_shape must be a sequence"):
         dcp_chunks(SourceLayout("dense", ["tp"], [S0]), "44", {"tp": 2})  # type: ignore[arg-type]
     plan = reshard_plan(
         table, table, {"w": Shape((2,), "float32")}, src_sizes=sizes, dst_sizes=sizes

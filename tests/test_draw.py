@@ -373,8 +373,8 @@ class _BrokenShape(Sequence[int]):
         ((EMB, (1,) * 65, {"tp": 2}), "has more than 64 dims"),
         ((EMB, _BrokenShape(), {"tp": 2}), "global_shape could not be read"),
         ((EMB, (4,), ["tp"]), "mesh_sizes must map"),
-        ((EMB, (4,), {"tp": 0}), "sizes >= 1"),
-        ((EMB, (4,), {"tp": True}), "sizes >= 1"),
+        ((EMB, (4,), {"tp": 0}), "mesh_sizes['tp'] must be an int from 1"),
+        ((EMB, (4,), {"tp": True}), "mesh_sizes['tp'] must be an int from 1"),
     ],
 )
 def test_draw_given_wrong_values_raises_layout_errors(args: tuple[Any, ...], words: str) -> None:

@@ -56,8 +56,9 @@ def test_fsdp_over_tensor_parallel_rows_is_one_entry_tp_major() -> None:
     layout = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2), S0])
     sizes = {"dp": 4, "tp": 2}
     assert to_partition_spec(layout, 1, mesh_sizes=sizes) == (("tp", "dp"),)
-    # one axis after the strided one shards the dim: the order needs no sizes
-    assert to_partition_spec(layout, 1) == (("tp", "dp"),)
+    # without sizes the split factor cannot be checked against tp's size: refused
+    with pytest.raises(LayoutError, match=r"_S\(0, 2\) on axis 'dp' needs the mesh's sizes"):
+        to_partition_spec(layout, 1)
     assert (
         from_partition_spec((("tp", "dp"),), mesh="dense", axes=["dp", "tp"], mesh_sizes=sizes)
         == layout
@@ -178,7 +179,7 @@ def test_a_split_factor_no_major_axes_make_has_no_spec() -> None:
         to_partition_spec(alone, 1, mesh_sizes=sizes)
     # which of two later axes the split factor counts is known only from their sizes
     fsdp = SourceLayout("dense", ["dp", "ep", "tp"], [StridedShard(0, split_factor=2), S0, S0])
-    with pytest.raises(LayoutError, match=r"needs the mesh's sizes.* the 2 axes sharding dim 0"):
+    with pytest.raises(LayoutError, match=r"needs the mesh's sizes.* give mesh_sizes="):
         to_partition_spec(fsdp, 1)
 
 
@@ -208,7 +209,7 @@ def test_bad_specs_are_named() -> None:
         from_partition_spec("tp", mesh="dense", axes=["tp"], mesh_sizes=sizes)
     with pytest.raises(LayoutError, match="no size for axis 'tp'"):
         from_partition_spec((("tp", "dp"),), mesh="dense", axes=["dp", "tp"], mesh_sizes={"dp": 2})
-    with pytest.raises(LayoutError, match=r"shards dim 2 but the tensor has 2 dims"):
+    with pytest.raises(LayoutError, match=r"shards dim 2, but the tensor has 2 dims"):
         to_partition_spec(SourceLayout("dense", ["tp"], [Shard(2)]), 2)
     with pytest.raises(LayoutError, match="ndim must be an int"):
         to_partition_spec(SourceLayout("dense", ["tp"], [S0]), "2")  # type: ignore[arg-type]
