@@ -824,7 +824,9 @@ def test_the_bridge_surface() -> None:
         "plan_from_hf",
         "plan_from_parallelize",
         "shapes_from_module",
+        "table_from_hf",
         "table_from_module",
+        "table_from_parallelize",
         "tied_pairs_from_module",
         "to_torch",
     ]
@@ -895,6 +897,12 @@ class Calls:
             },
             # refused, as it should be: not a transformers model (its own tests build them)
             "plan_from_hf": lambda: {"model": self.linear, "mesh_axes": DENSE},
+            "table_from_hf": lambda: {"model": self.linear, "mesh_axes": DENSE},
+            "table_from_parallelize": lambda: {
+                "model": self.linear,
+                "plan": {"0": ColwiseParallel()},
+                "mesh_axes": DENSE,
+            },
         }
         return valid[name]()
 
@@ -919,7 +927,7 @@ def call(name: str, kwargs: Mapping[str, object]) -> object:
 def test_every_public_callable_has_a_valid_call(calls: Calls) -> None:
     for name in public_callables():
         kwargs = calls.kwargs(name)
-        if name == "plan_from_hf":
+        if name in {"plan_from_hf", "table_from_hf"}:
             with pytest.raises(LayoutError, match="not a transformers model"):
                 call(name, kwargs)
         else:
@@ -972,6 +980,8 @@ WRONG: list[tuple[str, str, object, str]] = [
     ("distribute", "src_data_rank", -1, "a rank (an int from 0 to"),
     ("distribute", "src_data_rank", True, "a rank (an int from 0 to"),
     ("distribute", "src_data_rank", 2**70, "a rank (an int from 0 to"),
+    ("distribute", "owned", "dp_shard", "must be a collection"),
+    ("distribute", "owned", None, "must be a collection"),
     ("table_from_module", "module", None, "a torch.nn.Module"),
     ("table_from_module", "roles", 5, "a mapping of DeviceMesh to mesh role"),
     ("table_from_module", "roles", {"dense": "dense"}, "a DeviceMesh"),
@@ -997,10 +1007,16 @@ def test_wrong_types_are_bind_errors_naming_the_argument(
     assert len(message) < 600
 
 
+IMPORTERS: Final = frozenset(
+    {"plan_from_parallelize", "plan_from_hf", "table_from_parallelize", "table_from_hf"}
+)
+"""The importers: their arguments are checked by their own tests (test_tables too)."""
+
+
 def test_the_table_of_wrong_types_covers_every_argument(calls: Calls) -> None:
     covered = {(name, arg) for name, arg, _, _ in WRONG}
     for name in public_callables():
-        if name in {"plan_from_parallelize", "plan_from_hf"}:
+        if name in IMPORTERS:
             continue  # their plans are checked by their own tests (PlanError, by key)
         for arg in calls.kwargs(name):
             assert (name, arg) in covered, (name, arg)

@@ -2,9 +2,11 @@
 
 ``named_parameters(module)`` must give exactly the pairs of
 ``module.named_parameters(remove_duplicate=False)``, in the same order, the parameter
-objects themselves: on random module trees with shared submodules, shared parameters,
-``None`` children and ``None`` parameters, and on trees where a class overrides what
-torch's walk calls (then torch's walk is used from that module on).
+objects themselves, and ``named_modules(module)`` those of
+``module.named_modules(remove_duplicate=False)``: on random module trees with shared
+submodules, shared parameters, ``None`` children and ``None`` parameters, and on trees
+where a class overrides what torch's walk calls (then torch's walk is used from that
+module on). Cycles of modules are ``test_hostile_bridge``'s.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from layout_algebra.torch_bridge import (
     table_from_module,
     tied_pairs_from_module,
 )
-from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters, parameter_groups
 from tests.torch_oracle import MeshFactory
 
 T = TypeVar("T")
@@ -55,6 +57,8 @@ def same_as_torch(module: nn.Module) -> None:
     expected = torch_pairs(module)
     assert our_pairs(module) == expected
     assert grouped_pairs(module) == expected
+    theirs = [(n, id(m)) for n, m in module.named_modules(remove_duplicate=False)]
+    assert [(n, id(m)) for n, m in named_modules(module)] == theirs
 
 
 class _Shadowing(nn.Module):

@@ -216,8 +216,9 @@ def bind(
             a close name suggested; a buffer's FQN is named as a buffer), a role with no
             mesh, a mesh without dim names, an
             axis the mesh lacks, a shard dim beyond the parameter's dims, or two aliases
-            of one Parameter with different layouts. Nothing is bound unless everything
-            binds.
+            of one Parameter with different layouts, or a module of ``module`` that
+            holds one of its ancestors (a cycle of submodules, naming the path that
+            closes it). Nothing is bound unless everything binds.
     """
     check_table(table, "bind(table=...)")
     check_module(module, "bind(module=...)")

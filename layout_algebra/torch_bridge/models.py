@@ -12,10 +12,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from layout_algebra._args import mapping_items
+from layout_algebra._text import quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
-from layout_algebra.errors import BindError, LayoutError
+from layout_algebra.errors import BindError, LayoutError, OwnedAxisError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
-from layout_algebra.placements import Partial, Placement, format_placement
+from layout_algebra.placements import (
+    Partial,
+    Placement,
+    Replicate,
+    StridedShard,
+    format_placement,
+)
+from layout_algebra.plan import param_fqn
 from layout_algebra.torch_bridge._checks import (
     check_meshes,
     check_module,
@@ -23,9 +31,10 @@ from layout_algebra.torch_bridge._checks import (
     check_type,
     owned_names,
 )
-from layout_algebra.torch_bridge._walk import named_parameters
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 from layout_algebra.torch_bridge.binding import _slice, bind
 from layout_algebra.torch_bridge.convert import from_torch
+from layout_algebra.torch_bridge.param_map import Binding
 
 __all__ = ["distribute", "table_from_module", "tied_pairs_from_module"]
 
@@ -39,25 +48,37 @@ def distribute(
     meshes: Mapping[str, DeviceMesh],
     *,
     src_data_rank: int | None = 0,
+    owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
 ) -> None:
     """Turn each parameter ``table`` mentions into a DTensor with its layout, in place.
 
     Each becomes an ``nn.Parameter`` wrapping ``distribute_tensor(param, slice,
     placements)`` with ``requires_grad`` kept. Every alias of a tied parameter is pointed
     at the one new Parameter, so tied parameters stay tied. Everything is checked (see
-    ``bind``) and every DTensor built before the first parameter is swapped: on any
-    error the module is left untouched. Parameters with no source axes stay plain.
+    ``bind``), every slot to replace found and every DTensor built before the first
+    parameter is swapped: on any error the module is left untouched (should a module
+    refuse a swap, the ones made are undone). Parameters with no source axes stay plain.
+
+    ``table`` holds source layouts: FSDP's own sharding is ``fully_shard``'s to add, so a
+    composed layout (``compose_fsdp``/``compose_table``: ``S``/``_S`` on an owned axis)
+    is refused.
 
     Args:
         module: the model, its parameters plain tensors.
-        table: the layouts, by FQN.
+        table: the source layouts, by FQN.
         meshes: the device mesh of each role, as for ``bind``.
         src_data_rank: passed to ``distribute_tensor``: the rank whose values are
             scattered (``None``: every rank splits its own full tensor).
+        owned: the axes FSDP and pipelining own, on which a source layout places
+            nothing but ``R``.
 
     Raises:
-        BindError: as ``bind``, an argument of the wrong type, or a parameter that is
-            already a DTensor.
+        BindError: as ``bind``, an argument of the wrong type, a parameter that is
+            already a DTensor, one that no module registers under a name torch can
+            register again (a name with a dot), or a layout torch's ``distribute_tensor``
+            refuses for the parameter (such as a ``_S`` over a dim that does not split
+            evenly, with ``src_data_rank`` set).
+        OwnedAxisError: a composed (FSDP) layout, naming the FQN and the owned axis.
     """
     check_module(module, "distribute(module=...)")
     check_table(table, "distribute(table=...)")
@@ -73,7 +94,9 @@ def distribute(
             f"a rank (an int from 0 to {world - 1}) or None",
             "pass 0, or None to have every rank split its own full tensor",
         )
+    _check_source(table, owned_names(owned, "distribute(owned=...)"))
     bindings = bind(table, module, checked)
+    moved: dict[int, tuple[nn.Parameter, Binding]] = {}  # id -> the parameter, its binding
     for param, binding in bindings.items():
         if isinstance(param, DTensor):
             msg = (
@@ -81,24 +104,119 @@ def distribute(
                 f"{param.device_mesh}; distribute a model whose parameters are plain tensors"
             )
             raise BindError(msg, fqn=binding.fqn)
-    replaced: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}  # id -> it, its replacement
+        if binding.mesh is not None:
+            moved[id(param)] = (param, binding)
+    slots = _slots(module, moved)
+    new: dict[int, nn.Parameter] = {}
     with torch.no_grad():
-        for param, binding in bindings.items():
-            if binding.mesh is None:
+        for pid, (param, binding) in moved.items():
+            new[pid] = _distributed(param, binding, table[binding.fqn], src_data_rank)
+    done: list[tuple[nn.Module, str, nn.Parameter]] = []
+    try:
+        for sub, name, old in slots:
+            setattr(sub, name, new[id(old)])
+            done.append((sub, name, old))
+    except Exception as e:
+        for sub, name, old in reversed(done):
+            setattr(sub, name, old)
+        fqn = bindings[slots[len(done)][2]].fqn
+        msg = (
+            f"{fqn}: its module refused the DTensor parameter ({quote(e)}); the model is "
+            "left as it was; distribute a model whose modules accept new parameters"
+        )
+        raise BindError(msg, fqn=fqn) from e
+
+
+def _check_source(table: ParamLayoutTable, owned: frozenset[str]) -> None:
+    """Refuse a composed layout in ``table``: ``S``/``_S`` on an ``owned`` axis.
+
+    Raises:
+        OwnedAxisError: naming the first such entry's FQN, axis and placement.
+    """
+    for fqn, layout in table.items():
+        for axis, p in zip(layout.axes, layout.placements, strict=True):
+            if axis.name in owned and not isinstance(p, Replicate):
+                shown = format_placement(p)
+                msg = (
+                    f"{fqn}: {layout} places {shown} on {axis.name!r}, an axis FSDP owns: a "
+                    "composed (FSDP) layout, not a source layout; distribute the source "
+                    "table (the one given to compose_table, or build_table's) and let "
+                    "fully_shard add FSDP's sharding, or pass owned=... without that axis"
+                )
+                raise OwnedAxisError(msg, fqn=fqn, axis=axis.name, placement=shown)
+
+
+def _slots(
+    module: nn.Module, moved: Mapping[int, tuple[nn.Parameter, Binding]]
+) -> list[tuple[nn.Module, str, nn.Parameter]]:
+    """Where each parameter of ``moved`` is registered: every ``(module, name, it)``.
+
+    Raises:
+        BindError: a parameter registered under a name torch cannot register again (a
+            dotted or empty one: ``register_parameter`` refuses it), or registered in no
+            module (a class whose ``named_parameters`` makes its own).
+    """
+    out: list[tuple[nn.Module, str, nn.Parameter]] = []
+    walked: set[int] = set()  # a module shared at two places has its slots once
+    found: set[int] = set()
+    for path, sub in named_modules(module):
+        if id(sub) in walked:
+            continue
+        walked.add(id(sub))
+        for name, p in sub._parameters.items():
+            hit = None if p is None else moved.get(id(p))
+            if hit is None or hit[0] is not p:
                 continue
-            local = distribute_tensor(
-                param.detach(), binding.mesh, binding.placements, src_data_rank=src_data_rank
+            if not name or "." in name:
+                fqn = param_fqn(path, name)
+                msg = (
+                    f"{quote(fqn)}: module {quote(path)} registers a parameter as "
+                    f"{quote(name)}, which torch cannot register again (register_parameter "
+                    "refuses an empty or dotted name), so distribute cannot replace it; "
+                    "register it under a plain name (a submodule for each dotted part)"
+                )
+                raise BindError(msg, fqn=fqn)
+            out.append((sub, name, p))
+            found.add(id(p))
+    for pid, (_, binding) in moved.items():
+        if pid not in found:
+            msg = (
+                f"{binding.fqn}: no module of the model registers this parameter (its class "
+                "makes it in named_parameters), so distribute cannot replace it; register "
+                "it on a module, or leave it out of the table"
             )
-            new = nn.Parameter(local, requires_grad=param.requires_grad)
-            replaced[id(param)] = (param, new)
-    targets = [
-        (fqn, hit[1])
-        for fqn, p in named_parameters(module)
-        if (hit := replaced.get(id(p))) is not None and hit[0] is p
-    ]
-    for fqn, new in targets:
-        prefix, _, leaf = fqn.rpartition(".")
-        setattr(module.get_submodule(prefix), leaf, new)
+            raise BindError(msg, fqn=binding.fqn)
+    return out
+
+
+def _distributed(
+    param: nn.Parameter, binding: Binding, layout: SourceLayout, src_data_rank: int | None
+) -> nn.Parameter:
+    """``param`` as a DTensor parameter with its binding's mesh and placements.
+
+    Raises:
+        BindError: torch's ``distribute_tensor`` refuses it, naming the FQN and layout.
+    """
+    assert binding.mesh is not None  # the caller distributes only those with a mesh
+    try:
+        local = distribute_tensor(
+            param.detach(), binding.mesh, binding.placements, src_data_rank=src_data_rank
+        )
+    except Exception as e:
+        fqn = binding.fqn
+        why = quote(str(e)) if str(e) else type(e).__name__
+        remedy = "check the layout against the parameter's shape (lint)"
+        if any(isinstance(p, StridedShard) for p in layout.placements):
+            remedy = (
+                "torch scatters a _S placement only over a dim that splits evenly; pass "
+                "src_data_rank=None (every rank splits its own full tensor), or " + remedy
+            )
+        msg = (
+            f"{fqn}: torch's distribute_tensor refused {layout} for a parameter of shape "
+            f"{tuple(param.shape)} ({why}); {remedy}"
+        )
+        raise BindError(msg, fqn=fqn) from e
+    return nn.Parameter(local, requires_grad=param.requires_grad)
 
 
 class _Roles:
@@ -162,7 +280,8 @@ def table_from_module(
         owned: the axes FSDP and pipelining own.
 
     Raises:
-        BindError: an argument of the wrong type.
+        BindError: an argument of the wrong type, or a module of ``module`` that holds
+            one of its ancestors (a cycle of submodules, naming the path that closes it).
         LayoutError: a DTensor on a mesh without dim names, a torch placement with no
             equivalent, or a ``Partial`` placement on an owned axis.
     """
@@ -255,7 +374,8 @@ def tied_pairs_from_module(module: nn.Module) -> tuple[tuple[str, str], ...]:
     (('emb.weight', 'head.weight'),)
 
     Raises:
-        BindError: ``module`` is not an ``nn.Module``.
+        BindError: ``module`` is not an ``nn.Module``, or a module of it holds one of its
+            ancestors (a cycle of submodules, naming the path that closes it).
     """
     check_module(module, "tied_pairs_from_module(module=...)")
     names: dict[int, tuple[nn.Parameter, list[str]]] = {}  # each entry holds its parameter

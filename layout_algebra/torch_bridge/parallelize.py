@@ -45,16 +45,22 @@ from torch.distributed.tensor.parallel import (
 )
 
 from layout_algebra._args import mapping_items
-from layout_algebra._text import quote
+from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, as_axes
+from layout_algebra.errors import LayoutError
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
 from layout_algebra.plan import ShardingPlan, param_fqn
 from layout_algebra.torch_bridge._plans import Problems, axis_in, check_module, sharding_plan
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 
 __all__ = ["ParallelizePlan", "plan_from_parallelize"]
 
 ParallelizePlan: TypeAlias = ParallelStyle | Mapping[str, "ParallelizePlan"]
 """What ``parallelize_module`` takes: one style for the module, or styles by key."""
+
+_MAX_DEPTH: Final = 256
+"""How deep a plan may lead, nested dicts and dotted key tokens counted together: far
+beyond any model's depth, well within Python's recursion limit."""
 
 _Kind: TypeAlias = Literal["colwise", "rowwise", "sequence", "prepare"]
 
@@ -113,8 +119,9 @@ class _Walk:
         self.distributed: dict[int, tuple[str, str]] = {}  # id of module -> (key, path)
         self.applied = 0
 
-    def plan(self, module: nn.Module, path: str, plan: object, key: str) -> None:
-        """Apply ``plan`` (a style or a dict of them) to ``module``; ``key`` led here."""
+    def plan(self, module: nn.Module, path: str, plan: object, key: str, *, depth: int = 0) -> None:
+        """Apply ``plan`` (a style or a dict of them) to ``module``; ``key`` led here,
+        through ``depth`` nested dicts and dotted tokens."""
         if isinstance(plan, ParallelStyle):
             self.applied += 1
             self.style(module, path, plan, key)
@@ -138,7 +145,7 @@ class _Walk:
                 continue
             shown = f"{key} -> {sub}" if key else sub
             before = self.applied
-            self.reach(module, path, sub, style, shown)
+            self.reach(module, path, sub, style, shown, depth=depth + 1)
             if self.applied == before and not key:
                 msg = (
                     f"plan key {sub!r} reaches no module of the model (torch's "
@@ -146,19 +153,34 @@ class _Walk:
                 )
                 self.problems.add(msg, fqn=sub)
 
-    def reach(self, module: nn.Module, path: str, sub: str, style: object, key: str) -> None:
-        """Follow ``sub`` down from ``module`` token by token, as torch does."""
+    def reach(
+        self, module: nn.Module, path: str, sub: str, style: object, key: str, *, depth: int
+    ) -> None:
+        """Follow ``sub`` down from ``module`` token by token, as torch does (``depth``
+        deep in the plan: every nested dict and token passes here).
+
+        Raises:
+            LayoutError: deeper than ``_MAX_DEPTH``.
+        """
+        if depth > _MAX_DEPTH:
+            msg = (
+                f"plan_from_parallelize(plan=...): plan key {clip(key)!r} leads deeper than "
+                f"{_MAX_DEPTH} levels (nested dicts and dotted tokens together), deeper than "
+                "any model: a plan that holds itself? give each module its style at most "
+                f"{_MAX_DEPTH} levels down"
+            )
+            raise LayoutError(msg, fqn=path)
         if sub == "":
-            self.plan(module, path, style, key)  # the module itself
+            self.plan(module, path, style, key, depth=depth)  # the module itself
             return
         token, dot, rest = sub.partition(".")
         for name, child in module.named_children():
             if fnmatch.fnmatch(name, token):
                 child_path = param_fqn(path, name)
                 if dot:
-                    self.reach(child, child_path, rest, style, key)
+                    self.reach(child, child_path, rest, style, key, depth=depth + 1)
                 else:
-                    self.plan(child, child_path, style, key)
+                    self.plan(child, child_path, style, key, depth=depth + 1)
 
     def style(self, module: nn.Module, path: str, style: ParallelStyle, key: str) -> None:
         """Record what ``style`` does to the parameters of ``module``."""
@@ -210,7 +232,7 @@ class _Walk:
     ) -> dict[str, Placement] | None:
         """What the style gives each of the module's own parameters, by name."""
         where = _where(path)
-        nested = [n for n, _ in module.named_parameters() if "." in n]
+        nested = _nested_parameters(module)
         if nested:
             msg = (
                 f"{where} (plan key {key!r}): {type(style).__name__} distributes every parameter "
@@ -237,6 +259,19 @@ class _Walk:
         if linear:
             return {"weight": _S1, "bias": _R}
         return dict.fromkeys(own, _S0)
+
+
+def _nested_parameters(module: nn.Module) -> list[str]:
+    """The names ``module.named_parameters()`` gives that hold a dot (a submodule's), each
+    parameter under its first name, walked without recursion (a deep subtree is fine)."""
+    seen: set[int] = set()  # ids of parameters the module holds, so none is reused
+    out: list[str] = []
+    for name, param in named_parameters(module):
+        if id(param) not in seen:
+            seen.add(id(param))
+            if "." in name:
+                out.append(name)
+    return out
 
 
 def plan_from_parallelize(
@@ -279,7 +314,11 @@ def plan_from_parallelize(
         after torch has replaced the distributed ones.
 
     Raises:
-        LayoutError: ``module`` is not a module or ``axis`` not among ``mesh_axes``.
+        LayoutError: ``module`` is not a module, ``axis`` not among ``mesh_axes``, or
+            the plan leads more than 256 levels deep (nested dicts and dotted key
+            tokens together: a plan that holds itself).
+        BindError: a module of the model holds one of its ancestors (a cycle of
+            submodules), naming the path that closes it.
         PlanError: every problem of the plan at once, each naming the module FQN and
             the style: a style other than torch's own (or a subclass overriding how it
             distributes), ``ColwiseParallel``/``RowwiseParallel`` on a module that is
@@ -290,6 +329,7 @@ def plan_from_parallelize(
     root = check_module(module, "plan_from_parallelize(module=...)")
     axes = as_axes(mesh_axes, "plan_from_parallelize(mesh_axes=...)")
     name = axis_in(axis, axes, "plan_from_parallelize(axis=...)").name
+    modules = list(named_modules(root))  # first: a cycle of submodules is refused here
     problems = Problems("plan_from_parallelize")
     walk = _Walk(problems)
     walk.plan(root, "", plan, "")
@@ -297,7 +337,7 @@ def plan_from_parallelize(
 
     placements: dict[str, dict[str, Placement]] = {}
     holders: dict[_Slot, list[str]] = {}
-    for path, owner in root.named_modules(remove_duplicate=False):
+    for path, owner in modules:
         for leaf, param in owner._parameters.items():
             if param is None:
                 continue

@@ -25,7 +25,8 @@ def shapes_from_module(module: nn.Module) -> Mapping[str, ParamShape]:
 
     Raises:
         BindError: ``module`` is not an ``nn.Module``, or a parameter has a dtype the
-            package does not know (naming the FQN).
+            package does not know (naming the FQN), or a module of it holds one of its
+            ancestors (a cycle of submodules, naming the path that closes it).
     """
     check_module(module, "shapes_from_module(module=...)")
     shapes: dict[str, ParamShape] = {}

@@ -18,6 +18,7 @@ from layout_algebra.axes import AxisLike, as_axes, as_axis
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.mesh import Mesh
 from layout_algebra.plan import ShardingPlan
+from layout_algebra.torch_bridge._walk import named_parameters
 from layout_algebra.torch_bridge.parallelize import ParallelizePlan, plan_from_parallelize
 from layout_algebra.torch_bridge.transformers import plan_from_hf
 
@@ -38,7 +39,7 @@ def _complete(
     expert: tuple[str, ...] | None,
 ) -> ParamLayoutTable:
     # The importer knows which ties survive (torch unties a tied weight it distributes).
-    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    names = [name for name, _ in named_parameters(model)]
     table = build_table(plan, dense, expert_axes=expert, fqns=names)
     return complete_default(table, names, dense, plain=True, tied_pairs=plan.tied_pairs)
 

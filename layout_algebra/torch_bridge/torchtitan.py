@@ -49,6 +49,7 @@ from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
 from layout_algebra.plan import ShardingPlan, param_fqn
 from layout_algebra.torch_bridge._plans import Problems, check_module, shard_dim, sharding_plan
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 
 __all__ = ["plan_from_torchtitan", "shard_dims_from_torchtitan", "state_dict_fqn"]
 
@@ -245,7 +246,7 @@ def _configs(root: nn.Module) -> list[tuple[str, nn.Module, object]]:
     """
     found: list[tuple[str, nn.Module, object]] = []
     torchtitan = False
-    for path, module in root.named_modules(remove_duplicate=False):
+    for path, module in named_modules(root):
         if not hasattr(module, "_sharding_config"):
             continue
         torchtitan = True
@@ -278,7 +279,7 @@ def _tied(root: nn.Module) -> list[tuple[str, str]]:
     per module, and torchtitan's ``init_weights`` ties them again.
     """
     holders: dict[int, list[str]] = {}
-    for name, param in root.named_parameters(remove_duplicate=False):
+    for name, param in named_parameters(root):
         holders.setdefault(id(param), []).append(state_dict_fqn(name))
     tied = [(group[0], other) for group in holders.values() for other in group[1:]]
     if getattr(root, "enable_weight_tying", False) is True:
@@ -399,7 +400,7 @@ def shard_dims_from_torchtitan(model: nn.Module, *, parallel_dims: object) -> di
     else:
         ranks = replicate * shard * cp * tp
     dims: dict[str, int] = {}
-    for path, module in root.named_modules(remove_duplicate=False):
+    for path, module in named_modules(root):
         if getattr(module, "moe_enabled", False) is not True:
             continue
         experts = getattr(
@@ -415,6 +416,6 @@ def shard_dims_from_torchtitan(model: nn.Module, *, parallel_dims: object) -> di
             raise LayoutError(msg, fqn=path)
         dim = 1 if ranks > count else 0
         prefix = param_fqn(path, "moe.routed_experts.inner_experts")
-        for leaf, _ in experts.named_parameters(remove_duplicate=False):
+        for leaf, _ in named_parameters(experts):
             dims[state_dict_fqn(param_fqn(prefix, leaf))] = dim
     return dims

@@ -44,6 +44,7 @@ parameters) and off ``transformers.__version__`` when the model brought transfor
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -66,6 +67,7 @@ from layout_algebra.placements import (
 )
 from layout_algebra.plan import ShardingPlan, param_fqn
 from layout_algebra.torch_bridge._plans import Problems, check_module, shard_dim, sharding_plan
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 
 __all__ = ["KNOWN_STYLES", "STYLES_BY_RELEASE", "plan_from_hf"]
 
@@ -98,12 +100,17 @@ def _rowwise(leaf: str, _: int) -> Placement | int:
 
 
 def _packed_colwise(_: str, ndim: int) -> Placement | int:
-    # gate and up stacked on the output dim: each rank takes its part of both halves
-    return 0 if ndim == 1 else StridedShard(ndim - 2, split_factor=2)
+    # gate and up stacked on the output dim: each rank takes its part of both halves (a
+    # 0-d parameter has no such dim: dim -2, which it lacks, is a problem naming it)
+    if ndim < 2:
+        return 0 if ndim == 1 else -2
+    return StridedShard(ndim - 2, split_factor=2)
 
 
-def _packed_rowwise(_: str, ndim: int) -> Placement | None:
-    return _R if ndim == 1 else StridedShard(ndim - 1, split_factor=2)
+def _packed_rowwise(_: str, ndim: int) -> Placement | int:
+    if ndim < 2:  # a bias whole; a 0-d parameter lacks the dim -1 transformers splits
+        return _R if ndim == 1 else -1
+    return StridedShard(ndim - 1, split_factor=2)
 
 
 def _unit_colwise(_: str, __: int) -> _OwnMesh:
@@ -254,11 +261,34 @@ def _rule_of(name: str, plan: Mapping[str, str], *, param: bool) -> tuple[str, s
     return None
 
 
-def _read_plan(
-    model: nn.Module, attr: str, release: _Release, problems: Problems
-) -> dict[str, str]:
-    raw: object = getattr(model, attr, None)
-    if raw is None:
+_MISSING: Final = object()
+"""What ``_attr`` gives for an attribute the object does not have, when asked to."""
+
+
+def _attr(obj: object, name: str, shown: str, default: object = None) -> object:
+    """``obj.name`` (``default`` when it has none), read once.
+
+    Raises:
+        LayoutError: reading it raised anything but ``AttributeError``: naming ``shown``
+            (``model.tp_plan``), the exception its ``__cause__``.
+    """
+    try:
+        return getattr(obj, name, default)
+    except Exception as e:
+        raise _raised(shown, e) from e
+
+
+def _raised(shown: str, e: Exception) -> LayoutError:
+    msg = (
+        f"plan_from_hf: reading {shown} raised {quote(e)}, so the model's plan cannot be "
+        f"read; fix the model's {shown}, or write the ShardingPlan"
+    )
+    return LayoutError(msg)
+
+
+def _read_plan(raw: object, attr: str, release: _Release, problems: Problems) -> dict[str, str]:
+    """The rules of the model's plan ``raw`` (its ``attr``) this release registers."""
+    if raw is None or raw is _MISSING:
         return {}
     if not isinstance(raw, Mapping):
         problems.add(f"model.{attr} must map names to style names, got {quote(raw)}")
@@ -318,14 +348,17 @@ def _expand(model: nn.Module, plan: Mapping[str, str]) -> _Expanded:
 def _head_count(model: nn.Module, module: nn.Module, *, rows: bool) -> int | None:
     """The attention heads a unit style counts in ``module``'s weight, when the model's
     config tells: its rows (``rows``) or columns over the config's head dim."""
-    config: object = getattr(model, "config", None)
-    text = getattr(config, "get_text_config", None)
+    config = _attr(model, "config", "model.config")
+    text = _attr(config, "get_text_config", "model.config.get_text_config")
     if callable(text):
-        config = text()
-    head_dim: object = getattr(config, "head_dim", None)
+        try:
+            config = text()
+        except Exception as e:
+            raise _raised("model.config.get_text_config()", e) from e
+    head_dim = _attr(config, "head_dim", "the text config's head_dim")
     if not head_dim:
-        hidden: object = getattr(config, "hidden_size", None)
-        heads: object = getattr(config, "num_attention_heads", None)
+        hidden = _attr(config, "hidden_size", "the text config's hidden_size")
+        heads = _attr(config, "num_attention_heads", "the text config's num_attention_heads")
         if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
             return None
         head_dim = hidden // heads
@@ -345,8 +378,8 @@ class _Placer:
         self.release = release
         self.problems = problems
         self.tp_size = tp_size
-        self.params: dict[str, nn.Parameter] = dict(model.named_parameters(remove_duplicate=False))
-        self.modules: dict[str, nn.Module] = dict(model.named_modules())
+        self.params: dict[str, nn.Parameter] = dict(named_parameters(model))
+        self.modules: dict[str, nn.Module] = dict(named_modules(model))
         self.placed: dict[str, tuple[str, Placement, str]] = {}  # fqn -> (axis, placement, key)
 
     def apply(self, plan: _Expanded, axis: AxisName, which: str) -> None:
@@ -493,24 +526,65 @@ def _check_tp_size(tp_size: object) -> None:
         raise LayoutError(msg)
 
 
+_VERSION: Final = re.compile(
+    r"""
+    \s* v?
+    (?: (?P<epoch> [0-9]+ ) ! )?
+    (?P<major> [0-9]+ ) (?: \. (?P<minor> [0-9]+ ) )? (?: \. [0-9]+ )*
+    (?: [-_.]? (?: alpha | a | beta | b | preview | pre | c | rc ) [-_.]? [0-9]* )?
+    (?: - [0-9]+ | [-_.]? (?: post | rev | r ) [-_.]? [0-9]* )?
+    (?: [-_.]? dev [-_.]? [0-9]* )?
+    (?: \+ [a-z0-9]+ (?: [-_.] [a-z0-9]+ )* )?
+    \s*
+    """,
+    re.VERBOSE | re.IGNORECASE | re.ASCII,
+)
+"""A version as PEP 440 spells it (``5.25.0``, ``v5.30.0``, ``5.26rc1``, ``6.dev``,
+``1!2.0+local``): only its epoch, major and minor are read."""
+
+
+def _release_of(version: str) -> tuple[int, int, int] | None:
+    """``(epoch, major, minor)`` of a PEP 440 version, or ``None`` when it is not one.
+
+    A pre-, post- or dev release counts as the release it belongs to: ``5.26rc1`` and
+    ``5.26.0.dev0`` are 5.26 (newer than 5.25), ``6.dev`` is 6.0, a missing minor is 0.
+
+    >>> _release_of("v5.30.0"), _release_of("5.26rc1"), _release_of("6.dev")
+    ((0, 5, 30), (0, 5, 26), (0, 6, 0))
+    >>> _release_of("unknown") is None
+    True
+    """
+    found = _VERSION.fullmatch(version)
+    if found is None:
+        return None
+    epoch, major, minor = found.group("epoch", "major", "minor")
+    return _number(epoch or "0"), _number(major), _number(minor or "0")
+
+
+def _number(digits: str) -> int:
+    """ASCII ``digits`` as an int; past 18 digits (no release is numbered so) 10**18."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
 def _installed_release(transformers: object) -> _Release:
     """The styles of the transformers imported: the known range its version falls in.
 
-    No transformers imported, or a version that does not read as ``major.minor...`` (a
-    model that only looks like a transformers one): the newest known. A transformers
-    newer than ``NEWEST_KNOWN`` is refused: its plans would be read by older styles'
-    meaning, silently wrong.
+    No transformers imported, or a version that is not a PEP 440 one (a model that only
+    looks like a transformers one): the newest known. A transformers newer than
+    ``NEWEST_KNOWN``, its pre-releases and dev builds included, is refused: its plans would
+    be read by older styles' meaning, silently wrong.
     """
     newest = _RELEASES[NEWEST_KNOWN]
-    version = getattr(transformers, "__version__", None)
+    version = _attr(transformers, "__version__", "transformers.__version__")
     if not isinstance(version, str):
         return newest
-    parts = version.split(".")
-    try:
-        release = (int(parts[0]), int(parts[1]))
-    except (IndexError, ValueError):
+    found = _release_of(version)
+    if found is None:
         return newest
-    if release > NEWEST_KNOWN:
+    epoch, major, minor = found
+    release = (major, minor)
+    if epoch > 0 or release > NEWEST_KNOWN:
         msg = (
             f"plan_from_hf: transformers {clip(version)} is newer than {newest.name}, the "
             "newest whose tensor-parallel styles this version of layout_algebra knows (a "
@@ -525,7 +599,7 @@ def _tie_again(root: nn.Module, placer: _Placer, problems: Problems) -> list[tup
     """The model's tied pairs, ``(source, target)``: after loading, each target is its
     source's parameter again, whatever its own rule placed (its placement is dropped)."""
     tied: list[tuple[str, str]] = []
-    raw_tied: object = getattr(root, "all_tied_weights_keys", None)
+    raw_tied = _attr(root, "all_tied_weights_keys", "model.all_tied_weights_keys")
     if not isinstance(raw_tied, Mapping):  # None or any other false value: no ties
         if raw_tied:
             msg = f"model.all_tied_weights_keys must map names to names, got {quote(raw_tied)}"
@@ -593,8 +667,14 @@ def plan_from_hf(
     Raises:
         LayoutError: ``model`` is not an ``nn.Module``, or has neither ``tp_plan`` nor
             ``ep_plan``, or the transformers imported is newer than ``NEWEST_KNOWN``
-            (its styles would be read with the wrong meaning), or ``tp_size`` is not
-            ``None`` or an int from 1 to ``MAX_MESH_SIZE``.
+            (its styles would be read with the wrong meaning; a pre-release or dev
+            build of a newer release too), or ``tp_size`` is not ``None`` or an int from
+            1 to ``MAX_MESH_SIZE``, or reading one of the model's attributes
+            (``tp_plan``, ``ep_plan``, ``all_tied_weights_keys``, ``config`` and its
+            ``get_text_config()``) raised: naming it, the model's exception as
+            ``__cause__``.
+        BindError: a module of the model holds one of its ancestors (a cycle of
+            submodules), naming the path that closes it.
         PlanError: every problem at once, each naming the rule or parameter and the
             style: a style the transformers imported does not register, a style it
             refuses in an ``ep_plan`` or cannot apply from a ``tp_plan``, an axis read
@@ -605,7 +685,9 @@ def plan_from_hf(
     """
     root = check_module(model, "plan_from_hf(model=...)")
     release = _installed_release(sys.modules.get("transformers"))
-    if not hasattr(root, "tp_plan") and not hasattr(root, "ep_plan"):
+    raw_tp = _attr(root, "tp_plan", "model.tp_plan", _MISSING)
+    raw_ep = _attr(root, "ep_plan", "model.ep_plan", _MISSING)
+    if raw_tp is _MISSING and raw_ep is _MISSING:
         msg = (
             f"plan_from_hf(model=...): a {type(root).__qualname__} has neither tp_plan nor "
             "ep_plan, so it is not a transformers model; use plan_from_parallelize for a "
@@ -617,8 +699,8 @@ def plan_from_hf(
     tp = _active(tp_axis, axes, "tp_axis")
     ep = _active(ep_axis, axes, "ep_axis")
     problems = Problems("plan_from_hf")
-    tp_rules = _read_plan(root, "tp_plan", release, problems) if tp is not None else {}
-    ep_rules = _read_plan(root, "ep_plan", release, problems) if ep is not None else {}
+    tp_rules = _read_plan(raw_tp, "tp_plan", release, problems) if tp is not None else {}
+    ep_rules = _read_plan(raw_ep, "ep_plan", release, problems) if ep is not None else {}
     for axis, rules, which in ((tp, tp_rules, "tp_plan"), (ep, ep_rules, "ep_plan")):
         if axis is not None and not rules:
             arg = "tp_axis" if which == "tp_plan" else "ep_axis"
