@@ -9,6 +9,10 @@ table entry per line::
      },
      "tied": [["emb.weight", "head.weight"]]}
 
+A table that ``build_table`` dropped placements for also has ``"dropped"``, one object a
+drop (``{"fqn": ..., "mesh": ..., "axis": ..., "placement": "S(0)"}``); a document
+without it has none.
+
 Reading is strict: an unknown key, a duplicate key, a key that is not a string, a wrong
 type, a bad placement or axis, or a table or plan that breaks its invariants raises
 ``SerializationError`` with the JSON path of the bad value
@@ -19,8 +23,12 @@ imported from it.
 As ``cattrs.preconf`` does, ``configure_converter(c)`` registers the hooks of every value
 type on any cattrs converter (so a user's own attrs class holding a ``ParamLayoutTable``
 structures with their converter), ``make_converter()`` returns a new configured one, and
-``converter`` is the package's. Each document is one unstructured object (``_table_obj``,
-``_plan_obj``); ``to_json`` and ``plan_to_json`` only lay that object out as text.
+``converter`` is the package's. The package's converters (``converter``,
+``make_converter()``) report any failure to structure as one ``SerializationError`` with
+the path of the first bad value in the object given (``[2].placements[0]``), where cattrs
+itself raises a group of errors. Each document is one unstructured object
+(``_table_obj``, ``_plan_obj``); ``to_json`` and ``plan_to_json`` only lay that object
+out as text.
 """
 
 from __future__ import annotations
@@ -34,13 +42,14 @@ from operator import itemgetter
 from typing import Any, Final, TypeVar, cast
 
 import cattrs
+from cattrs.errors import AttributeValidationNote, BaseValidationError, IterableValidationNote
 
 from layout_algebra._args import mapping_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
 from layout_algebra.frozen import FrozenMap
-from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_no_partial
+from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout, check_no_partial
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (
     Partial,
@@ -74,7 +83,8 @@ _T = TypeVar("_T")
 _C = TypeVar("_C", bound=cattrs.BaseConverter)
 _LAYOUT_KEYS: Final = frozenset({"mesh", "axes", "placements"})
 _TABLE_KEYS: Final = frozenset({"version", "entries"})
-_TABLE_OPTIONAL: Final = frozenset({"tied"})
+_TABLE_OPTIONAL: Final = frozenset({"tied", "dropped"})
+_DROP_KEYS: Final = frozenset({"fqn", "mesh", "axis", "placement"})
 _PLAN_KEYS: Final = frozenset({"version", "mesh_axes", "modules"})
 _PLAN_OPTIONAL: Final = frozenset({"tied_pairs"})
 _MODULE_KEYS: Final = frozenset({"params"})
@@ -305,6 +315,38 @@ def _tied_groups(value: object, path: str, entries: Mapping[str, SourceLayout]) 
     return groups
 
 
+def _drop(value: object, path: str) -> Drop:
+    doc = _object(value, path, _DROP_KEYS)
+    fqn = _fqn(doc["fqn"], _field(path, "fqn"))
+    mesh = _str(doc["mesh"], _field(path, "mesh"))
+    axis = _axis(doc["axis"], _field(path, "axis"))
+    placement = _placement(doc["placement"], _field(path, "placement"))
+    # the FQN, axis and placement are checked: only the mesh role can be bad
+    return _wrap(_field(path, "mesh"), lambda: Drop(fqn, mesh, axis, placement), fqn=fqn)
+
+
+def _drops(value: object, path: str) -> list[Drop]:
+    """The drops of a table document (``build_table`` drops a kind of placement on many
+    parameters: each spelling of mesh, axis and placement is read once)."""
+    out: list[Drop] = []
+    seen: dict[tuple[str, str, str], Drop] = {}
+    for i, raw in enumerate(_list(value, path)):
+        key = None
+        if type(raw) is dict and raw.keys() == _DROP_KEYS:
+            fqn, mesh, axis, placement = raw["fqn"], raw["mesh"], raw["axis"], raw["placement"]
+            if type(mesh) is str and type(axis) is str and type(placement) is str:
+                key = (mesh, axis, placement)
+                known = seen.get(key)
+                if known is not None and type(fqn) is str and fqn:
+                    out.append(Drop(fqn, known.mesh, known.axis, known.placement))
+                    continue
+        drop = _drop(raw, _index(path, i))
+        if key is not None:
+            seen[key] = drop
+        out.append(drop)
+    return out
+
+
 def _table(value: object, path: str = "") -> ParamLayoutTable:
     doc = _object(value, path, _TABLE_KEYS, _TABLE_OPTIONAL)
     _version(doc, path)
@@ -330,6 +372,7 @@ def _table(value: object, path: str = "") -> ParamLayoutTable:
         entries[fqn] = layout
     tied_path = _field(path, "tied")
     groups = _tied_groups(doc.get("tied", []), tied_path, entries)
+    drops = _drops(doc.get("dropped", []), _field(path, "dropped"))
 
     def locate(e: LayoutError) -> str | None:
         # a member in two groups, at its second; else the first group bad on its own
@@ -343,7 +386,7 @@ def _table(value: object, path: str = "") -> ParamLayoutTable:
                 return _index(tied_path, i)
         return tied_path if groups else None
 
-    return _wrap(path, lambda: ParamLayoutTable(entries, tied=groups), locate)
+    return _wrap(path, lambda: ParamLayoutTable(entries, tied=groups, dropped=drops), locate)
 
 
 def _named(value: object, path: str) -> dict[str, Placement]:
@@ -512,13 +555,26 @@ def _layout_obj(layout: SourceLayout) -> dict[str, object]:
     }
 
 
-def _table_doc(table: ParamLayoutTable, entries: Mapping[str, object]) -> dict[str, object]:
-    """The table's document around ``entries``: the one place its envelope is written."""
+def _drop_obj(drop: Drop) -> dict[str, object]:
     return {
+        "fqn": drop.fqn,
+        "mesh": drop.mesh,
+        "axis": drop.axis.name,
+        "placement": format_placement(drop.placement),
+    }
+
+
+def _table_doc(table: ParamLayoutTable, entries: Mapping[str, object]) -> dict[str, object]:
+    """The table's document around ``entries``: the one place its envelope is written
+    (``"dropped"`` only when something was, so a table without drops reads as before)."""
+    doc: dict[str, object] = {
         "version": FORMAT_VERSION,
         "entries": entries,
         "tied": [sorted(g) for g in table.tied],
     }
+    if table.dropped:
+        doc["dropped"] = [_drop_obj(d) for d in table.dropped]
+    return doc
 
 
 def _table_obj(table: ParamLayoutTable) -> dict[str, object]:
@@ -571,11 +627,11 @@ def _shapes_obj(shapes: Iterable[tuple[str, ParamShape]]) -> dict[str, object]:
     return {"version": FORMAT_VERSION, "params": params}
 
 
-_TABLE_SPREAD: Final = frozenset({"entries"})
+_TABLE_SPREAD: Final = frozenset({"entries", "dropped"})
 _SHAPES_SPREAD: Final = frozenset({"params"})
 _PLAN_SPREAD: Final = frozenset({"modules", "modules.*.params"})
-"""The objects of a document laid out one item per line (by path, ``*`` for any key);
-everything else is written on one line."""
+"""The objects and arrays of a document laid out one item per line (by path, ``*`` for
+any key); everything else is written on one line."""
 
 
 def _dumps_cached(cache: dict[int, str]) -> Callable[[object], str]:
@@ -609,6 +665,8 @@ def _lay_out(
     made = {} if objs is None else objs
 
     def value(v: object, path: str, indent: int) -> str:
+        if isinstance(v, list) and path in spread:
+            return _spread_list(v, indent, dumps)
         if isinstance(v, Mapping):
             if path in spread:
                 if not v:
@@ -627,6 +685,15 @@ def _lay_out(
 
     fields = [f"{quote_key(k)}: {value(v, k, 1)}" for k, v in doc.items()]
     return "{" + ",\n ".join(fields) + "}"
+
+
+def _spread_list(items: list[object], indent: int, dumps: Callable[[object], str]) -> str:
+    """An array one item per line, each as ``json.dumps`` writes it (``[]`` when empty)."""
+    if not items:
+        return "[]"
+    pad = " " * (indent + 1)
+    lines = ",\n".join(pad + dumps(x) for x in items)
+    return f"[\n{lines}\n{' ' * indent}]"
 
 
 def _spread_flat(
@@ -665,7 +732,8 @@ def _checked(value: object, kind: type[_T], fn: str) -> _T:
 
 
 def to_json(table: ParamLayoutTable) -> str:
-    """The table as a version-1 JSON document, one entry per line.
+    """The table as a version-1 JSON document, one entry per line (then, when
+    ``table.dropped`` holds any, one drop per line after the tied groups).
 
     >>> from layout_algebra import Shard
     >>> print(to_json(ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})))
@@ -703,18 +771,20 @@ _HEAD: Final = f'{{"version": {FORMAT_VERSION},\n "entries": {{\n  "'
 _NEXT: Final = '\n  "'
 _SPLIT: Final = '": {"mesh": '
 _TIED: Final = '\n },\n "tied": '
+_DROPPED: Final = ',\n "dropped": '
 """The fixed pieces of a table document as ``to_json`` writes it: its head, what
 begins each entry after the first, what follows each entry's FQN, what ends the
-entries."""
+entries, what follows the tied groups when there are drops."""
 
 
 def _written_entries(text: str) -> tuple[list[str], list[str], str] | None:
     """A document as ``to_json`` lays it out, split: the FQNs, each one's layout text
-    (its comma kept) and the tied groups' text; ``None`` when the text is not laid out so.
+    (its comma kept) and the text after the entries (the tied groups, and the drops
+    after ``_DROPPED``); ``None`` when the text is not laid out so.
 
     The text is ``_HEAD``, then ``fqn + _SPLIT + layout`` per entry joined by ``_NEXT``,
-    then ``_TIED``, the tied groups and ``}``: exactly, since each piece is split once;
-    every FQN is non-empty and one JSON writes as it is.
+    then ``_TIED``, the tied groups (and the drops) and ``}``: exactly, since each piece
+    is split once; every FQN is non-empty and one JSON writes as it is.
     """
     end = text.rfind(_TIED)
     if not text.startswith(_HEAD) or not text.endswith("]}") or end < len(_HEAD):
@@ -740,7 +810,7 @@ def _read_written(text: object) -> ParamLayoutTable | None:
     Every entry of such a document is ``  "fqn": {"mesh": ...},`` on a line of its own:
     the entries are split apart at C speed (``_written_entries``), each distinct layout
     text is read by the strict reader and must be written the way ``to_json`` writes it,
-    and the tied groups likewise. So the text is exactly ``to_json`` of the
+    and the tied groups and drops likewise. So the text is exactly ``to_json`` of the
     table returned; anything else (escapes, other spacing, a key twice, another order of
     groups, any bad value) is left to the strict reader.
     """
@@ -751,7 +821,9 @@ def _read_written(text: object) -> ParamLayoutTable | None:
     split = _written_entries(text)
     if split is None:
         return None
-    fqns, tails, tied_text = split
+    fqns, tails, rest = split
+    # JSON escapes a newline inside a string, so the drops begin at the first _DROPPED
+    tied_text, _, dropped_text = rest.partition(_DROPPED)
     last = tails[-1]
     layouts: dict[str, SourceLayout] = {}
     try:
@@ -770,10 +842,21 @@ def _read_written(text: object) -> ParamLayoutTable | None:
         if len(entries) != len(fqns):  # an FQN twice
             return None
         del fqns, tails
-        table = ParamLayoutTable(entries, tied=_tied_groups(_load(tied_text), "tied", entries))
+        groups = _tied_groups(_load(tied_text), "tied", entries)
+        drops = _drops(_load(dropped_text), "dropped") if dropped_text else []
+        table = ParamLayoutTable(entries, tied=groups, dropped=drops)
     except LayoutError:
         return None
-    return table if json.dumps([sorted(g) for g in table.tied]) == tied_text else None
+    return table if _written_tail(table) == rest else None
+
+
+def _written_tail(table: ParamLayoutTable) -> str:
+    """What ``to_json`` writes after the table's entries (``_TIED``) but the last ``}``."""
+    text = json.dumps([sorted(g) for g in table.tied])
+    if table.dropped:
+        drops = _spread_list(list(map(_drop_obj, table.dropped)), 1, json.dumps)
+        text = f"{text}{_DROPPED}{drops}"
+    return text
 
 
 def plan_to_json(plan: ShardingPlan) -> str:
@@ -893,9 +976,65 @@ def configure_converter(converter: _C) -> _C:
     return converter
 
 
+def _noted(path: str, error: BaseException) -> str:
+    """``path`` followed down to ``error`` by the note cattrs put on it (the index or key
+    of an item, the name of an attribute), if any."""
+    for note in getattr(error, "__notes__", ()):
+        if isinstance(note, IterableValidationNote):
+            at = note.index
+            if type(at) is int:
+                return _index(path, at)
+            return f"{path}[{json.dumps(clip(at)) if isinstance(at, str) else quote(at)}]"
+        if isinstance(note, AttributeValidationNote):
+            return _field(path, clip(note.name))
+    return path
+
+
+def _structure_error(error: Exception) -> tuple[SerializationError, Exception | None]:
+    """The first failure inside what structuring raised (cattrs groups every failure of a
+    class or collection, noting where each happened), as one error at its whole path,
+    and the failure itself when it is not the package's own (to be its cause)."""
+    path, leaf = "", error
+    while isinstance(leaf, BaseValidationError) and leaf.exceptions:
+        inner = leaf.exceptions[0]
+        path = _noted(path, inner)
+        leaf = inner
+    if isinstance(leaf, SerializationError):
+        inner_path = "" if leaf.path == "$" else leaf.path
+        joined = not inner_path or inner_path.startswith("[")
+        where = path + inner_path if joined else _field(path, inner_path)
+        what = leaf.message.removeprefix(f"{leaf.path}: ")
+        shown = _shown(where)
+        return SerializationError(f"{shown}: {what}", path=shown, fqn=leaf.fqn), None
+    if isinstance(leaf, LayoutError):
+        error = SerializationError(f"{_shown(path)}: {leaf.message}", path=_shown(path))
+        return error, None
+    what = f"could not be structured: {quote(leaf)}"
+    return SerializationError(f"{_shown(path)}: {what}", path=_shown(path)), leaf
+
+
+class _Converter(cattrs.Converter):
+    """A cattrs ``Converter`` whose ``structure`` raises one ``SerializationError`` with
+    the path of the first bad value, whatever failed (the hooks below it see each value
+    as cattrs gives it)."""
+
+    __slots__ = ()
+
+    def structure(self, obj: object, cl: type[_T]) -> _T:
+        try:
+            return super().structure(obj, cl)
+        except SerializationError:
+            raise
+        except Exception as e:
+            error, cause = _structure_error(e)
+            raise error from cause
+
+
 def make_converter() -> cattrs.Converter:
-    """A new cattrs ``Converter`` configured with ``configure_converter``."""
-    c = cattrs.Converter()
+    """A new cattrs ``Converter`` configured with ``configure_converter``, whose
+    ``structure`` reports any failure as one ``SerializationError`` with the path of the
+    first bad value (a bare cattrs converter groups them: ``cattrs.transform_error``)."""
+    c = _Converter()
     configure_converter(c)
     return c
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from layout_algebra import (
     AxisName,
+    Drop,
     ModulePlan,
     ParamLayoutTable,
     ParamShape,
@@ -38,7 +39,14 @@ from layout_algebra.serialization import (
     shapes_to_json,
     to_json,
 )
-from tests.strategies import sharding_plans, tables
+from tests.strategies import (
+    MESH_ROLES,
+    axis_names,
+    param_fqns,
+    placements,
+    sharding_plans,
+    tables,
+)
 
 EMB = SourceLayout("dense", ["tp", "ep"], [Shard(0), Replicate()])
 TABLE = ParamLayoutTable(
@@ -141,6 +149,109 @@ def test_table_round_trip(table: ParamLayoutTable) -> None:
 @given(sharding_plans())
 def test_plan_round_trip(plan: ShardingPlan) -> None:
     assert plan_from_json(plan_to_json(plan)) == plan
+
+
+# --------------------------------------------------------------------------------------
+# the placements build_table dropped: written with the table, read back strictly
+
+DROPS: Final = (
+    Drop("layers.7.w", "expert", "tp", Shard(1)),
+    Drop("emb.weight", "dense", "cp", StridedShard(0, split_factor=2)),
+    Drop("head.weight", "expert", "tp", Shard(1)),
+)
+DROPPED: Final = ParamLayoutTable(TABLE, tied=TABLE.tied, dropped=DROPS)
+GOOD_DROP: Final[dict[str, Any]] = {
+    "fqn": "layers.7.w",
+    "mesh": "expert",
+    "axis": "tp",
+    "placement": "S(1)",
+}
+
+
+def test_drops_are_written_one_per_line_after_the_tied_groups() -> None:
+    text = to_json(DROPPED)
+    assert text.endswith(
+        ' "tied": [["emb.weight", "head.weight"]],\n'
+        ' "dropped": [\n'
+        '  {"fqn": "layers.7.w", "mesh": "expert", "axis": "tp", "placement": "S(1)"},\n'
+        '  {"fqn": "emb.weight", "mesh": "dense", "axis": "cp", "placement": "_S(0, 2)"},\n'
+        '  {"fqn": "head.weight", "mesh": "expert", "axis": "tp", "placement": "S(1)"}\n'
+        " ]}"
+    )
+    assert converter.unstructure(DROPPED) == json.loads(text)
+    assert "dropped" not in json.loads(to_json(TABLE))  # a table without drops reads as before
+
+
+def test_drops_round_trip() -> None:
+    text = to_json(DROPPED)
+    # read by its lines, by the strict reader (other spacing), and by the converter
+    for back in [
+        from_json(text),
+        from_json(text.encode()),
+        from_json(json.dumps(json.loads(text))),
+        converter.structure(json.loads(text), ParamLayoutTable),
+    ]:
+        assert back == DROPPED
+        assert back.dropped == DROPS  # not part of equality: compared on their own
+        assert to_json(back) == text
+
+
+def test_a_document_without_drops_has_none() -> None:
+    assert from_json(_table_doc()).dropped == ()
+    assert from_json(_table_doc(dropped=[])).dropped == ()
+    text = to_json(TABLE).removesuffix("}") + ',\n "dropped": []}'
+    assert from_json(text).dropped == ()
+
+
+@given(
+    tables(),
+    st.lists(
+        st.builds(Drop, param_fqns(), st.sampled_from(MESH_ROLES), axis_names(), placements()),
+        max_size=4,
+    ),
+)
+def test_tables_with_drops_round_trip(table: ParamLayoutTable, drops: list[Drop]) -> None:
+    dropped = ParamLayoutTable(table, tied=table.tied, dropped=drops)
+    text = to_json(dropped)
+    for back in [
+        from_json(text),
+        from_json(json.dumps(json.loads(text))),
+        converter.structure(converter.unstructure(dropped), ParamLayoutTable),
+    ]:
+        assert back == table
+        assert back.dropped == tuple(drops)
+
+
+@pytest.mark.parametrize(
+    ("dropped", "path", "words"),
+    [
+        (5, "dropped", "JSON array"),
+        ({"fqn": "w"}, "dropped", "JSON array"),
+        ([["w", "dense", "tp", "S(0)"]], "dropped[0]", "JSON object"),
+        ([{**GOOD_DROP, "fqn": ""}], "dropped[0].fqn", "non-empty"),
+        ([{**GOOD_DROP, "fqn": 5}], "dropped[0].fqn", "expected a string"),
+        ([{**GOOD_DROP, "mesh": ""}], "dropped[0].mesh", "non-empty"),
+        ([{**GOOD_DROP, "mesh": None}], "dropped[0].mesh", "expected a string"),
+        ([{**GOOD_DROP, "axis": "1tp"}], "dropped[0].axis", "'1tp'"),
+        ([{**GOOD_DROP, "placement": "S(x)"}], "dropped[0].placement", "'S(x)'"),
+        ([{**GOOD_DROP, "placement": ["S(0)"]}], "dropped[0].placement", "expected a string"),
+        ([{**GOOD_DROP, "why": 1}], "dropped[0].why", "unknown field 'why'"),
+        ([{"fqn": "w", "mesh": "dense", "axis": "tp"}], "dropped[0].placement", "missing"),
+        # after a good drop of the same kind: still read in full
+        ([GOOD_DROP, {**GOOD_DROP, "fqn": ""}], "dropped[1].fqn", "non-empty"),
+        ([GOOD_DROP, {**GOOD_DROP, "fqn": ["w"]}], "dropped[1].fqn", "expected a string"),
+    ],
+)
+def test_bad_drops(dropped: object, path: str, words: str) -> None:
+    reads: list[Callable[[], ParamLayoutTable]] = [
+        lambda: from_json(_table_doc(dropped=dropped)),
+        lambda: converter.structure(json.loads(_table_doc(dropped=dropped)), ParamLayoutTable),
+    ]
+    for read in reads:
+        with pytest.raises(SerializationError) as info:
+            read()
+        assert info.value.path == path
+        assert words in info.value.message
 
 
 # --------------------------------------------------------------------------------------
@@ -478,6 +589,9 @@ def test_public_functions_given_wrong_types_raise_serialization_errors(
         lambda: shapes_from_json(value),  # type: ignore[arg-type]
         lambda: shapes_to_json(value),  # type: ignore[arg-type]
         lambda: converter.structure(value, kind),
+        lambda: converter.structure([value], list[kind]),
+        lambda: converter.structure({"k": value}, dict[str, kind]),
+        lambda: converter.structure((EMB, value), tuple[SourceLayout, kind]),
     ]
     if not isinstance(value, ParamLayoutTable):
         calls.append(lambda: to_json(value))  # type: ignore[arg-type]
@@ -524,12 +638,60 @@ def test_a_users_converter_reads_strictly() -> None:
     c = make_converter()
     assert c is not converter
     raw = {"name": "x", "table": {"version": 1, "entries": {"w": {**GOOD_ENTRY, "axes": [1]}}}}
-    with pytest.raises(Exception) as info:  # cattrs groups a class's errors
+    with pytest.raises(SerializationError) as info:
         c.structure(raw, RunConfig)
-    errors = info.value.exceptions if isinstance(info.value, ExceptionGroup) else [info.value]
-    assert any(
-        isinstance(e, SerializationError) and e.path == 'entries["w"].axes[0]' for e in errors
-    )
+    assert info.value.path == 'table.entries["w"].axes[0]'
+    assert info.value.message.startswith('table.entries["w"].axes[0]: expected a string')
+    # a bare cattrs converter the user configured groups the errors, as cattrs does
+    with pytest.raises(ExceptionGroup) as group:
+        configure_converter(cattrs.Converter()).structure(raw, RunConfig)
+    assert [type(e) for e in group.value.exceptions] == [SerializationError]
+
+
+GOOD_LAYOUT: Final[dict[str, Any]] = {"mesh": "dense", "axes": ["tp"], "placements": ["S(0)"]}
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "path", "words"),
+    [
+        ([GOOD_LAYOUT, {**GOOD_LAYOUT, "mesh": 1}], list[SourceLayout], "[1].mesh", "a string"),
+        ([{**GOOD_LAYOUT, "axes": [1]}], list[SourceLayout], "[0].axes[0]", "a string"),
+        ({"w": {**GOOD_LAYOUT, "x": 1}}, dict[str, SourceLayout], '["w"].x', "unknown field"),
+        ((GOOD_LAYOUT, "R", "Q"), tuple[SourceLayout, ...], "[1]", "JSON object"),
+        (["R", "Q"], list[Placement], "[1]", "'Q' is not a placement"),
+        ([["S(0)"], ["R", "S(x)"]], list[list[Shard]], "[1][0]", "expected a Shard"),
+        (
+            {"name": "x", "table": {"version": 2, "entries": {}}},
+            RunConfig,
+            "table.version",
+            "version",
+        ),
+        ({"name": "x", "table": TABLE}, RunConfig, "table", "JSON object"),
+        ({"table": {"version": 1, "entries": {}}}, RunConfig, "name", "KeyError"),
+        (
+            [{"version": 1, "entries": {"w": {**GOOD_LAYOUT, "mesh": ""}}}],
+            list[ParamLayoutTable],
+            '[0].entries["w"].mesh',
+            "non-empty",
+        ),
+        (
+            {"w": {"shape": [-1], "dtype": "float32"}},
+            dict[str, ParamShape],
+            '["w"].shape[0]',
+            ">= 0",
+        ),
+        ("x", int, "$", "ValueError"),
+    ],
+)
+def test_the_converter_reports_one_error_at_the_first_bad_value(
+    value: object, kind: Any, path: str, words: str
+) -> None:
+    for c in [converter, make_converter()]:
+        with pytest.raises(SerializationError) as info:
+            c.structure(value, kind)
+        assert info.value.path == path
+        assert info.value.message.startswith(f"{path}: ")
+        assert words in info.value.message
 
 
 # --------------------------------------------------------------------------------------
