@@ -13,11 +13,15 @@ pattern names at this position, and which". So each FQN is reduced to a *signatu
 segments, with every segment no pattern names at that position replaced by ``None``), and
 the answer is computed once per signature: ``layers.0.wq.weight`` and
 ``layers.31.wq.weight`` have one signature when no pattern names a layer number.
+
+A signature's answer is found in a trie of the patterns of its length (one branch per
+literal segment, one for ``*``), so thousands of keys that each name their own literal
+(``experts.{i}.*``) cost a walk down the segments, not a test of every key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from typing import Final, Generic, TypeVar
 
@@ -68,6 +72,50 @@ class Rule(Generic[T]):
         return WILDCARD not in self.segments
 
 
+class _Node:
+    """A trie node over pattern segments: a child per literal, one for ``*``, and the
+    indices of the patterns that end here."""
+
+    __slots__ = ("ends", "literal", "star")
+
+    def __init__(self) -> None:
+        self.literal: dict[str, _Node] = {}
+        self.star: _Node | None = None
+        self.ends: list[int] = []
+
+    def add(self, segments: Sequence[str], index: int) -> None:
+        node = self
+        for segment in segments:
+            if segment == WILDCARD:
+                if node.star is None:
+                    node.star = _Node()
+                node = node.star
+            else:
+                child = node.literal.get(segment)
+                if child is None:
+                    child = node.literal[segment] = _Node()
+                node = child
+        node.ends.append(index)
+
+    def matches(self, segments: Sequence[str]) -> list[tuple[int, int]]:
+        """``(literal segments, index)`` of every pattern below this node matching
+        ``segments`` (as long as the patterns): each branch the segments can take, once."""
+        found: list[tuple[int, int]] = []
+        depth_end = len(segments)
+        stack: list[tuple[_Node, int, int]] = [(self, 0, 0)]
+        while stack:
+            node, depth, literals = stack.pop()
+            if depth == depth_end:
+                found.extend((literals, i) for i in node.ends)
+                continue
+            child = node.literal.get(segments[depth])
+            if child is not None:
+                stack.append((child, depth + 1, literals + 1))
+            if node.star is not None:
+                stack.append((node.star, depth + 1, literals))
+        return found
+
+
 class Matcher(Generic[T]):
     """The most specific rules for each FQN, and which rules matched nothing."""
 
@@ -75,16 +123,21 @@ class Matcher(Generic[T]):
         self._rules: list[Rule[T]] = list(rules)
         self._used = [False] * len(self._rules)
         self._exact: dict[str, list[int]] = {}
-        # Patterns by segment count: (segments, index); per position the literals named.
-        self._patterns: dict[int, list[tuple[tuple[str, ...], int]]] = {}
+        # Patterns by segment count, in a trie each; per position the literals named.
+        self._tries: dict[int, _Node] = {}
         literals: dict[int, list[set[str]]] = {}
         for i, rule in enumerate(self._rules):
             if rule.exact:
                 self._exact.setdefault(rule.key, []).append(i)
                 continue
             n = len(rule.segments)
-            self._patterns.setdefault(n, []).append((rule.segments, i))
-            names = literals.setdefault(n, [set() for _ in range(n)])
+            trie = self._tries.get(n)
+            if trie is None:
+                trie = self._tries[n] = _Node()
+            trie.add(rule.segments, i)
+            names = literals.get(n)
+            if names is None:
+                names = literals[n] = [set() for _ in range(n)]
             for position, segment in enumerate(rule.segments):
                 if segment != WILDCARD:
                     names[position].add(segment)
@@ -105,12 +158,9 @@ class Matcher(Generic[T]):
         # Positions no pattern of any length names a literal at (the layer index of
         # layers.*.mlp): an FQN split only up to the last of them is told apart by its
         # other leading segments and the rest, whatever its length.
-        longest = max((len(segments) for segments, _ in self._by_length()), default=0)
-        free = [
-            p
-            for p in range(longest)
-            if all(p >= len(seg) or seg[p] == WILDCARD for seg, _ in self._by_length())
-        ]
+        named = {p for n, positions in self._positions.items() for p, _ in positions}
+        longest = max(self._tries, default=0)
+        free = [p for p in range(longest) if p not in named]
         self._split_at = free[-1] + 1 if free else 0
         kept = [p for p in range(self._split_at) if p not in free]
         self._head: Callable[[list[str]], object] = itemgetter(*kept, self._split_at)
@@ -133,15 +183,11 @@ class Matcher(Generic[T]):
         exact = self._exact.get(fqn)
         if exact is None:
             return self._patterns_for(fqn)
-        if self._unused_patterns:
-            self._patterns_for(fqn)  # only to mark the patterns it also matches
+        # The patterns an exact key's FQN also matches are marked by ``unused``: only
+        # those no other FQN matched are looked for then.
         for i in exact:
             self._used[i] = True
         return tuple(exact)
-
-    def _by_length(self) -> Iterator[tuple[tuple[str, ...], int]]:
-        for patterns in self._patterns.values():
-            yield from patterns
 
     def match_all(self, fqns: Iterable[str]) -> list[tuple[int, ...]]:
         """``match`` of each FQN, in order: one loop, an FQN a pattern decided before
@@ -173,8 +219,17 @@ class Matcher(Generic[T]):
         return tuple(self._rules[i] for i in self.match(fqn))
 
     def unused(self) -> list[Rule[T]]:
-        """The rules that matched no FQN given to ``best`` so far, in rule order."""
-        return [r for r, used in zip(self._rules, self._used, strict=True) if not used]
+        """The rules that matched no FQN given to ``match`` so far, in rule order."""
+        used = self._used
+        for key, exact in self._exact.items():
+            if not self._unused_patterns:
+                break
+            if used[exact[0]]:  # an FQN given: the patterns it matches are used
+                segments = key.split(".")
+                trie = self._tries.get(len(segments))
+                if trie is not None:
+                    self._mark(trie.matches(segments))
+        return [r for r, is_used in zip(self._rules, used, strict=True) if not is_used]
 
     def _patterns_for(self, fqn: str) -> tuple[int, ...]:
         segments = fqn.split(".")
@@ -197,17 +252,18 @@ class Matcher(Generic[T]):
                 self._by_picked[picked] = found
         return found
 
-    def _match(self, segments: Sequence[str]) -> tuple[int, ...]:
-        matches = [
-            i
-            for pattern, i in self._patterns[len(segments)]
-            if all(p in (WILDCARD, s) for p, s in zip(pattern, segments, strict=True))
-        ]
-        for i in matches:
-            if not self._used[i]:
-                self._used[i] = True
+    def _mark(self, matches: Iterable[tuple[int, int]]) -> None:
+        """Mark the patterns of ``matches`` (``(literals, index)``) used."""
+        used = self._used
+        for _, i in matches:
+            if not used[i]:
+                used[i] = True
                 self._unused_patterns -= 1
+
+    def _match(self, segments: Sequence[str]) -> tuple[int, ...]:
+        matches = self._tries[len(segments)].matches(segments)
+        self._mark(matches)
         if not matches:
             return ()
-        top = max(self._rules[i].literals for i in matches)
-        return tuple(i for i in matches if self._rules[i].literals == top)
+        top = max(literals for literals, _ in matches)
+        return tuple(sorted(i for literals, i in matches if literals == top))

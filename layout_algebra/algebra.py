@@ -15,7 +15,7 @@ from typing import Final, TypeAlias, cast
 
 import attrs
 
-from layout_algebra._args import as_items
+from layout_algebra._args import as_items, plain_str
 from layout_algebra._patterns import Matcher, Rule, is_pattern
 from layout_algebra._text import clip, quote, suggest
 from layout_algebra.axes import (
@@ -83,6 +83,22 @@ def _check_role(mesh: object, arg: str = "mesh") -> str:
         msg = f"{arg} must be a mesh role, a non-empty string such as 'dense', got {quote(mesh)}"
         raise LayoutError(msg)
     return mesh
+
+
+def _as_fqns(fqns: Iterable[str], example: str) -> tuple[str, ...]:
+    """The argument ``fqns`` read once, each checked to be a parameter FQN; a ``str``
+    subclass is taken as the plain text it holds, so its own ``__hash__`` or ``__eq__``
+    never runs in the lookups that follow (at C speed when each is a plain ``str``).
+
+    Raises:
+        LayoutError: naming ``fqns``: not a collection of non-empty strings.
+    """
+    names = as_items(fqns, "fqns", example)
+    if set(map(type, names)) <= {str} and all(names):
+        return names
+    plain = tuple(map(plain_str, names))
+    check_fqns(plain, "fqns")
+    return plain
 
 
 def _check_table(table: object, arg: str) -> ParamLayoutTable:
@@ -423,7 +439,7 @@ def complete_default(
     if not isinstance(raw_plain, bool):
         msg = f"plain must be True or False, got {quote(raw_plain)}"
         raise LayoutError(msg)
-    names = as_items(fqns, "fqns", "('layers.0.wq.weight', 'norm.weight')")
+    names = _as_fqns(fqns, "('layers.0.wq.weight', 'norm.weight')")
     all_axes = as_axes(axes)
     check_distinct_axes(all_axes, f"the {clip(mesh)} mesh")
     source = strip(all_axes, owned=owned)
@@ -438,7 +454,6 @@ def complete_default(
         raise LayoutError(msg)
     pairs = None if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
     default = SourceLayout(mesh, source, (_REPLICATE,) * len(source))
-    check_fqns(names, "fqns")
     kept = table._items
     entries: Mapping[str, SourceLayout]
     completed_kept = (
@@ -668,9 +683,7 @@ def build_table(
         raise LayoutError(msg)
     dense, expert = _meshes(plan, dense_axes, expert_axes, owned)
     pairs = plan.tied_pairs if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
-    names = (
-        None if fqns is None else as_items(fqns, "fqns", "[n for n, _ in model.named_parameters()]")
-    )
+    names = None if fqns is None else _as_fqns(fqns, "[n for n, _ in model.named_parameters()]")
     builder = _Builder(dense, expert)
     if names is not None:
         return builder.table(pairs, _add_matched(builder, plan, names))
@@ -731,17 +744,15 @@ _PlanRule: TypeAlias = tuple[str, bool, NamedPlacements]
 the named placements."""
 
 
-def _add_matched(builder: _Builder, plan: ShardingPlan, fqns: Iterable[str]) -> Listed | None:
-    """Each FQN under the rule of its most specific key; ties and unused keys reported.
-    The entries kept listed when ``_enter_matched`` can, else ``None`` with them entered
-    into the builder by FQN."""
+def _add_matched(builder: _Builder, plan: ShardingPlan, names: tuple[str, ...]) -> Listed | None:
+    """Each FQN (checked, plain ``str``) under the rule of its most specific key; ties and
+    unused keys reported. The entries kept listed when ``_enter_matched`` can, else
+    ``None`` with them entered into the builder by FQN."""
     matcher: Matcher[_PlanRule] = Matcher(
         Rule(f"{module}.{path}" if module else path, (module, spec.expert_parallel, named))
         for module, spec in plan.modules.items()
         for path, named in spec.params.items()
     )
-    names = fqns if type(fqns) is tuple else tuple(fqns)
-    check_fqns(names, "fqns")
     answers = matcher.match_all(names)
     listed = _enter_matched(builder, matcher, names, answers)
     if listed is None:

@@ -8,17 +8,17 @@ placements*, ``{axis: placement}``. All three are frozen, hashable and equal by 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, ItemsView, Iterable, Iterator, Mapping
+from itertools import islice
 from typing import Final, Protocol, Self
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_items
+from layout_algebra._args import as_items, mapping_items, plain_str
 from layout_algebra._patterns import WILDCARD
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
 from layout_algebra.errors import LayoutError
 from layout_algebra.frozen import FrozenMap, frozen_map_of
-from layout_algebra.layout import is_fqn
 from layout_algebra.placements import Placement, is_placement
 
 __all__ = ["ModulePlan", "NamedLike", "NamedPlacements", "ShardingPlan"]
@@ -457,22 +457,35 @@ def _nested(modules: dict[str, ModulePlan], joined: str, kinds: tuple[ModulePlan
 def as_pairs(
     pairs: Iterable[Iterable[str]], arg: str = "tied_pairs"
 ) -> tuple[tuple[str, str], ...]:
-    """``pairs`` as a tuple of FQN pairs, each checked to be two non-empty strings.
+    """``pairs`` as a tuple of FQN pairs, each checked to be two non-empty strings (plain
+    ``str``: a subclass's text is taken).
+
+    Every pair is read and checked before anything is done with them, so a caller gets
+    all of them or an error.
 
     Raises:
-        LayoutError: naming ``arg``: a bare string, something not iterable, or a pair
-            that is not two non-empty strings.
+        LayoutError: naming ``arg``: a bare string, something not iterable or that
+            raises while it is read, or a pair that is not two non-empty strings.
     """
+    example = "('emb.weight', 'head.weight')"
     out: list[tuple[str, str]] = []
-    for pair in as_items(pairs, arg, "[('emb.weight', 'head.weight')]"):
-        raw: object = pair
-        items: tuple[object, ...] = (
-            (raw,) if isinstance(raw, str) or not isinstance(raw, Iterable) else tuple(pair)
-        )
-        if len(items) != 2 or not all(is_fqn(x) for x in items):
-            msg = f"{arg}: a tied pair is two parameter FQNs, got {quote(raw)}"
+    for pair in as_items(pairs, arg, f"[{example}]"):
+        raw: object = plain_str(pair)  # type: ignore[arg-type]  # any object: kept as it is
+        items: tuple[object, ...]
+        if isinstance(raw, str) or not isinstance(raw, Iterable):
+            items = (raw,)
+        else:
+            try:
+                items = tuple(islice(raw, 3))  # more than two is refused unread
+            except Exception as e:
+                msg = f"{arg}: a tied pair could not be read ({quote(e)}); give {example}"
+                raise LayoutError(msg) from e
+        # a str subclass's own __hash__, __eq__ or __len__ never runs
+        names = [plain_str(x) for x in items]  # type: ignore[arg-type]  # kept unless str
+        if len(names) != 2 or not all(type(x) is str and x for x in names):
+            msg = f"{arg}: a tied pair is two parameter FQNs, got {quote(raw)}; give {example}"
             raise LayoutError(msg)
-        out.append((str(items[0]), str(items[1])))
+        out.append((names[0], names[1]))
     return tuple(out)
 
 

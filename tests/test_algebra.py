@@ -44,6 +44,7 @@ from layout_algebra import (
     resolve,
     strip,
 )
+from layout_algebra._patterns import Matcher, Rule
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.layout import _MAX_SCANS, ByModule, Listed, _CheckedEntries
 from layout_algebra.plan import NamedPlacements
@@ -1190,6 +1191,71 @@ def _agrees_with_one_regex_per_key(keys: list[str], fqns: list[str]) -> None:
     for fqn, layout in table.items():
         (key,) = expected[fqn]
         assert layout.placements == (Shard(keys.index(key)),)
+
+
+def _reference(keys: list[str], fqns: list[str]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Every key against every FQN, plainly: for each FQN the indices of the matching
+    keys with the most literal segments, and the indices of the keys matching none."""
+    answers: list[tuple[int, ...]] = []
+    used: set[int] = set()
+    for fqn in fqns:
+        segments = fqn.split(".")
+        matching = []
+        for i, key in enumerate(keys):
+            parts = key.split(".")
+            if len(parts) == len(segments) and all(
+                p in ("*", s) for p, s in zip(parts, segments, strict=True)
+            ):
+                matching.append(i)
+        used.update(matching)
+        literals = {i: sum(p != "*" for p in keys[i].split(".")) for i in matching}
+        top = max(literals.values(), default=0)
+        answers.append(tuple(i for i in matching if literals[i] == top))
+    return answers, [i for i in range(len(keys)) if i not in used]
+
+
+_KEY_SEGMENTS = st.sampled_from(["layers", "experts", "0", "1", "w", "b", "*", "*"])
+
+
+@given(
+    st.lists(st.lists(_KEY_SEGMENTS, min_size=1, max_size=5).map(".".join), max_size=12),
+    st.lists(st.lists(_SEGMENTS | st.just("experts"), min_size=1, max_size=5), max_size=30),
+    st.booleans(),
+)
+@example(keys=["a.*", "a.*", "*.b", "a.b"], fqns=[["a", "b"], ["a", "c"], ["c", "b"]], one=False)
+@example(keys=[f"experts.{i}.*" for i in range(3)], fqns=[["experts", "1", "w"]] * 2, one=True)
+def test_the_indexed_matcher_agrees_with_every_key_against_every_fqn(
+    keys: list[str], fqns: list[list[str]], one: bool
+) -> None:
+    names = [".".join(f) for f in fqns]
+    expected, unused = _reference(keys, names)
+    matcher = Matcher(Rule(k, i) for i, k in enumerate(keys))  # a key may be given twice
+    found = [matcher.match(n) for n in names] if one else matcher.match_all(names)
+    assert found == expected
+    assert [r.value for r in matcher.unused()] == unused
+    assert set(found) <= matcher.answers()
+
+
+def test_ten_thousand_pattern_keys_over_forty_thousand_fqns() -> None:
+    # Each key names its own expert: the keys are indexed, not each tried on each FQN.
+    n = 10_000
+    fqns = [f"experts.{i}.w{j}.weight" for i in range(n) for j in range(4)]
+    by_module = plan_of(
+        {f"experts.{i}.*": ModulePlan({"weight": {"tp": Shard(i % 2)}}) for i in range(n)}
+    )
+    by_path = plan_of(
+        {"experts": ModulePlan({f"{i}.*.weight": {"tp": Shard(i % 2)} for i in range(n)})}
+    )
+    for plan in (by_module, by_path):
+        table = build_table(plan, DENSE, fqns=fqns)
+        assert list(table) == fqns
+        assert table["experts.9998.w3.weight"] == dense(tp=S0)
+        assert table["experts.9999.w0.weight"] == dense(tp=S1)
+    unmatched = plan_of({f"experts.{i}.*": ModulePlan({"bias": {}}) for i in range(n)})
+    with pytest.raises(PlanError) as info:
+        build_table(unmatched, DENSE, fqns=fqns)
+    assert len(info.value.problems) == n
+    assert info.value.problems[-1].fqn == "experts.9999.*.bias"
 
 
 # --- entries of a plan by pattern, listed -----------------------------------------------

@@ -5,7 +5,13 @@ collector off for both sides), the memory the result keeps (traced while it is b
 with the module plans already made), and how the cost per parameter grows from the
 small scale to the large one. Ours is ``ShardingPlan`` of the module plans, then
 ``build_table``: a plan checks its modules and finds their kinds when it is made, so
-``build_table`` alone would leave that work out. Run alone with
+``build_table`` alone would leave that work out.
+
+Then the same model planned with a key per layer (``keyed_plan``: ``layers.{i}.*`` for
+the norms, ``shared_expert.*.weight`` in each MoE layer), built with the model's FQNs:
+thousands of pattern keys, each naming its own layer. Its time against the original on
+the plan spelled out per parameter, and its per-entry growth, show the keys are looked
+up, not each tried on each FQN. Run alone with
 ``python -m tests.bench.bench_build [--quick]``.
 """
 
@@ -23,14 +29,16 @@ from layout_algebra import algebra
 from layout_algebra.algebra import build_table
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.layout import ParamLayoutTable
-from layout_algebra.plan import ShardingPlan
+from layout_algebra.plan import ModulePlan, ShardingPlan
 from tests.bench import alone
 from tests.bench.baseline import (
     DENSE_AXES,
     EXPERT_AXES,
+    MESH_AXES,
     TIED,
     PlainPlan,
     PlainTable,
+    fqns_of,
     moe_plan,
     param_count,
     resolve_plan,
@@ -38,9 +46,24 @@ from tests.bench.baseline import (
 )
 from tests.bench.targets import record
 
-__all__ = ["Scale", "agree", "built_by_fqn", "main", "measure", "report", "run", "verdict"]
+__all__ = [
+    "KeyedScale",
+    "Scale",
+    "agree",
+    "built_by_fqn",
+    "keyed_plan",
+    "main",
+    "measure",
+    "measure_keyed",
+    "report",
+    "report_keyed",
+    "run",
+    "verdict",
+]
 
 TIME_TARGET: Final = 0.8
+KEYED_TIME_TARGET: Final = 1.5
+"""A plan with a pattern key per layer against the same plan with every key spelled out."""
 MEMORY_TARGET: Final = 0.45
 GROWTH_TARGET: Final = 1.1
 SCALES: Final = (100_000, 1_000_000)
@@ -180,6 +203,136 @@ def measure(n: int, repeats: int) -> Scale:
     )
 
 
+def keyed_plan(plain: PlainPlan) -> tuple[ShardingPlan, int]:
+    """``plain`` (a ``moe_plan``) written with pattern keys per layer, and how many there
+    are: ``layers.{i}.*`` gives each layer's norms their layout, and each MoE layer's
+    ``shared_expert.*.weight`` its shared experts' (``w2`` named exactly, as it differs).
+    With the model's FQNs it gives the table of the plan spelled out."""
+    modules: dict[str, ModulePlan] = {}
+    keys = 0
+    for module, spec in plain.items():
+        params = spec["params"]
+        parent, _, name = module.rpartition(".")
+        if name in ("attention_norm", "ffn_norm"):
+            modules[f"{parent}.*"] = ModulePlan(params)  # one key for both norms
+            keys += name == "ffn_norm"
+            continue
+        if name == "moe":
+            shared = "shared_expert.w1.weight"
+            params = {
+                **{p: named for p, named in params.items() if not p.startswith("shared_expert")},
+                "shared_expert.*.weight": params[shared],
+                "shared_expert.w2.weight": params["shared_expert.w2.weight"],
+            }
+            keys += 1
+        modules[module] = ModulePlan(params, expert_parallel=spec["ep_size"] > 0)
+    return ShardingPlan(modules, mesh_axes=MESH_AXES, tied_pairs=TIED), keys
+
+
+@attrs.frozen
+class KeyedScale:
+    """What one scale of the plan with a key per layer measured; times in seconds."""
+
+    params: int
+    keys: int
+    baseline: float
+    spelled: float
+    ours: float
+
+    @property
+    def time_ratio(self) -> float:
+        return self.ours / self.baseline
+
+    @property
+    def spelled_ratio(self) -> float:
+        return self.ours / self.spelled
+
+
+def measure_keyed(n: int, repeats: int) -> KeyedScale:
+    """``build_table`` of ``keyed_plan`` with the model's FQNs against the original on
+    the plan spelled out, and against ``build_table`` of the plan spelled out (every
+    key exact) with the same FQNs, about ``n`` parameters; both plans made anew each run."""
+    plain = moe_plan(n)
+    fqns = tuple(fqns_of(plain))
+    plan, keys = keyed_plan(plain)
+    keyed_modules = dict(plan.modules)
+    spelled_modules = dict(sharding_plan(plain).modules)
+
+    def built(modules: dict[str, ModulePlan]) -> Callable[[], ParamLayoutTable]:
+        def build() -> ParamLayoutTable:
+            made = ShardingPlan(modules, mesh_axes=MESH_AXES, tied_pairs=TIED)
+            return build_table(made, DENSE_AXES, expert_axes=EXPERT_AXES, fqns=fqns)
+
+        return build
+
+    ours, spelled = built(keyed_modules), built(spelled_modules)
+
+    def theirs() -> PlainTable:
+        return resolve_plan(plain, DENSE_AXES, expert_axes=EXPERT_AXES, plan_tied_pairs=TIED)
+
+    agree(ours(), theirs())
+    best = {"theirs": float("inf"), "spelled": float("inf"), "ours": float("inf")}
+    for _ in range(repeats):  # interleaved, so all three see the same machine
+        best["theirs"] = min(best["theirs"], timed(theirs))
+        best["spelled"] = min(best["spelled"], timed(spelled))
+        best["ours"] = min(best["ours"], timed(ours))
+    return KeyedScale(param_count(plain), keys, best["theirs"], best["spelled"], best["ours"])
+
+
+def report_keyed(small: KeyedScale, large: KeyedScale) -> tuple[str, int, int]:
+    """The report of the plan with a key per layer, targets met and how many there are."""
+    rows: list[tuple[str, str, str, str]] = [
+        (
+            "build_table(fqns=), a pattern key per layer",
+            "target",
+            f"N={small.params:,}",
+            f"N={large.params:,}",
+        ),
+        ("  pattern keys", "", f"{small.keys:,}", f"{large.keys:,}"),
+        ("  baseline time", "", f"{small.baseline:.3f} s", f"{large.baseline:.3f} s"),
+        ("  every key spelled out", "", f"{small.spelled:.3f} s", f"{large.spelled:.3f} s"),
+        ("  a pattern key per layer", "", f"{small.ours:.3f} s", f"{large.ours:.3f} s"),
+        ("  time ratio", "", f"{small.time_ratio:.2f}", f"{large.time_ratio:.2f}"),
+    ]
+    a, b = small.spelled_ratio, large.spelled_ratio
+    record(
+        "build_table, pattern key per layer / spelled out, large",
+        b,
+        KEYED_TIME_TARGET,
+        f"baseline ratio {large.time_ratio:.2f}",
+    )
+    rows.append(
+        (
+            "  pattern keys / spelled out",
+            f"<= {KEYED_TIME_TARGET:.2f}",
+            f"{a:.2f} {verdict(a, KEYED_TIME_TARGET)}",
+            f"{b:.2f} {verdict(b, KEYED_TIME_TARGET)}",
+        )
+    )
+    growth = (large.ours / large.params) / (small.ours / small.params)
+    base_growth = (large.baseline / large.params) / (small.baseline / small.params)
+    record(
+        "per-entry growth, pattern key per layer",
+        growth,
+        GROWTH_TARGET,
+        f"baseline's own {base_growth:.2f}",
+    )
+    rows.append(
+        (
+            "  per-entry growth, large/small",
+            f"<= {GROWTH_TARGET:.2f}",
+            "",
+            f"{growth:.2f} {verdict(growth, GROWTH_TARGET)}",
+        )
+    )
+    rows.append(("  the baseline's own growth", "", "", f"{base_growth:.2f}"))
+    met = (a <= KEYED_TIME_TARGET) + (b <= KEYED_TIME_TARGET) + (growth <= GROWTH_TARGET)
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    w0, w1, w2, w3 = widths
+    lines = [f"{a:<{w0}}  {t:<{w1}}  {s:>{w2}}  {g:>{w3}}".rstrip() for a, t, s, g in rows]
+    return "\n".join(lines), met, 3
+
+
 def report(small: Scale, large: Scale) -> tuple[str, int, int]:
     """The aligned report, how many targets were met and how many there are."""
     rows: list[tuple[str, str, str, str]] = []
@@ -264,7 +417,12 @@ def run(*, quick: bool = False) -> tuple[int, int]:
     large = measure(large_n, repeats=3 if quick else 5)
     text, met, total = report(small, large)
     print(text)
-    return met, total
+    keyed_small = measure_keyed(small_n, repeats=7)
+    keyed_large = measure_keyed(large_n, repeats=3 if quick else 5)
+    keyed_text, keyed_met, keyed_total = report_keyed(keyed_small, keyed_large)
+    print()
+    print(keyed_text)
+    return met + keyed_met, total + keyed_total
 
 
 def main(argv: Sequence[str] | None = None) -> None:
