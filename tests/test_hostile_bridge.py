@@ -574,3 +574,44 @@ def test_a_style_over_a_deep_subtree_is_a_problem_not_a_recursion_error() -> Non
     model.top = chain(3000)
     with pytest.raises(PlanError, match=r"its submodules hold a\.a\.a"):
         plan_from_parallelize(model, {"top": ColwiseParallel()}, mesh_axes=["tp"])
+
+
+# ---------------------------------------------------------------------------------------
+# names that are str subclasses comparing by their own rules
+
+
+class _Touchy(str):
+    """A ``str`` whose ``__eq__`` raises (its hash is the text's): only its text counts."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        msg = "compared"
+        raise RuntimeError(msg)
+
+    def __ne__(self, other: object) -> bool:
+        msg = "compared"
+        raise RuntimeError(msg)
+
+
+def test_names_are_read_as_the_text_they_hold(
+    mesh: DeviceMesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, "transformers", raising=False)
+    model = nn.Linear(4, 4)
+    bindings = bind(ParamLayoutTable({"weight": TP}), model, {_Touchy("dense"): mesh})
+    assert [b.fqn for b in bindings.values()] == ["weight"]
+    mlp = nn.Sequential(nn.Linear(2, 2))
+    by_key = plan_from_parallelize(mlp, {_Touchy("0"): ColwiseParallel()}, mesh_axes=["tp"])
+    assert by_key == plan_from_parallelize(mlp, {"0": ColwiseParallel()}, mesh_axes=["tp"])
+    expected = plan_from_hf(_Planned({"0": "colwise"}), ep_axis=None, mesh_axes=["tp"])
+    touchy = _Planned({_Touchy("0"): _Touchy("colwise")})
+    assert plan_from_hf(touchy, ep_axis=None, mesh_axes=["tp"]) == expected
+
+
+class _Planned(nn.Sequential):
+    """One Linear under a transformers-like ``tp_plan``."""
+
+    def __init__(self, plan: dict[str, str]) -> None:
+        super().__init__(nn.Linear(2, 2))
+        self.tp_plan = plan

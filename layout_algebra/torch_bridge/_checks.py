@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import mapping_items, plain_str
 from layout_algebra._text import quote
 from layout_algebra.axes import AxisLike, axis_name_set
 from layout_algebra.errors import BindError, LayoutError
@@ -85,7 +85,7 @@ def check_meshes(meshes: object, arg: str) -> dict[str, DeviceMesh]:
             msg = f"{arg}: a mesh role must be a str, got {kind(role)} {quote(role)}; {remedy}"
             raise BindError(msg)
         check_type(mesh, DeviceMesh, f"{arg}[{quote(role)}]", "a DeviceMesh", remedy)
-        out[role] = mesh
+        out[plain_str(role)] = mesh  # a str subclass's own __eq__ never reaches a lookup
     return out
 
 

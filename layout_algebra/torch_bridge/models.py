@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import mapping_items, plain_str
 from layout_algebra._text import quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError, LayoutError, OwnedAxisError
@@ -317,7 +317,7 @@ def _check_roles(roles: object) -> dict[DeviceMesh, str]:
     for mesh, role in mapping_items(roles, arg, "{world_mesh: 'dense'}", error=BindError):
         check_type(mesh, DeviceMesh, f"{arg} key", "a DeviceMesh", remedy)
         check_type(role, str, f"{arg}[{mesh}]", "a mesh role (str)", remedy)
-        out[mesh] = role
+        out[mesh] = plain_str(role)
     return out
 
 

@@ -44,7 +44,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, as_axes
 from layout_algebra.errors import LayoutError
@@ -135,14 +135,16 @@ class _Walk:
             self.problems.add(msg, fqn=path)
             return
         arg = f"plan key {key!r}" if key else "plan_from_parallelize(plan=...)"
-        for sub, style in mapping_items(plan, arg, "{'layers.*.attention.wq': ColwiseParallel()}"):
-            if not isinstance(sub, str):
+        example = "{'layers.*.attention.wq': ColwiseParallel()}"
+        for raw, style in mapping_items(plan, arg, example):
+            if not isinstance(raw, str):
                 msg = (
-                    f"plan key {quote(sub)} is not a string; keys are module FQNs such as "
+                    f"plan key {quote(raw)} is not a string; keys are module FQNs such as "
                     "'layers.*.attention.wq'"
                 )
                 self.problems.add(msg, fqn=path)
                 continue
+            sub = plain_str(raw)  # a str subclass's own __eq__ never runs
             shown = f"{key} -> {sub}" if key else sub
             before = self.applied
             self.reach(module, path, sub, style, shown, depth=depth + 1)

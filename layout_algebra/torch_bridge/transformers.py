@@ -53,7 +53,7 @@ from typing import Final, TypeAlias
 import attrs
 from torch import nn
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
@@ -295,11 +295,14 @@ def _read_plan(raw: object, attr: str, release: _Release, problems: Problems) ->
         return {}
     plan: dict[str, str] = {}
     example = "{'layers.*.self_attn.q_proj': 'colwise'}"
-    for key, style in mapping_items(raw, f"model.{attr}", example):
-        if not isinstance(key, str) or not isinstance(style, str):
-            msg = f"model.{attr}: {quote(key)}: {quote(style)} is not a name and a style name"
+    for raw_key, raw_style in mapping_items(raw, f"model.{attr}", example):
+        if not isinstance(raw_key, str) or not isinstance(raw_style, str):
+            msg = (
+                f"model.{attr}: {quote(raw_key)}: {quote(raw_style)} is not a name and a style name"
+            )
             problems.add(msg)
             continue
+        key, style = plain_str(raw_key), plain_str(raw_style)  # their own __eq__ never runs
         where = f"model.{attr}[{clip(key)!r}]"
         if attr == "ep_plan" and style in release.refused_in_ep:
             experts, weights = release.ep_styles
