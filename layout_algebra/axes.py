@@ -11,6 +11,7 @@ import attrs
 from layout_algebra._args import as_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
+from layout_algebra.frozen import REQUIRED, check_init
 
 __all__ = ["FSDP_OWNED_AXES", "AxisLike", "AxisName"]
 
@@ -42,7 +43,10 @@ class AxisName:
     Every API that takes an axis takes a plain ``str`` too; ``str(axis) == axis.name``.
     """
 
-    name: str = attrs.field(converter=plain_str, validator=_check_name)
+    name: str = attrs.field(converter=plain_str, validator=_check_name, **REQUIRED)
+
+    def __attrs_pre_init__(self, name: str) -> None:
+        check_init(self, "name", (name,))
 
     def __str__(self) -> str:
         return self.name

@@ -1,15 +1,19 @@
-"""Read-only mappings: the dict-backed ``Mapping`` behind plans and tables.
+"""Frozen values: read-only mappings, and what every frozen value's ``__init__`` checks.
 
 ``DictView`` gives any class holding a private dict in ``_items`` the whole read-only
 ``Mapping`` surface at dict speed, and equality as ``types.MappingProxyType`` has it
 (equal to any ``Mapping`` with equal items) while staying hashable; ``FrozenMap`` is the
 hashable, compare-by-value mapping the plan types are made of.
+
+``REQUIRED`` and ``check_init`` are for the attrs values of the package: a required
+argument left out is a ``LayoutError`` naming it, and a second ``__init__`` (which attrs
+would let rewrite a frozen value in place) is refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
-from typing import Generic, TypeVar, overload
+from typing import Any, Final, Generic, TypeVar, overload
 
 import attrs
 
@@ -24,6 +28,68 @@ V = TypeVar("V")
 T = TypeVar("T")
 
 
+class _Required:
+    """The run-time default of a required argument: only a call that leaves it out passes it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+NOT_GIVEN: Final[Any] = _Required()
+"""What a required argument left out holds (typed ``Any``: it stands in for any field's type)."""
+
+REQUIRED: Final[Mapping[str, Any]] = {"default": NOT_GIVEN}
+"""``attrs.field(..., **REQUIRED)``: a required argument that ``check_init`` names when left out.
+
+At run time the field's default is ``NOT_GIVEN``, so a call without the argument reaches
+the class's ``__attrs_pre_init__`` (a ``LayoutError``, not Python's bare ``TypeError``);
+the type checker's attrs support reads no default given through ``**``, so to it the
+argument stays required.
+"""
+
+
+def check_init(value: object, slot: str, args: tuple[object, ...]) -> None:
+    """The check at the top of a frozen value's ``__attrs_pre_init__``: ``value`` is new
+    (its first field ``slot`` is not set yet) and no argument of ``args`` (the arguments
+    of ``__init__``, in field order) was left out.
+
+    attrs sets the fields of a frozen value in ``__init__`` past its frozen
+    ``__setattr__``, so a second ``__init__`` would rewrite the value in place, under
+    every holder of it (the hashes they keep included).
+
+    Raises:
+        LayoutError: a second ``__init__``, or a required argument left out (naming it).
+    """
+    if hasattr(value, slot):
+        cls = type(value).__name__
+        msg = (
+            f"{cls} values are immutable: __init__ cannot run again on one (it would change "
+            f"the value under everything holding it); make a new {cls} instead"
+        )
+        raise LayoutError(msg)
+    for arg in args:
+        if arg is NOT_GIVEN:
+            raise _missing(type(value), args)
+
+
+def _missing(cls: type, args: tuple[object, ...]) -> LayoutError:
+    """The error for the first of ``args`` (``cls``'s ``__init__`` arguments) left out."""
+    fields = [a for a in attrs.fields(cls) if a.init]
+    name = next(f.alias for f, arg in zip(fields, args, strict=False) if arg is NOT_GIVEN)
+    shown: list[str] = []
+    for a in sorted(fields, key=lambda a: a.kw_only):  # positional ones first, as __init__
+        if a.kw_only and "*" not in shown:
+            shown.append("*")
+        shown.append(a.alias if a.default is NOT_GIVEN else f"{a.alias}=...")
+    msg = (
+        f"{cls.__name__}() needs the argument {name!r}, which was not given; "
+        f"call {cls.__name__}({', '.join(shown)})"
+    )
+    return LayoutError(msg)
+
+
 class DictView(Mapping[K, V]):
     """The read-only ``Mapping`` methods over the dict in ``self._items``.
 
@@ -32,34 +98,69 @@ class DictView(Mapping[K, V]):
 
     Equality and hashing are written here, not by attrs: attrs compares only instances
     of one class, and a read-only mapping should equal any ``Mapping`` with equal items
-    (``MappingProxyType`` does). The hash is of the items alone, so every two equal
-    hashable views hash equal; it is cached in a slot that pickling leaves out (string
-    hashes differ between processes).
+    (``MappingProxyType`` does). A view that is more than its items (a table with tied
+    groups) says so in ``_value_extras``, and then equals only views with the same items
+    and extras: one rule for ``==`` however it is called, so it stays transitive. The
+    hash is of the items alone, so every two equal hashable views hash equal; it is
+    cached in a slot that pickling leaves out (string hashes differ between processes).
+
+    A key that cannot be hashed is in no view: ``in`` is false, ``get`` gives the
+    default, and ``view[key]`` is a ``LayoutError`` naming the key's type.
     """
 
     __slots__ = ("_hash",)
     _items: Mapping[K, V]
     _hash: int
 
+    def _value_extras(self) -> object:
+        """What this view's value holds besides its items (``()``: nothing)."""
+        return ()
+
     def __eq__(self, other: object) -> bool:
         if other is self:
             return True
         if isinstance(other, DictView):
-            return self._items == other._items
+            return self._value_extras() == other._value_extras() and self._items == other._items
         if isinstance(other, Mapping):
-            return self._items == dict(other.items())
+            return self._value_extras() == () and self._items == dict(other.items())
         return NotImplemented
 
     def __hash__(self) -> int:
         try:
             return self._hash  # set below, once per process
         except AttributeError:
+            pass
+        try:
             value = hash(frozenset(self._items.items()))
-            object.__setattr__(self, "_hash", value)
-            return value
+        except TypeError as e:
+            raise self._unhashable() from e
+        object.__setattr__(self, "_hash", value)
+        return value
+
+    def _unhashable(self) -> LayoutError:
+        """The error for hashing a view whose items are not all hashable."""
+        for key, value in self._items.items():
+            try:
+                hash(value)
+            except TypeError:
+                msg = (
+                    f"a {type(self).__name__} with the {type(value).__name__} value "
+                    f"{quote(value)} at {quote(key)} cannot be hashed; give hashable values "
+                    "(a tuple, not a list) to use it as a key or in a set"
+                )
+                return LayoutError(msg)
+        msg = f"a {type(self).__name__} whose items cannot be hashed; give hashable values"
+        return LayoutError(msg)
 
     def __getitem__(self, key: K) -> V:
-        return self._items[key]
+        try:
+            return self._items[key]
+        except TypeError as e:  # an unhashable key: no key of a view can be it
+            msg = (
+                f"a {type(self).__name__} has no key of type {type(key).__name__} "
+                f"({quote(key)} cannot be hashed)"
+            )
+            raise LayoutError(msg) from e
 
     def __iter__(self) -> Iterator[K]:
         return iter(self._items)
@@ -68,7 +169,10 @@ class DictView(Mapping[K, V]):
         return len(self._items)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._items
+        try:
+            return key in self._items
+        except TypeError:  # an unhashable key
+            return False
 
     @overload
     def get(self, key: K, /) -> V | None: ...
@@ -77,7 +181,10 @@ class DictView(Mapping[K, V]):
     @overload
     def get(self, key: K, /, default: T) -> V | T: ...
     def get(self, key: K, /, default: object = None) -> object:
-        return self._items.get(key, default)
+        try:
+            return self._items.get(key, default)
+        except TypeError:  # an unhashable key
+            return default
 
     def keys(self) -> KeysView[K]:
         return self._items.keys()
@@ -131,7 +238,10 @@ class FrozenMap(DictView[K, V], Generic[K, V]):
     Equal to any ``Mapping`` with the same items (a ``dict`` included), order aside.
     """
 
-    _items: dict[K, V] = attrs.field(converter=_as_dict)
+    _items: dict[K, V] = attrs.field(converter=_as_dict, **REQUIRED)
+
+    def __attrs_pre_init__(self, items: Mapping[K, V]) -> None:
+        check_init(self, "_items", (items,))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._items!r})"

@@ -26,7 +26,7 @@ from layout_algebra._args import as_items, mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import DictView
+from layout_algebra.frozen import REQUIRED, DictView, check_init
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -72,9 +72,14 @@ class SourceLayout:
     axes and ``placements`` one placement per axis. Printed as ``dense[tp=S(0), ep=R]``.
     """
 
-    mesh: str = attrs.field(converter=plain_str, validator=_check_mesh_role)
-    axes: tuple[AxisName, ...] = attrs.field(converter=as_axes)
-    placements: tuple[Placement, ...] = attrs.field(converter=_as_placements)
+    mesh: str = attrs.field(converter=plain_str, validator=_check_mesh_role, **REQUIRED)
+    axes: tuple[AxisName, ...] = attrs.field(converter=as_axes, **REQUIRED)
+    placements: tuple[Placement, ...] = attrs.field(converter=_as_placements, **REQUIRED)
+
+    def __attrs_pre_init__(
+        self, mesh: str, axes: Iterable[AxisLike], placements: Iterable[Placement]
+    ) -> None:
+        check_init(self, "mesh", (mesh, axes, placements))
 
     @placements.validator
     def _check_shape(self, _: attrs.Attribute[tuple[Placement, ...]], value: object) -> None:
@@ -137,11 +142,26 @@ _Inner = Mapping[str, SourceLayout]
 
 
 def _plain_key(key: object) -> str | None:
-    """A lookup's key other than a plain ``str`` as one (a ``str`` subclass), or ``None``
-    for a key no entry has; an unhashable key raises ``TypeError``, as a dict's lookup
-    does."""
-    hash(key)
+    """A lookup's key other than a plain ``str`` as one (a ``str`` subclass, as the text
+    it holds, so its own ``__hash__`` and ``__eq__`` are never called), or ``None`` for
+    anything else: no FQN is anything but text."""
     return plain_str(key) if isinstance(key, str) else None
+
+
+def _lookup_key(key: object) -> str:
+    """``table[key]``'s key other than a plain ``str`` as one (``_plain_key``).
+
+    Raises:
+        LayoutError: ``key`` is not a ``str``, naming its type.
+    """
+    fqn = _plain_key(key)
+    if fqn is None:
+        msg = (
+            f"a table is looked up by parameter FQN (a str such as 'wq.weight'), got "
+            f"{type(key).__name__} {quote(key)}"
+        )
+        raise LayoutError(msg)
+    return fqn
 
 
 def _lacked(fqns: Sequence[str], spelled: Iterable[Iterable[str]]) -> list[str]:
@@ -170,11 +190,12 @@ class _Kept(Mapping[str, SourceLayout]):
         return self._values_view(self)
 
     def _find(self, fqn: object) -> SourceLayout | None:
-        """The layout of ``fqn``, or ``None``; an unhashable key raises ``TypeError``, as a
-        dict's lookup does."""
+        """The layout of ``fqn``, or ``None`` (for anything but a ``str`` too)."""
         raise NotImplementedError
 
     def __getitem__(self, fqn: str) -> SourceLayout:
+        if type(fqn) is not str:
+            fqn = _lookup_key(fqn)
         layout = self._find(fqn)
         if layout is None:
             raise KeyError(fqn)
@@ -544,10 +565,11 @@ def _check_entries(entries: Mapping[str, SourceLayout]) -> Mapping[str, SourceLa
         raise LayoutError(msg)
     checked: dict[str, SourceLayout] = {}
     seen: set[SourceLayout] = set()  # by value: a lazily built mapping may free each layout
-    for fqn, layout in mapping_items(entries, "a table's entries", "{'wq.weight': layout}"):
-        if not is_fqn(fqn):
-            msg = f"entries: a parameter FQN must be a non-empty string, got {quote(fqn)}"
+    for key, layout in mapping_items(entries, "a table's entries", "{'wq.weight': layout}"):
+        if not is_fqn(key):
+            msg = f"entries: a parameter FQN must be a non-empty string, got {quote(key)}"
             raise LayoutError(msg)
+        fqn = key if type(key) is str else plain_str(key)  # a subclass's __hash__ never runs
         raw_layout: object = layout
         if not isinstance(raw_layout, SourceLayout):
             msg = f"{clip(fqn)}: {quote(raw_layout)} is not a SourceLayout"
@@ -565,7 +587,8 @@ def is_fqn(name: object) -> bool:
 
 
 def check_fqn(name: object, arg: str) -> str:
-    """``name``, checked to be a parameter FQN (a non-empty string).
+    """``name``, checked to be a parameter FQN (a non-empty string), as plain text (a
+    ``str`` subclass's own ``__hash__`` and ``__eq__`` never run where it is used).
 
     Raises:
         LayoutError: naming ``arg``.
@@ -573,7 +596,7 @@ def check_fqn(name: object, arg: str) -> str:
     if not isinstance(name, str) or not name:
         msg = f"{arg}: a parameter FQN must be a non-empty string, got {quote(name)}"
         raise LayoutError(msg)
-    return name
+    return plain_str(name)
 
 
 def check_fqns(names: Sequence[object], arg: str) -> None:
@@ -632,7 +655,7 @@ def as_groups(groups: Iterable[Iterable[str]], arg: str = "tied") -> tuple[froze
             if not is_fqn(fqn):
                 msg = f"{arg}: a group holds parameter FQNs, got {quote(fqn)} in {quote(members)}"
                 raise LayoutError(msg)
-        out.append(frozenset(members))
+        out.append(frozenset(map(plain_str, members)))  # a str subclass as its plain text
     if len(out) > 1:
         out.sort(key=sorted)
     return tuple(out)
@@ -666,10 +689,13 @@ class Drop:
     when the mesh misspells it (``tpp`` for ``tp``), so every drop is recorded.
     """
 
-    fqn: str = attrs.field(validator=_check_drop_fqn)
-    mesh: str = attrs.field(converter=plain_str, validator=_check_mesh_role)
-    axis: AxisName = attrs.field(converter=as_axis)
-    placement: Placement = attrs.field(validator=_check_drop_placement)
+    fqn: str = attrs.field(converter=plain_str, validator=_check_drop_fqn, **REQUIRED)
+    mesh: str = attrs.field(converter=plain_str, validator=_check_mesh_role, **REQUIRED)
+    axis: AxisName = attrs.field(converter=as_axis, **REQUIRED)
+    placement: Placement = attrs.field(validator=_check_drop_placement, **REQUIRED)
+
+    def __attrs_pre_init__(self, fqn: str, mesh: str, axis: AxisLike, placement: Placement) -> None:
+        check_init(self, "fqn", (fqn, mesh, axis, placement))
 
     def __str__(self) -> str:
         return (
@@ -697,11 +723,19 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
     entry and all members of a group have the same layout. No layout holds a ``Partial``.
     ``dropped`` records what ``build_table`` dropped on axes a mesh lacks.
 
-    Two tables are equal when their entries and tied groups are (order aside); a table
-    also equals any other ``Mapping`` with the same entries, as a read-only mapping does.
+    Two tables are equal when their entries and tied groups are (order aside). A table
+    without tied groups also equals any other ``Mapping`` with the same entries, as a
+    read-only mapping does; a table with tied groups equals only tables with the same
+    groups (a mapping has none), so ``==`` stays transitive. Equal tables hash equal.
+
+    A key that is not a ``str`` is no FQN: ``in`` is false, ``get`` gives the default,
+    and ``table[key]`` is a ``LayoutError`` naming the key's type. A ``str`` subclass is
+    looked up as the plain text it holds.
     """
 
-    _items: Mapping[str, SourceLayout] = attrs.field(alias="entries", converter=_check_entries)
+    _items: Mapping[str, SourceLayout] = attrs.field(
+        alias="entries", converter=_check_entries, **REQUIRED
+    )
     tied: tuple[frozenset[str], ...] = attrs.field(default=(), kw_only=True, converter=as_groups)
     dropped: tuple[Drop, ...] = attrs.field(
         default=(), kw_only=True, converter=_as_drops, eq=False, repr=False
@@ -742,12 +776,43 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
                 )
                 raise LayoutError(msg, fqn=members[0])
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, ParamLayoutTable) and self.tied != other.tied:
-            return False
-        return DictView.__eq__(self, other)
+    def __attrs_pre_init__(
+        self,
+        entries: Mapping[str, SourceLayout],
+        *,
+        tied: Iterable[Iterable[str]],
+        dropped: Iterable[Drop],
+    ) -> None:
+        check_init(self, "_items", (entries, tied, dropped))
 
-    __hash__ = DictView.__hash__  # the entries' hash: equal tables, and equal mappings
+    def _value_extras(self) -> object:
+        return self.tied  # so a tied table equals no mapping that has no tied groups
+
+    def __getitem__(self, fqn: str) -> SourceLayout:
+        if type(fqn) is not str:
+            fqn = _lookup_key(fqn)
+        return self._items[fqn]
+
+    def __contains__(self, fqn: object) -> bool:
+        if type(fqn) is not str:
+            if not isinstance(fqn, str):
+                return False  # no FQN is anything but text
+            fqn = plain_str(fqn)
+        return fqn in self._items
+
+    @overload
+    def get(self, fqn: str, /) -> SourceLayout | None: ...
+    @overload
+    def get(self, fqn: str, /, default: SourceLayout) -> SourceLayout: ...
+    @overload
+    def get(self, fqn: str, /, default: T) -> SourceLayout | T: ...
+    def get(self, fqn: str, /, default: object = None) -> object:
+        if type(fqn) is not str:
+            raw: object = fqn
+            if not isinstance(raw, str):
+                return default
+            fqn = plain_str(fqn)
+        return self._items.get(fqn, default)
 
     def __repr__(self) -> str:
         tied = f", tied={groups_repr(self.tied)}" if self.tied else ""
@@ -763,7 +828,7 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
 
     def group_of(self, fqn: str) -> frozenset[str]:
         """The FQNs sharing storage with ``fqn`` (itself included; just itself if untied)."""
-        check_fqn(fqn, "fqn")
+        fqn = check_fqn(fqn, "fqn")
         for group in self.tied:
             if fqn in group:
                 return group
@@ -776,5 +841,6 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
             msg = f"entries must map FQN to SourceLayout, got {quote(raw)}"
             raise LayoutError(msg)
         merged = dict(self._items.items())
-        merged.update(mapping_items(entries, "entries", "{'wq.weight': layout}"))
+        for key, layout in mapping_items(entries, "entries", "{'wq.weight': layout}"):
+            merged[check_fqn(key, "entries")] = layout  # each checked with the rest below
         return ParamLayoutTable(merged, tied=self.tied, dropped=self.dropped)

@@ -27,10 +27,11 @@ from typing import Final, TypeAlias
 
 import attrs
 
+from layout_algebra._args import as_items, mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap, getter, read_once
+from layout_algebra.frozen import REQUIRED, FrozenMap, check_init, getter, read_once
 from layout_algebra.geometry import (
     FsdpAxes,
     FsdpParts,
@@ -46,7 +47,7 @@ from layout_algebra.geometry import (
     split_fsdp,
     world_size,
 )
-from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard, format_placement
 from layout_algebra.shapes import ParamShape
 
@@ -68,8 +69,51 @@ _MAX_RANK_ROWS: Final = 16
 """Above this many distinct rows, the memory table groups ranks with equal bytes."""
 
 
+def _text(value: object, arg: str) -> str:
+    """``value`` checked to be a ``str``, as plain text.
+
+    Raises:
+        LayoutError: naming ``arg``.
+    """
+    if not isinstance(value, str):
+        msg = f"{arg} must be a str, got {type(value).__name__} {quote(value)}"
+        raise LayoutError(msg)
+    return plain_str(value)
+
+
+def _optional_text(value: object, arg: str) -> str | None:
+    """``value`` checked to be a ``str`` or ``None``, as plain text.
+
+    Raises:
+        LayoutError: naming ``arg``.
+    """
+    return None if value is None else _text(value, f"{arg} (or None)")
+
+
+def _counts(value: Iterable[int], arg: str) -> tuple[int, ...]:
+    """``value`` as a tuple of ints >= 0 (ranks, bytes).
+
+    Raises:
+        LayoutError: naming ``arg``: not a collection, or an item that is no such int.
+    """
+    out = as_items(value, arg, "(0, 1)")
+    for n in out:
+        if type(n) is not int or n < 0:
+            msg = f"{arg} holds ints >= 0, got {quote(n)} in {quote(out)}"
+            raise LayoutError(msg)
+    return out
+
+
 class LintProblem(LayoutError):
     """One thing about one parameter that torch refuses or gets wrong, found by ``lint``.
+
+    A value, like the report holding it: two problems are equal (and hash alike) when
+    their class, message, kind, FQN, ranks, axis and placement are, so a pickled or
+    copied report equals the original. Its fields are frozen after construction:
+    assigning or deleting one (or ``args``) raises ``attrs.exceptions.FrozenInstanceError``,
+    as an attrs value's field does, and a second ``__init__`` is a ``LayoutError``. What
+    Python sets on a raised exception (``__traceback__``, ``__context__``, ``__cause__``,
+    ``__notes__``: every ``__dunder__`` name) stays assignable.
 
     Attributes:
         kind: what is wrong, one of ``"no-shape"`` (in the table, not in the shapes),
@@ -81,6 +125,10 @@ class LintProblem(LayoutError):
         ranks: the global ranks concerned (empty when all or none are).
     """
 
+    fqn: str
+    kind: str
+    ranks: tuple[int, ...]
+
     def __init__(
         self,
         message: str,
@@ -91,14 +139,42 @@ class LintProblem(LayoutError):
         axis: str | None = None,
         placement: str | None = None,
     ) -> None:
+        check_init(self, "kind", ())  # before anything is set, args included
+        message = _text(message, "LintProblem(message)")
+        kind = _text(kind, "LintProblem(kind=...)")
+        fqn = check_fqn(fqn, "LintProblem(fqn=...)")
+        ranks = _counts(ranks, "LintProblem(ranks=...)")
+        axis = _optional_text(axis, "LintProblem(axis=...)")
+        placement = _optional_text(placement, "LintProblem(placement=...)")
         super().__init__(message, fqn=fqn, axis=axis, placement=placement)
-        self.kind = kind
-        self.ranks: tuple[int, ...] = tuple(ranks)
+        self.ranks = ranks
+        self.kind = kind  # last: once it is set, the problem is frozen (__setattr__)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if "kind" in self.__dict__ and not (name.startswith("__") and name.endswith("__")):
+            raise attrs.exceptions.FrozenInstanceError
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if not (name.startswith("__") and name.endswith("__")):
+            raise attrs.exceptions.FrozenInstanceError
+        super().__delattr__(name)
+
+    def _fields(self) -> _Fields:
+        """What the problem's value is made of, in constructor order."""
+        return (self.message, self.kind, self.fqn, self.ranks, self.axis, self.placement)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LintProblem):
+            return NotImplemented
+        return type(self) is type(other) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._fields()))
 
     def __reduce__(self) -> tuple[object, ...]:
         # keyword-only fields: pickled (e.g. from a worker process) through a function
-        fields = (self.message, self.kind, self.fqn, self.ranks, self.axis, self.placement)
-        return (_lint_problem, (fields,))
+        return (_lint_problem, (self._fields(),))
 
 
 _Fields: TypeAlias = tuple[str, str, str, tuple[int, ...], str | None, str | None]
@@ -110,6 +186,20 @@ def _lint_problem(fields: _Fields) -> LintProblem:
     return LintProblem(message, kind=kind, fqn=fqn, ranks=ranks, axis=axis, placement=placement)
 
 
+def _check_note_fqn(_: object, __: attrs.Attribute[str], value: object) -> None:
+    check_fqn(value, "LintNote(fqn)")
+
+
+def _check_message(_: object, __: attrs.Attribute[str], value: object) -> None:
+    _text(value, "LintNote(message)")
+
+
+def _check_padding(_: object, __: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value < 0:
+        msg = f"LintNote(padding_bytes=...) must be an int >= 0, got {quote(value)}"
+        raise LayoutError(msg)
+
+
 @attrs.frozen
 class LintNote:
     """Something worth knowing about one parameter that does not stop it working.
@@ -118,9 +208,12 @@ class LintNote:
     (it pads every rank's shard to the largest one).
     """
 
-    fqn: str
-    message: str
-    padding_bytes: int = 0
+    fqn: str = attrs.field(converter=plain_str, validator=_check_note_fqn, **REQUIRED)
+    message: str = attrs.field(converter=plain_str, validator=_check_message, **REQUIRED)
+    padding_bytes: int = attrs.field(default=0, validator=_check_padding)
+
+    def __attrs_pre_init__(self, fqn: str, message: str, padding_bytes: int) -> None:
+        check_init(self, "fqn", (fqn, message, padding_bytes))
 
 
 def _max_at(values: tuple[int, ...], best: bool) -> tuple[int, int]:
@@ -128,6 +221,27 @@ def _max_at(values: tuple[int, ...], best: bool) -> tuple[int, int]:
         return (0, 0)
     target = max(values) if best else min(values)
     return (values.index(target), target)
+
+
+def _bytes_per_rank(value: Iterable[int]) -> tuple[int, ...]:
+    return _counts(value, "RankMemory(bytes_per_rank)")
+
+
+def _padded_bytes_per_rank(value: Iterable[int]) -> tuple[int, ...]:
+    return _counts(value, "RankMemory(padded_bytes_per_rank)")
+
+
+def _as_by_role(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
+    arg = "RankMemory(by_role)"
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"{arg} must map mesh role to bytes per rank, got {quote(raw)}"
+        raise LayoutError(msg)
+    by_role = {
+        _text(role, f"{arg}: a role"): _counts(row, f"{arg}[{quote(role)}]")
+        for role, row in mapping_items(value, arg, "{'dense': (8, 8)}")
+    }
+    return FrozenMap(by_role)
 
 
 @attrs.frozen
@@ -140,9 +254,33 @@ class RankMemory:
     its first (largest) one.
     """
 
-    bytes_per_rank: tuple[int, ...]
-    by_role: FrozenMap[str, tuple[int, ...]]
-    padded_bytes_per_rank: tuple[int, ...]
+    bytes_per_rank: tuple[int, ...] = attrs.field(converter=_bytes_per_rank, **REQUIRED)
+    by_role: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_as_by_role, **REQUIRED)
+    padded_bytes_per_rank: tuple[int, ...] = attrs.field(
+        converter=_padded_bytes_per_rank, **REQUIRED
+    )
+
+    def __attrs_pre_init__(
+        self,
+        bytes_per_rank: Iterable[int],
+        by_role: Mapping[str, Iterable[int]],
+        padded_bytes_per_rank: Iterable[int],
+    ) -> None:
+        check_init(self, "bytes_per_rank", (bytes_per_rank, by_role, padded_bytes_per_rank))
+
+    @padded_bytes_per_rank.validator
+    def _check_ranks(self, _: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+        n = len(self.bytes_per_rank)
+        rows = {"padded_bytes_per_rank": value} | {
+            f"by_role[{quote(role)}]": row for role, row in self.by_role.items()
+        }
+        for name, row in rows.items():
+            if len(row) != n:
+                msg = (
+                    f"RankMemory({name}) has {len(row)} ranks but bytes_per_rank has {n}; "
+                    "give one count per global rank in each"
+                )
+                raise LayoutError(msg)
 
     @property
     def largest(self) -> tuple[int, int]:
@@ -203,13 +341,48 @@ def _ranks_str(ranks: range) -> str:
     return f"{ranks.start}-{ranks.stop - 1}"
 
 
+def _as_problems(value: Iterable[LintProblem]) -> tuple[LintProblem, ...]:
+    out = as_items(value, "LintReport(problems)", "(LintProblem(...),)")
+    for p in out:
+        raw: object = p
+        if not isinstance(raw, LintProblem):
+            msg = f"LintReport(problems) holds LintProblems, got {quote(raw)}"
+            raise LayoutError(msg)
+    return out
+
+
+def _as_notes(value: Iterable[LintNote]) -> tuple[LintNote, ...]:
+    out = as_items(value, "LintReport(notes)", "(LintNote('w', 'uneven'),)")
+    for n in out:
+        raw: object = n
+        if not isinstance(raw, LintNote):
+            msg = f"LintReport(notes) holds LintNotes, got {quote(raw)}"
+            raise LayoutError(msg)
+    return out
+
+
+def _check_memory(_: object, __: attrs.Attribute[RankMemory], value: object) -> None:
+    if not isinstance(value, RankMemory):
+        msg = f"LintReport(memory) must be a RankMemory, got {quote(value)}"
+        raise LayoutError(msg)
+
+
 @attrs.frozen
 class LintReport:
-    """Everything ``lint`` found: problems (torch refuses or misreads), notes, memory."""
+    """Everything ``lint`` found: problems (torch refuses or misreads), notes, memory.
 
-    problems: tuple[LintProblem, ...]
-    notes: tuple[LintNote, ...]
-    memory: RankMemory
+    A value: reports with equal problems, notes and memory are equal and hash alike,
+    pickled and copied ones included (see ``LintProblem``).
+    """
+
+    problems: tuple[LintProblem, ...] = attrs.field(converter=_as_problems, **REQUIRED)
+    notes: tuple[LintNote, ...] = attrs.field(converter=_as_notes, **REQUIRED)
+    memory: RankMemory = attrs.field(validator=_check_memory, **REQUIRED)
+
+    def __attrs_pre_init__(
+        self, problems: Iterable[LintProblem], notes: Iterable[LintNote], memory: RankMemory
+    ) -> None:
+        check_init(self, "problems", (problems, notes, memory))
 
     @property
     def ok(self) -> bool:
@@ -558,7 +731,12 @@ def _uneven_note(
 
 def _check_shapes(shapes: Mapping[str, ParamShape]) -> Mapping[str, ParamShape]:
     """``shapes`` checked to be a mapping, read once (``read_once``: every lookup, count
-    and pass of the lint then reads what it gives)."""
+    and pass of the lint then reads what it gives), keyed by plain text: a ``str``
+    subclass's own ``__eq__`` never runs in a lookup.
+
+    Raises:
+        LayoutError: naming ``shapes``: not a mapping, or a key that is no FQN.
+    """
     raw: object = shapes
     if not isinstance(raw, Mapping):
         msg = (
@@ -566,7 +744,10 @@ def _check_shapes(shapes: Mapping[str, ParamShape]) -> Mapping[str, ParamShape]:
             f"shapes_from_safetensors), got {quote(raw)}"
         )
         raise LayoutError(msg)
-    return read_once(shapes, "shapes", "shapes_from_module(model)")
+    read = read_once(shapes, "shapes", "shapes_from_module(model)")
+    if set(map(type, read)) <= {str}:
+        return read
+    return {check_fqn(fqn, "shapes"): shape for fqn, shape in read.items()}
 
 
 def _check_shape(fqn: str, value: object) -> ParamShape:

@@ -12,9 +12,10 @@ from typing import Final, Literal, Self, TypeAlias, TypeGuard, assert_never, get
 
 import attrs
 
-from layout_algebra._args import plain_str
+from layout_algebra._args import MAX_NDIM, plain_str
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError, PlacementSyntaxError
+from layout_algebra.frozen import NOT_GIVEN, REQUIRED, check_init
 
 __all__ = [
     "MAX_DIM",
@@ -36,8 +37,8 @@ ReduceOp: TypeAlias = Literal["sum", "avg", "min", "max", "product"]
 REDUCE_OPS: Final[tuple[ReduceOp, ...]] = get_args(ReduceOp)
 """Every ``ReduceOp``, in the order the grammar lists them."""
 
-MAX_DIM: Final = 63
-"""The largest tensor dim a placement may name: a tensor has fewer than 64 dims."""
+MAX_DIM: Final = MAX_NDIM - 1
+"""The largest tensor dim a placement may name: a tensor has at most ``MAX_NDIM`` dims."""
 
 MAX_SPLIT_FACTOR: Final = 2**31 - 1
 """The largest split factor of a ``StridedShard`` (a product of mesh sizes)."""
@@ -74,7 +75,9 @@ def _check_reduce_op(_: object, attribute: attrs.Attribute[str], value: str) -> 
 # ``__attrs_post_init__`` keeps the first one made for each valid value. The values are
 # bounded by the validators (65 dims, 5 reduce ops, one Replicate), so these tables are
 # too. Equality and hashing stay by value: an object made another way (a subclass, an
-# explicit ``object.__new__``) is still equal to its interned twin.
+# explicit ``object.__new__``) is still equal to its interned twin. Python runs
+# ``__init__`` again on the object ``__new__`` hands out, with the value it holds: that
+# second ``__init__`` changes nothing and passes; any other goes to ``check_init``.
 _SHARDS: dict[int, Shard] = {}
 _PARTIALS: dict[str, Partial] = {}
 _REPLICATES: list[Replicate] = []
@@ -84,14 +87,18 @@ _REPLICATES: list[Replicate] = []
 class Shard:
     """The tensor is split along ``dim`` across the axis, torch.chunk style."""
 
-    dim: int = attrs.field(validator=_check_dim)
+    dim: int = attrs.field(validator=_check_dim, **REQUIRED)
 
-    def __new__(cls, dim: int) -> Self:
+    def __new__(cls, dim: int = NOT_GIVEN) -> Self:
         if cls is Shard and type(dim) is int:
             found = _SHARDS.get(dim)
             if found is not None:
                 return found  # type: ignore[return-value]  # cls is Shard
         return object.__new__(cls)
+
+    def __attrs_pre_init__(self, dim: int) -> None:
+        if not (type(dim) is int and getattr(self, "dim", dim) == dim):
+            check_init(self, "dim", (dim,))
 
     def __attrs_post_init__(self) -> None:
         if type(self) is Shard:
@@ -140,6 +147,11 @@ class Partial:
                 return found  # type: ignore[return-value]  # cls is Partial
         return object.__new__(cls)
 
+    def __attrs_pre_init__(self, reduce_op: ReduceOp) -> None:
+        raw: object = reduce_op  # user input: checked by the validator
+        if not (type(raw) is str and getattr(self, "reduce_op", raw) == raw):
+            check_init(self, "reduce_op", (raw,))
+
     def __attrs_post_init__(self) -> None:
         if type(self) is Partial:
             _PARTIALS.setdefault(self.reduce_op, self)
@@ -160,8 +172,11 @@ class StridedShard:
     every ``2``-nd of 8 row blocks (``_S(0, 2)``). It appears only in composed layouts.
     """
 
-    dim: int = attrs.field(validator=_check_dim)
-    split_factor: int = attrs.field(kw_only=True, validator=_check_split_factor)
+    dim: int = attrs.field(validator=_check_dim, **REQUIRED)
+    split_factor: int = attrs.field(kw_only=True, validator=_check_split_factor, **REQUIRED)
+
+    def __attrs_pre_init__(self, dim: int, *, split_factor: int) -> None:
+        check_init(self, "dim", (dim, split_factor))
 
     def __str__(self) -> str:
         return format_placement(self)

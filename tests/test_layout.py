@@ -327,8 +327,11 @@ def test_tables_also_compare_their_tied_groups() -> None:
     entries = {"a": W, "b": W}
     tied = ParamLayoutTable(entries, tied=[("a", "b")])
     assert tied != ParamLayoutTable(entries)
-    assert tied == entries  # as a plain mapping, only the entries count
-    assert hash(tied) == hash(ParamLayoutTable(entries))
+    assert tied != entries  # a mapping has no tied groups: equal would not be transitive
+    assert tied != FrozenMap(entries) and FrozenMap(entries) != tied
+    assert ParamLayoutTable(entries) == entries == FrozenMap(entries)
+    assert tied == ParamLayoutTable(entries, tied=[("b", "a")])
+    assert hash(tied) == hash(ParamLayoutTable(entries, tied=[("b", "a")]))
 
 
 def test_a_frozen_map_equals_any_mapping_with_its_items() -> None:
