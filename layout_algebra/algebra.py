@@ -33,7 +33,7 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
-from layout_algebra.frozen import FrozenMap, read_once
+from layout_algebra.frozen import REQUIRED, FrozenMap, check_init, read_once
 from layout_algebra.layout import (
     ByModule,
     Drop,
@@ -1006,15 +1006,27 @@ class TableDiff:
     ``changed`` gives ``(old, new)``; ``tied_added``/``tied_removed`` the storage groups.
     """
 
-    added: FrozenMap[str, SourceLayout] = attrs.field(converter=_added)
-    removed: FrozenMap[str, SourceLayout] = attrs.field(converter=_removed)
-    changed: FrozenMap[str, tuple[SourceLayout, SourceLayout]] = attrs.field(converter=_changes)
+    added: FrozenMap[str, SourceLayout] = attrs.field(converter=_added, **REQUIRED)
+    removed: FrozenMap[str, SourceLayout] = attrs.field(converter=_removed, **REQUIRED)
+    changed: FrozenMap[str, tuple[SourceLayout, SourceLayout]] = attrs.field(
+        converter=_changes, **REQUIRED
+    )
     tied_added: tuple[frozenset[str], ...] = attrs.field(
         default=(), converter=_tied_added, repr=groups_repr
     )
     tied_removed: tuple[frozenset[str], ...] = attrs.field(
         default=(), converter=_tied_removed, repr=groups_repr
     )
+
+    def __attrs_pre_init__(
+        self,
+        added: Mapping[str, SourceLayout],
+        removed: Mapping[str, SourceLayout],
+        changed: Mapping[str, tuple[SourceLayout, SourceLayout]],
+        tied_added: Iterable[Iterable[str]],
+        tied_removed: Iterable[Iterable[str]],
+    ) -> None:
+        check_init(self, "added", (added, removed, changed, tied_added, tied_removed))
 
     def __bool__(self) -> bool:
         """Whether the two tables differ at all."""

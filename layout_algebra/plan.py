@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, ItemsView, Iterable, Iterator, Mapping
 from itertools import islice
-from typing import Final, Protocol, Self
+from typing import TYPE_CHECKING, Final, Protocol, Self
 
 import attrs
 
@@ -18,7 +18,7 @@ from layout_algebra._patterns import WILDCARD
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap, frozen_map_of
+from layout_algebra.frozen import NOT_GIVEN, REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra.placements import Placement, is_placement
 
 __all__ = ["ModulePlan", "NamedLike", "NamedPlacements", "ShardingPlan"]
@@ -258,10 +258,18 @@ class ModulePlan:
     on ``ep`` go to the expert mesh.
     """
 
-    params: ModuleParams
+    params: ModuleParams = attrs.field(**REQUIRED)
     expert_parallel: bool = attrs.field(default=False, kw_only=True)
 
-    def __new__(cls, params: Mapping[str, NamedLike], *, expert_parallel: bool = False) -> Self:
+    if TYPE_CHECKING:  # what calls are checked against (``params`` required); none at run time
+
+        def __init__(
+            self, params: Mapping[str, NamedLike], *, expert_parallel: bool = False
+        ) -> None: ...
+
+    def __new__(
+        cls, params: Mapping[str, NamedLike] = NOT_GIVEN, *, expert_parallel: bool = False
+    ) -> Self:
         # Written out rather than generated: a planner makes one per module, a million
         # parameters' worth. Equal module plans are one object (a model's modules are of
         # a few kinds), so a plan made of them is checked by identity, module by module.
@@ -278,6 +286,8 @@ class ModulePlan:
                     same = False
                 if same and (plan := last.plans[expert_parallel]) is not None:
                     return plan  # type: ignore[return-value]  # cls is ModulePlan
+        if raw is NOT_GIVEN:  # a LayoutError naming it, not Python's bare TypeError
+            check_init(object.__new__(cls), "params", (params, expert_parallel))
         frozen, kind = _as_params(params)
         if type(flag) is not bool:
             msg = f"expert_parallel must be True or False, got {quote(flag)}"
@@ -516,14 +526,23 @@ class ShardingPlan:
     specific key winning for each.
     """
 
-    modules: FrozenMap[str, ModulePlan] = attrs.field(converter=_as_modules)
+    modules: FrozenMap[str, ModulePlan] = attrs.field(converter=_as_modules, **REQUIRED)
     mesh_axes: tuple[AxisName, ...] = attrs.field(
-        kw_only=True, converter=_as_vocabulary, validator=_check_vocabulary
+        kw_only=True, converter=_as_vocabulary, validator=_check_vocabulary, **REQUIRED
     )
     tied_pairs: tuple[tuple[str, str], ...] = attrs.field(
         default=(), kw_only=True, converter=_as_pairs
     )
     _index: _Index = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_pre_init__(
+        self,
+        modules: Mapping[str, ModulePlan],
+        *,
+        mesh_axes: Iterable[AxisLike],
+        tied_pairs: Iterable[Iterable[str]],
+    ) -> None:
+        check_init(self, "modules", (modules, mesh_axes, tied_pairs))
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_index", _index_of(self.modules._items))

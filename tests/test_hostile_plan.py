@@ -1,5 +1,7 @@
 """Hostile tied pairs and FQNs: what fails midway is a ``LayoutError`` naming the argument.
 
+(And the plan's values: a second ``__init__`` or a left-out argument is a ``LayoutError``.)
+
 Tied pairs go into ``ShardingPlan(tied_pairs=)``, ``build_table(tied_pairs=)``,
 ``merge_tied`` and ``complete_default(tied_pairs=)``; FQNs into ``build_table(fqns=)`` and
 ``complete_default``. An iterable that raises after a few pairs, a pair that raises or is
@@ -10,6 +12,7 @@ and never a half-built table.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator
 from itertools import count
 from typing import Final, NoReturn
@@ -23,8 +26,10 @@ from layout_algebra import (
     Shard,
     ShardingPlan,
     SourceLayout,
+    TableDiff,
     build_table,
     complete_default,
+    diff,
     merge_tied,
 )
 
@@ -165,3 +170,40 @@ def test_bad_fqns_are_a_layout_error_naming_the_argument(taker: str) -> None:
     for bad in [[LenRaises("")], ["a", 3], _raises_after([("a", "b")])]:
         with pytest.raises(LayoutError, match=r"^fqns"):
             take(bad)  # type: ignore[arg-type]
+
+
+# --- the plan's values: a second __init__ rewrites nothing, a left-out argument is named
+
+
+def test_a_second_init_of_a_plan_or_a_diff_is_refused() -> None:
+    plan = ShardingPlan({"m": ModulePlan({"w": {"tp": Shard(0)}})}, mesh_axes=["tp"])
+    delta = diff(TABLE, ParamLayoutTable({"a": L}))
+    for value, args, kwargs in [
+        (plan, ({"n": ModulePlan({})},), {"mesh_axes": ["ep"]}),
+        (delta, ({"x": L}, {}, {}), {}),
+    ]:
+        before, hashed, copied = repr(value), hash(value), copy.deepcopy(value)
+        with pytest.raises(LayoutError, match="values are immutable"):
+            value.__init__(*args, **kwargs)  # type: ignore[misc]
+        assert repr(value) == before and hash(value) == hashed and value == copied
+    module = ModulePlan({"w": {"tp": Shard(0)}})
+    module.__init__({"x": {}})  # type: ignore[misc]  # made by __new__: changes nothing
+    assert module == ModulePlan({"w": {"tp": Shard(0)}}) and list(module.params) == ["w"]
+
+
+@pytest.mark.parametrize(
+    ("cls", "args", "kwargs", "named"),
+    [
+        (ShardingPlan, (), {}, "modules"),
+        (ShardingPlan, ({},), {}, "mesh_axes"),
+        (ModulePlan, (), {}, "params"),
+        (ModulePlan, (), {"expert_parallel": True}, "params"),
+        (TableDiff, (), {}, "added"),
+        (TableDiff, ({}, {}), {}, "changed"),
+    ],
+)
+def test_a_left_out_argument_is_a_layout_error_naming_it(
+    cls: Callable[..., object], args: tuple[object, ...], kwargs: dict[str, object], named: str
+) -> None:
+    with pytest.raises(LayoutError, match=f"needs the argument '{named}', which was not given"):
+        cls(*args, **kwargs)

@@ -145,7 +145,7 @@ def test_a_sharding_plan_checks_its_fields(make: Callable[[], object], message: 
 
 
 def test_mesh_axes_are_required() -> None:
-    with pytest.raises(TypeError, match="mesh_axes"):
+    with pytest.raises(LayoutError, match="needs the argument 'mesh_axes'"):
         ShardingPlan({})  # type: ignore[call-arg]  # the point of the test
 
 

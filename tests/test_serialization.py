@@ -678,7 +678,7 @@ GOOD_LAYOUT: Final[dict[str, Any]] = {"mesh": "dense", "axes": ["tp"], "placemen
             {"w": {"shape": [-1], "dtype": "float32"}},
             dict[str, ParamShape],
             '["w"].shape[0]',
-            ">= 0",
+            "got -1",
         ),
         ("x", int, "$", "ValueError"),
     ],
@@ -727,7 +727,8 @@ def test_shapes_document_is_the_documented_format() -> None:
         st.text(min_size=1, max_size=12),
         st.builds(
             ParamShape,
-            st.lists(st.integers(0, 2**40), max_size=4).map(tuple),
+            # at most 2**60 elements: within int64, as a tensor's
+            st.lists(st.integers(0, 2**15), max_size=4).map(tuple),
             st.sampled_from(["float32", "bfloat16", "F16", "int8", "torch.float64"]),
         ),
         max_size=8,
@@ -762,7 +763,7 @@ def test_shapes_built_lazily_are_written_each_as_itself() -> None:
 @pytest.mark.parametrize(
     ("params", "path", "words"),
     [
-        ({"w": {"shape": [4, -1], "dtype": "float32"}}, 'params["w"].shape[1]', ">= 0"),
+        ({"w": {"shape": [4, -1], "dtype": "float32"}}, 'params["w"].shape[1]', "got -1"),
         ({"w": {"shape": [4, 1.0], "dtype": "float32"}}, 'params["w"].shape[1]', "an int"),
         ({"w": {"shape": [4], "dtype": "flaot32"}}, 'params["w"].dtype', "did you mean"),
         ({"w": {"shape": "4", "dtype": "float32"}}, 'params["w"].shape', "JSON array"),
