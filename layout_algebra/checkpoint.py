@@ -34,7 +34,7 @@ from layout_algebra._args import (
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import FrozenMap, frozen_map_of, getter
+from layout_algebra.frozen import REQUIRED, FrozenMap, check_init, frozen_map_of, getter
 from layout_algebra.geometry import (
     MAX_WORLD,
     FsdpAxes,
@@ -111,8 +111,11 @@ class Chunk:
     of each, and every box ends within int64.
     """
 
-    offsets: tuple[int, ...] = attrs.field(converter=_as_chunk_offsets)
-    sizes: tuple[int, ...] = attrs.field(converter=_as_chunk_sizes)
+    offsets: tuple[int, ...] = attrs.field(converter=_as_chunk_offsets, **REQUIRED)
+    sizes: tuple[int, ...] = attrs.field(converter=_as_chunk_sizes, **REQUIRED)
+
+    def __attrs_pre_init__(self, offsets: Iterable[int], sizes: Iterable[int]) -> None:
+        check_init(self, "offsets", (offsets, sizes))
 
     @sizes.validator
     def _check_rank(self, _: attrs.Attribute[tuple[int, ...]], value: object) -> None:
@@ -159,11 +162,21 @@ class Read:
     within it.
     """
 
-    fqn: str = attrs.field(converter=plain_str, validator=_check_read_fqn)
-    chunk: Chunk = attrs.field(validator=_check_read_chunk)
-    dest_offsets: tuple[int, ...] = attrs.field(converter=_as_dest_offsets)
-    storage_offsets: tuple[int, ...] = attrs.field(converter=_as_storage_offsets)
-    lengths: tuple[int, ...] = attrs.field(converter=_as_lengths)
+    fqn: str = attrs.field(converter=plain_str, validator=_check_read_fqn, **REQUIRED)
+    chunk: Chunk = attrs.field(validator=_check_read_chunk, **REQUIRED)
+    dest_offsets: tuple[int, ...] = attrs.field(converter=_as_dest_offsets, **REQUIRED)
+    storage_offsets: tuple[int, ...] = attrs.field(converter=_as_storage_offsets, **REQUIRED)
+    lengths: tuple[int, ...] = attrs.field(converter=_as_lengths, **REQUIRED)
+
+    def __attrs_pre_init__(
+        self,
+        fqn: str,
+        chunk: Chunk,
+        dest_offsets: Iterable[int],
+        storage_offsets: Iterable[int],
+        lengths: Iterable[int],
+    ) -> None:
+        check_init(self, "fqn", (fqn, chunk, dest_offsets, storage_offsets, lengths))
 
     @lengths.validator
     def _check_box(self, _: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
@@ -554,13 +567,16 @@ class ReshardPlan:
     ``str()`` is a report: bytes per rank, total, largest, the parameters that move most.
     """
 
-    bytes_read: tuple[int, ...] = attrs.field(converter=_as_bytes_read)
-    by_param: FrozenMap[str, int] = attrs.field(converter=_as_by_param)
-    _src: ParamLayoutTable = attrs.field(alias="src", validator=_check_plan_table)
-    _dst: ParamLayoutTable = attrs.field(alias="dst", validator=_check_plan_table)
-    _fqns: tuple[str, ...] = attrs.field(alias="fqns", eq=False)
-    _kinds: tuple[_Pattern, ...] = attrs.field(alias="kinds", eq=False)
+    bytes_read: tuple[int, ...] = attrs.field(converter=_as_bytes_read, **REQUIRED)
+    by_param: FrozenMap[str, int] = attrs.field(converter=_as_by_param, **REQUIRED)
+    _src: ParamLayoutTable = attrs.field(alias="src", validator=_check_plan_table, **REQUIRED)
+    _dst: ParamLayoutTable = attrs.field(alias="dst", validator=_check_plan_table, **REQUIRED)
+    _fqns: tuple[str, ...] = attrs.field(alias="fqns", eq=False, **REQUIRED)
+    _kinds: tuple[_Pattern, ...] = attrs.field(alias="kinds", eq=False, **REQUIRED)
     """Each parameter's reads (``_fqns[i]``'s are ``_kinds[i]``): a few shared patterns."""
+
+    def __attrs_pre_init__(self, *args: object) -> None:  # __init__'s six, in field order
+        check_init(self, "bytes_read", args)
 
     @_kinds.validator
     def _check_kinds(self, _: attrs.Attribute[tuple[_Pattern, ...]], value: object) -> None:

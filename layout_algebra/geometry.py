@@ -30,6 +30,7 @@ from layout_algebra.axes import (
     axis_str,
 )
 from layout_algebra.errors import LayoutError, PlanError
+from layout_algebra.frozen import REQUIRED, check_init
 from layout_algebra.layout import ByModule, Listed, ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (
@@ -883,10 +884,19 @@ class FsdpParts:
     A field of the wrong type is a ``LayoutError`` naming it.
     """
 
-    source: SourceLayout = attrs.field(validator=_check_parts_source)
-    replicate: tuple[AxisName, ...] = attrs.field(converter=_as_parts_replicate)
-    shard: AxisName | None = attrs.field(converter=_as_parts_shard)
-    shard_dim: int = attrs.field(validator=_check_parts_dim)
+    source: SourceLayout = attrs.field(validator=_check_parts_source, **REQUIRED)
+    replicate: tuple[AxisName, ...] = attrs.field(converter=_as_parts_replicate, **REQUIRED)
+    shard: AxisName | None = attrs.field(converter=_as_parts_shard, **REQUIRED)
+    shard_dim: int = attrs.field(validator=_check_parts_dim, **REQUIRED)
+
+    def __attrs_pre_init__(
+        self,
+        source: SourceLayout,
+        replicate: Iterable[AxisLike],
+        shard: AxisLike | None,
+        shard_dim: int,
+    ) -> None:
+        check_init(self, "source", (source, replicate, shard, shard_dim))
 
 
 def split_fsdp(

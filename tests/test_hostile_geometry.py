@@ -8,10 +8,13 @@ shape mappings whose reading raises. Every one is a ``LayoutError`` naming what 
 
 from __future__ import annotations
 
+import copy
 import itertools
+import pickle
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
+import attrs
 import pytest
 import torch
 from torch.distributed.tensor import Shard as TorchShard
@@ -450,3 +453,28 @@ def test_str_subclasses_are_read_as_their_text(kind: type[str]) -> None:
     )
     assert str(composed["w"]) == "dense[dp=S(1), tp=S(0)]"
     assert draw(TP0, (4,), SIZES, fqn=kind("w")).startswith("w: shape (4,)")
+
+
+# ---------------------------------------------------------------------------------------
+# values stay what they were made
+
+
+def _values() -> list[object]:
+    return [CHUNK, Read("w", CHUNK, (0, 0), (0, 0), (4, 8)), FsdpParts(TP0, (), "dp", 0), _plan()]
+
+
+@pytest.mark.parametrize("value", _values(), ids=lambda v: type(v).__name__)
+def test_a_second_init_is_refused(value: Any) -> None:
+    before, hashed = repr(value), hash(value)
+    again = attrs.astuple(value, recurse=False)
+    if isinstance(value, Chunk):
+        again = ((9, 9), (1, 1))
+    _raises(lambda: value.__init__(*again), "immutable", "__init__ cannot run again")
+    assert repr(value) == before and hash(value) == hashed
+    assert pickle.loads(pickle.dumps(value)) == value == copy.deepcopy(value)
+
+
+@pytest.mark.parametrize("cls", [Chunk, Read, FsdpParts, ReshardPlan], ids=lambda c: c.__name__)
+def test_a_missing_argument_is_a_layout_error_naming_it(cls: Any) -> None:
+    first = attrs.fields(cls)[0].alias
+    _raises(cls, f"{cls.__name__}() needs the argument {first!r}")
