@@ -129,7 +129,7 @@ def plain_str(value: str) -> str:
 
 
 MAX_NDIM: Final = 64
-"""A tensor has at most this many dims (torch's own limit), so a dim is < 64."""
+"""A tensor has at most this many dims here, so a dim is < 64 (the one bound everywhere)."""
 
 MAX_TENSOR_SIZE: Final = 2**63 - 1
 """The largest size or offset along a dim: torch counts elements in int64."""
@@ -154,7 +154,7 @@ def as_shape(
         raise LayoutError(msg, fqn=fqn)
     shape = as_items(value, arg, "(4096, 1024)", limit=MAX_NDIM)
     if len(shape) > MAX_NDIM:
-        msg = f"{who}{arg} has more than {MAX_NDIM} dims (torch's limit); check the shape"
+        msg = f"{who}{arg} has more than {MAX_NDIM} dims (the bound on a tensor's rank); check it"
         raise LayoutError(msg, fqn=fqn)
     for n in shape:
         if type(n) is not int or not 0 <= n <= MAX_TENSOR_SIZE:

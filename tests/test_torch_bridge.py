@@ -823,7 +823,10 @@ def test_the_bridge_surface() -> None:
         "managed_bindings",
         "plan_from_hf",
         "plan_from_parallelize",
+        "plan_from_torchtitan",
         "shapes_from_module",
+        "shard_dims_from_torchtitan",
+        "state_dict_fqn",
         "table_from_hf",
         "table_from_module",
         "table_from_parallelize",
@@ -903,6 +906,10 @@ class Calls:
                 "plan": {"0": ColwiseParallel()},
                 "mesh_axes": DENSE,
             },
+            # refused, as it should be: not a torchtitan model (its own tests build them)
+            "plan_from_torchtitan": lambda: {"model": self.linear, "mesh_axes": DENSE},
+            "shard_dims_from_torchtitan": lambda: {"model": self.linear, "parallel_dims": None},
+            "state_dict_fqn": lambda: {"name": "layers.0._checkpoint_wrapped_module.w"},
         }
         return valid[name]()
 
@@ -929,6 +936,9 @@ def test_every_public_callable_has_a_valid_call(calls: Calls) -> None:
         kwargs = calls.kwargs(name)
         if name in {"plan_from_hf", "table_from_hf"}:
             with pytest.raises(LayoutError, match="not a transformers model"):
+                call(name, kwargs)
+        elif name in {"plan_from_torchtitan", "shard_dims_from_torchtitan"}:
+            with pytest.raises(LayoutError):
                 call(name, kwargs)
         else:
             call(name, kwargs)
@@ -1008,7 +1018,15 @@ def test_wrong_types_are_bind_errors_naming_the_argument(
 
 
 IMPORTERS: Final = frozenset(
-    {"plan_from_parallelize", "plan_from_hf", "table_from_parallelize", "table_from_hf"}
+    {
+        "plan_from_parallelize",
+        "plan_from_hf",
+        "table_from_parallelize",
+        "table_from_hf",
+        "plan_from_torchtitan",
+        "shard_dims_from_torchtitan",
+        "state_dict_fqn",
+    }
 )
 """The importers: their arguments are checked by their own tests (test_tables too)."""
 

@@ -21,6 +21,9 @@ This package is the only part of layout_algebra that imports torch (install it w
 - ``parallelize`` and ``transformers``: ``plan_from_parallelize`` and ``plan_from_hf``
   read the plans torch's ``parallelize_module`` and transformers' own ``tp_plan`` /
   ``ep_plan`` apply as a ``ShardingPlan`` (transformers itself is never imported);
+- ``torchtitan``: ``plan_from_torchtitan`` reads the plan torchtitan's ``Module.parallelize``
+  applies (its per-module ``ShardingConfig``), ``shard_dims_from_torchtitan`` its expert
+  FSDP shard-dim rule (torchtitan itself is never imported);
 - ``tables``: ``table_from_hf`` and ``table_from_parallelize``, a model's complete table
   from those plans in one call.
 """
@@ -42,6 +45,11 @@ from layout_algebra.torch_bridge.parallelize import plan_from_parallelize
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 from layout_algebra.torch_bridge.shapes import shapes_from_module
 from layout_algebra.torch_bridge.tables import table_from_hf, table_from_parallelize
+from layout_algebra.torch_bridge.torchtitan import (
+    plan_from_torchtitan,
+    shard_dims_from_torchtitan,
+    state_dict_fqn,
+)
 from layout_algebra.torch_bridge.transformers import plan_from_hf
 
 __all__ = [
@@ -55,7 +63,10 @@ __all__ = [
     "managed_bindings",
     "plan_from_hf",
     "plan_from_parallelize",
+    "plan_from_torchtitan",
     "shapes_from_module",
+    "shard_dims_from_torchtitan",
+    "state_dict_fqn",
     "table_from_hf",
     "table_from_module",
     "table_from_parallelize",

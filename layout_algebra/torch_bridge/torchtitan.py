@@ -69,7 +69,14 @@ def state_dict_fqn(name: str) -> str:
 
     >>> state_dict_fqn("layers.0._checkpoint_wrapped_module.attention.wo.weight")
     'layers.0.attention.wo.weight'
+
+    Raises:
+        LayoutError: ``name`` is not a str.
     """
+    raw: object = name
+    if not isinstance(raw, str):
+        msg = f"state_dict_fqn(name=...) takes a parameter FQN (a str), got {quote(raw)}"
+        raise LayoutError(msg)
     if _WRAPPER_SEGMENT not in name:
         return name
     return ".".join(part for part in name.split(".") if part != _WRAPPER_SEGMENT)
