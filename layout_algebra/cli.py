@@ -38,14 +38,15 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import TYPE_CHECKING, Final, NoReturn, TextIO
 
+from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE
+from layout_algebra._files import open_regular
 from layout_algebra._text import clip, columns, did_you_mean, escape, quote
 from layout_algebra.algebra import build_table, diff
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisName, as_axis, check_distinct_axes
 from layout_algebra.checkpoint import reshard_plan
-from layout_algebra.draw import MAX_DRAW_DIMS, MAX_SIZE, draw, mesh_str
+from layout_algebra.draw import draw, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.geometry import MAX_MESH_SIZE, compose_table
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
@@ -71,6 +72,7 @@ _MESH_ITEM: Final = re.compile(r"\s*([^=\s]*)\s*=\s*(\S*)\s*")
 _DIGITS: Final = re.compile(r"[0-9]+", re.ASCII)
 _DEMO_WORLD_SIZE: Final = 8
 _READ_CHUNK: Final = 1 << 20
+_MAX_USAGE_CHARS: Final = 500
 
 
 class _Problem(Exception):
@@ -134,20 +136,20 @@ def shape_spec(text: str) -> tuple[int, ...]:
     """The tensor shape ``text`` spells: ``"16,8"`` → ``(16, 8)``.
 
     Raises:
-        argparse.ArgumentTypeError: not 1 to ``MAX_DRAW_DIMS`` sizes of plain digits from
-            0 to ``MAX_SIZE``, separated by commas.
+        argparse.ArgumentTypeError: not 1 to ``MAX_NDIM`` sizes of plain digits from
+            0 to ``MAX_TENSOR_SIZE``, separated by commas.
     """
     parts = [p.strip() for p in text.split(",")]
-    if len(parts) > MAX_DRAW_DIMS:
+    if len(parts) > MAX_NDIM:
         msg = (
-            f"{clip(text)!r} has {len(parts)} dims; a tensor has at most {MAX_DRAW_DIMS}, "
+            f"{clip(text)!r} has {len(parts)} dims; a tensor has at most {MAX_NDIM}, "
             "give the parameter's shape"
         )
         raise argparse.ArgumentTypeError(msg)
     if not all(_DIGITS.fullmatch(p) for p in parts):
         msg = f"{clip(text)!r} is not a shape; write sizes >= 0 separated by commas, e.g. 16,8"
         raise argparse.ArgumentTypeError(msg)
-    return tuple(_bounded_int(p, MAX_SIZE, "a tensor size") for p in parts)
+    return tuple(_bounded_int(p, MAX_TENSOR_SIZE, "a tensor size") for p in parts)
 
 
 def _axes_spec(text: str) -> tuple[str, ...]:
@@ -200,8 +202,14 @@ def owned_axes(args: argparse.Namespace) -> frozenset[str]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser, but help that cannot be written to stdout (closed, a full disk)
-    raises instead of being dropped with exit 0, as argparse drops it."""
+    """argparse's parser, but a usage error is one line on stderr, as every problem is
+    (``--help`` shows the usage), and help that cannot be written to stdout (closed, a
+    full disk) raises instead of being dropped with exit 0, as argparse drops it."""
+
+    def error(self, message: str) -> NoReturn:
+        # argparse quotes the arguments it did not expect as they are: escaped and bounded
+        shown = escape(clip(message, _MAX_USAGE_CHARS))
+        self.exit(2, f"{self.prog}: {shown}; see {self.prog} --help\n")
 
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         out: TextIO | None = sys.stdout
@@ -398,13 +406,16 @@ def _read(path: str) -> bytes:
                 msg = "-: cannot read stdin: it is closed; give the file's path instead"
                 raise _Problem(msg)
             return _read_bounded(path, sys.stdin.buffer.read)
-        with Path(path).open("rb") as f:
+        with open_regular(path) as f:  # never waits on a FIFO
             if os.fstat(f.fileno()).st_size > MAX_INPUT_BYTES:
                 raise _Problem(_too_large(path))
             return _read_bounded(path, f.read)
     except OSError as e:
         reason = e.strerror or type(e).__name__
         msg = f"{path}: cannot read the file: {reason}"
+        raise _Problem(msg) from None
+    except UnicodeEncodeError as e:  # a lone surrogate, which only a caller in Python passes
+        msg = f"{path}: cannot be a file name on this system ({e.reason}); check the path"
         raise _Problem(msg) from None
 
 
@@ -764,14 +775,14 @@ def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     lnt.add_argument(
         "--shard-dim",
-        type=lambda text: _bounded_int(text, 63, "--shard-dim"),
+        type=lambda text: _bounded_int(text, MAX_NDIM - 1, "--shard-dim"),
         default=0,
         metavar="N",
         help="the dim FSDP2 shards (shard_placement_fn), default 0",
     )
     lnt.add_argument(
         "--expert-shard-dim",
-        type=lambda text: _bounded_int(text, 63, "--expert-shard-dim"),
+        type=lambda text: _bounded_int(text, MAX_NDIM - 1, "--expert-shard-dim"),
         default=None,
         metavar="N",
         help="the dim FSDP2 shards of expert parameters (default: --shard-dim)",

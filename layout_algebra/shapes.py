@@ -10,14 +10,17 @@ checkpoint's ``model.safetensors.index.json`` without reading any tensor data;
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra._args import MAX_NDIM, as_items
+from layout_algebra._args import MAX_TENSOR_SIZE, as_shape
+from layout_algebra._files import as_path, open_regular
 from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.frozen import FrozenMap
@@ -126,26 +129,34 @@ def as_dtype(value: object) -> str:
     raise LayoutError(msg)
 
 
+_U64_MAX: Final = 2**64 - 1
+
+
 def _as_shape(value: Iterable[int]) -> tuple[int, ...]:
-    raw: object = value
-    if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
-        msg = f"a shape is a sequence of sizes such as (4096, 1024), got {quote(raw)}"
+    """``value`` as a shape torch can hold: ``as_shape``'s sizes, and an element count
+    torch can count (its own rule: the sizes multiplied dim by dim in 64 unsigned bits,
+    none overflowing, the count at most 2**63 - 1)."""
+    shape = as_shape(value)
+    count = 1
+    for size in shape:
+        count *= size
+        if count > _U64_MAX:
+            break
+    if count > MAX_TENSOR_SIZE:
+        msg = (
+            f"a shape has at most 2**63 - 1 elements (torch counts them in int64, dim by "
+            f"dim), got {quote(shape)}; check the shape"
+        )
         raise LayoutError(msg)
-    shape = as_items(value, "a shape", "(4096, 1024)", limit=MAX_NDIM)  # more are refused
-    if len(shape) >= MAX_NDIM:
-        got = len(shape) if len(shape) == MAX_NDIM else f"more than {MAX_NDIM}"
-        msg = f"a shape has fewer than {MAX_NDIM} dims, got {got}; check the shape"
-        raise LayoutError(msg)
-    for n in shape:
-        if type(n) is not int or n < 0:
-            msg = f"a shape holds ints >= 0, got {quote(n)} in {quote(shape)}"
-            raise LayoutError(msg)
     return shape
 
 
 @attrs.frozen(cache_hash=True)
 class ParamShape:
     """A parameter's global shape and dtype (torch's name), so also its bytes.
+
+    A shape torch can hold: at most 64 dims, each size and the element count at most
+    2**63 - 1 (torch counts elements in int64).
 
     >>> p = ParamShape((4096, 1024), "BF16")
     >>> p
@@ -185,7 +196,46 @@ class ParamShape:
 
 
 # ---------------------------------------------------------------------------------------
-# safetensors headers
+# safetensors headers, read as the safetensors library reads them
+#
+# The library parses the header with serde_json as {"__metadata__": {str: str} or null,
+# NAME: {"dtype", "shape", "data_offsets"}, ...}, then sorts the tensors by their
+# data_offsets and requires them to tile the data section exactly: each begins where the
+# one before ends, holds its shape times its dtype's bits (whole bytes, counted without
+# overflowing 64 bits), and the last ends where the file does. The rules below are those,
+# one for one; then each tensor gets the torch dtype and shape torch's loader gives it.
+
+_SAFETENSORS_BITS: Final[Mapping[str, int]] = FrozenMap(
+    {
+        **{code: DTYPE_BYTES[name] * 8 for code, name in _SAFETENSORS_DTYPES.items()},
+        "F4": 4,
+        "F6_E2M3": 6,
+        "F6_E3M2": 6,
+    }
+)
+"""Bits per element of every dtype code of the safetensors format."""
+
+_SAFETENSORS_CODES: Final[Mapping[str, str]] = FrozenMap(
+    {name: code for code, name in _SAFETENSORS_DTYPES.items()}
+)
+"""The code safetensors writes for each torch dtype it has."""
+
+_FIELDS: Final = ("dtype", "shape", "data_offsets")
+
+_MAX_JSON_DEPTH: Final = 127
+"""The deepest nesting of arrays and objects the library's JSON parser reads."""
+
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+"""A lone surrogate: JSON can escape one (``"\\udc80"``), but it is no character."""
+
+_Info: TypeAlias = tuple[str, tuple[int, ...], tuple[int, int]]
+"""A tensor's entry as the library reads it: dtype code, shape, data offsets."""
+
+
+class _Object(list[tuple[str, object]]):
+    """A JSON object as its pairs, in order, a repeated key kept: what the format makes of
+    a repeated key depends on where it is (a tensor's last entry counts; a second
+    ``__metadata__``, or a tensor's field given twice, is refused)."""
 
 
 def _fail(where: str, what: str) -> SerializationError:
@@ -202,11 +252,72 @@ def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
-def _read_header(path: Path) -> dict[str, object]:
-    """The JSON header of one safetensors file, read with bounded reads only."""
+def _json_int(text: str) -> int | float:
+    """An integer as the library's parser reads it: ``-0`` is a float (no size or offset
+    takes one), one of more than 20 digits too, refused beyond a float's range."""
+    if text == "-0":
+        return -0.0
+    if len(text.removeprefix("-")) <= len(str(_U64_MAX)):
+        return int(text)
+    return _json_float(text)
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        msg = f"the number {clip(text, 40)} is out of range"
+        raise ValueError(msg)
+    return value
+
+
+def _json_constant(text: str) -> object:
+    msg = f"{text} is not a JSON value"
+    raise ValueError(msg)
+
+
+def _is_u64(value: object) -> bool:
+    """A size or an offset of the format: an int from 0 to 2**64 - 1 (a usize)."""
+    return type(value) is int and 0 <= value <= _U64_MAX
+
+
+def _what(value: object) -> str:
+    """A JSON value of a header for a message, without printing a large one."""
+    if isinstance(value, _Object):
+        return f"an object of {len(value)} keys"
+    if isinstance(value, list):
+        if len(value) <= 8 and not any(isinstance(v, list) for v in value):
+            return quote(value)
+        return f"an array of {len(value)} items"
+    return quote(value)
+
+
+def _check_json(where: str, doc: object) -> None:
+    """``doc`` is JSON the library's parser reads: nested at most ``_MAX_JSON_DEPTH``
+    deep, no lone surrogate in any string."""
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, list):
+            if depth > _MAX_JSON_DEPTH:
+                msg = f"the header nests arrays and objects more than {_MAX_JSON_DEPTH} deep"
+                raise _fail(where, f"{msg}, more than safetensors reads")
+            if isinstance(value, _Object):
+                for key, item in value:
+                    stack.append((key, depth))
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            shown = quote(value)
+            raise _fail(where, f"the header holds {shown}, a lone surrogate, which is no text")
+
+
+def _read_header(path: Path) -> tuple[_Object, int]:
+    """The JSON header of one safetensors file, read with bounded reads only, and the
+    number of bytes after it (the data section)."""
     where = clip(str(path))
     try:
-        with path.open("rb") as f:
+        with open_regular(str(path)) as f:
             size = os.fstat(f.fileno()).st_size
             prefix = f.read(8)
             if len(prefix) < 8:
@@ -232,61 +343,212 @@ def _read_header(path: Path) -> dict[str, object]:
     except OSError as e:
         raise _fail(where, f"cannot be read ({e.strerror or e}); check the path") from e
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        doc: object = json.loads(
+            raw.decode("utf-8"),
+            object_pairs_hook=_Object,
+            parse_int=_json_int,
+            parse_float=_json_float,
+            parse_constant=_json_constant,
+        )
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise _fail(where, f"the header is not JSON ({clip(str(e))})") from e
-    if not isinstance(doc, dict):
+    _check_json(where, doc)
+    if not isinstance(doc, _Object):
         raise _fail(where, f"the header is a JSON {type(doc).__name__}, not an object")
-    doc["\0data_bytes"] = size - 8 - length
-    return doc
+    return doc, size - 8 - length
 
 
-def _tensor(where: str, name: str, raw: object, data_bytes: int) -> ParamShape:
-    at = f"{where}: tensor {clip(name)!r}"
-    if not isinstance(raw, dict):
-        raise _fail(at, f"its entry is {quote(raw)}, not an object with dtype, shape, data_offsets")
-    for key in ("dtype", "shape", "data_offsets"):
-        if key not in raw:
-            raise _fail(at, f"its entry has no {key!r}")
-    try:
-        shape = ParamShape(raw["shape"], raw["dtype"])
-    except LayoutError as e:
-        raise _fail(at, e.message) from e
-    offsets = raw["data_offsets"]
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or any(type(o) is not int or o < 0 for o in offsets)
-        or offsets[0] > offsets[1]
+def _header_tensors(where: str, doc: _Object) -> dict[str, _Info]:
+    """Every tensor's entry by name (a name given twice: its last entry, as the library
+    keeps it), ``__metadata__`` checked and set aside."""
+    tensors: dict[str, _Info] = {}
+    metadata = False
+    for name, raw in doc:
+        if name != "__metadata__":
+            tensors[name] = _tensor_info(f"{where}: tensor {quote(name)}", raw)
+            continue
+        if metadata:
+            raise _fail(where, "'__metadata__' appears twice")
+        metadata = True
+        _check_metadata(where, raw)
+    return tensors
+
+
+def _check_metadata(where: str, raw: object) -> None:
+    """``__metadata__`` is null or an object of strings, as the library reads it."""
+    if raw is None:
+        return
+    if isinstance(raw, _Object):
+        bad = next(((key, value) for key, value in raw if not isinstance(value, str)), None)
+        if bad is None:
+            return
+        what = f"{_what(bad[1])} at {quote(bad[0])}"
+    else:
+        what = _what(raw)
+    raise _fail(
+        where,
+        f"'__metadata__' holds {what}; safetensors reads an object of strings (or null) there",
+    )
+
+
+def _tensor_info(at: str, raw: object) -> _Info:
+    if isinstance(raw, _Object):
+        fields: dict[str, object] = {}
+        for key, value in raw:  # other keys are ignored, as the library ignores them
+            if key in _FIELDS:
+                if key in fields:
+                    raise _fail(at, f"its entry gives {key!r} twice")
+                fields[key] = value
+        for key in _FIELDS:
+            if key not in fields:
+                raise _fail(at, f"its entry has no {key!r}")
+        dtype, shape, offsets = (fields[key] for key in _FIELDS)
+    elif isinstance(raw, list) and len(raw) == len(_FIELDS):  # the library reads this too
+        dtype, shape, offsets = raw
+    else:
+        raise _fail(at, f"its entry is {_what(raw)}, not an object with dtype, shape, data_offsets")
+    code = _dtype_code(at, dtype)
+    if isinstance(shape, _Object) or not (
+        isinstance(shape, list) and all(_is_u64(n) for n in shape)
     ):
-        raise _fail(at, f"data_offsets {quote(offsets)} is not [begin, end] with 0 <= begin <= end")
-    begin, end = offsets
-    if end > data_bytes:
+        raise _fail(at, f"shape {_what(shape)} is not an array of sizes from 0 to 2**64 - 1")
+    if (
+        isinstance(offsets, _Object)
+        or not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_u64(o) for o in offsets)
+    ):
         raise _fail(
-            at,
-            f"its data ends at byte {end} of a {data_bytes}-byte data section: "
+            at, f"data_offsets {_what(offsets)} is not [begin, end] of ints from 0 to 2**64 - 1"
+        )
+    return code, tuple(shape), (offsets[0], offsets[1])
+
+
+def _dtype_code(at: str, raw: object) -> str:
+    """The dtype code of a tensor's entry: a code such as ``"BF16"`` (or, as the library
+    also reads it, ``{"BF16": null}``)."""
+    code = raw
+    if isinstance(raw, _Object) and len(raw) == 1 and raw[0][1] is None:
+        code = raw[0][0]
+    if isinstance(code, str) and code in _SAFETENSORS_BITS:
+        return code
+    hint = ""
+    if isinstance(code, str):
+        name = code.removeprefix("torch.")
+        name = _ALIASES.get(name, name)
+        if name in _SAFETENSORS_CODES:
+            hint = f" (safetensors writes {name} as {_SAFETENSORS_CODES[name]!r})"
+        else:
+            hint = did_you_mean(code, _SAFETENSORS_BITS)
+    raise _fail(
+        at,
+        f"dtype {_what(code)} is not a safetensors dtype code{hint}; the format spells "
+        "them 'BF16', 'F32', 'I64' and so on",
+    )
+
+
+def _tile(where: str, tensors: Mapping[str, _Info], data_bytes: int) -> None:
+    """The library's rule for the data section: the tensors, in the order of their
+    offsets, tile it from byte 0 to its end, each holding exactly its elements' bytes."""
+    start = 0
+    for name, (code, shape, (begin, end)) in sorted(tensors.items(), key=lambda t: t[1][2]):
+        at = f"{where}: tensor {quote(name)}"
+        if end < begin:
+            raise _fail(at, f"data_offsets [{begin}, {end}] end before they begin")
+        if begin != start:
+            where_from = "after a gap" if begin > start else "inside the data before it"
+            raise _fail(
+                at,
+                f"its data begins at byte {begin}, {where_from} (which ends at byte "
+                f"{start}); tensors' data is contiguous: a corrupt header",
+            )
+        start = end
+        count = 1
+        for size in shape:
+            count *= size
+            if count > _U64_MAX:
+                break
+        bits = count * _SAFETENSORS_BITS[code]
+        if bits > _U64_MAX:
+            raise _fail(at, f"shape {_what(list(shape))} of {code} overflows 64 bits")
+        if bits % 8:
+            raise _fail(at, f"{count} elements of {code} are {bits} bits, not whole bytes")
+        if end - begin != bits // 8:
+            raise _fail(
+                at,
+                f"{end - begin} bytes of data for {code}{list(shape)} ({bits // 8} bytes): "
+                "a corrupt header",
+            )
+    if start > data_bytes:
+        raise _fail(
+            where,
+            f"the tensors' data ends at byte {start} of a {data_bytes}-byte data section: "
             "the file is truncated",
         )
-    if end - begin != shape.nbytes:
+    if start < data_bytes:
         raise _fail(
-            at, f"{end - begin} bytes of data for {shape} ({shape.nbytes} bytes): a corrupt header"
+            where,
+            f"the tensors' data ends at byte {start} of a {data_bytes}-byte data section: "
+            f"{data_bytes - start} bytes no tensor holds, a corrupt file",
         )
-    return shape
+
+
+def _param_shape(at: str, code: str, shape: tuple[int, ...]) -> ParamShape:
+    """A tensor as torch's loader reads it: F4 as float4_e2m1fn_x2, two values a byte
+    (the last dim halved); the F6 dtypes, which torch lacks, refused."""
+    if code == "F4":
+        if not shape or shape[-1] % 2:
+            msg = f"F4{list(shape)} packs two values a byte in torch: its last dim is even"
+            raise _fail(at, msg)
+        dtype = "float4_e2m1fn_x2"
+        shape = (*shape[:-1], shape[-1] // 2)
+    elif code in _SAFETENSORS_DTYPES:
+        dtype = _SAFETENSORS_DTYPES[code]
+    else:
+        raise _fail(at, f"torch has no dtype for {code}; the file cannot be loaded by torch")
+    try:
+        return ParamShape(shape, dtype)
+    except LayoutError as e:
+        raise _fail(at, e.message) from e
 
 
 def _file_shapes(path: Path) -> dict[str, ParamShape]:
-    header = _read_header(path)
-    data_bytes = header.pop("\0data_bytes")
-    assert isinstance(data_bytes, int)
-    header.pop("__metadata__", None)
     where = clip(str(path))
-    return {name: _tensor(where, name, raw, data_bytes) for name, raw in header.items()}
+    doc, data_bytes = _read_header(path)
+    tensors = _header_tensors(where, doc)
+    _tile(where, tensors, data_bytes)
+    return {
+        name: _param_shape(f"{where}: tensor {quote(name)}", code, shape)
+        for name, (code, shape, _) in tensors.items()
+    }
+
+
+def _shard_name(where: str, name: str, file: object) -> str:
+    """``file``, the shard ``weight_map`` places ``name`` in, as a file name beside the index."""
+    if (
+        isinstance(file, str)
+        and "\0" not in file
+        and _SURROGATE.search(file) is None
+        and Path(file).name == file
+        and file not in {"", ".", ".."}
+    ):
+        try:
+            os.fsencode(file)
+        except UnicodeEncodeError:
+            pass
+        else:
+            return file
+    raise _fail(
+        where,
+        f"weight_map[{clip(name)!r}] = {quote(file)} is not a file name "
+        "beside the index (shards live in the index's directory)",
+    )
 
 
 def _index_shapes(path: Path) -> dict[str, ParamShape]:
     where = clip(str(path))
     try:
-        with path.open("rb") as f:
+        with open_regular(str(path)) as f:
             raw = f.read(MAX_HEADER_BYTES + 1)
     except OSError as e:
         raise _fail(where, f"cannot be read ({e.strerror or e}); check the path") from e
@@ -305,18 +567,7 @@ def _index_shapes(path: Path) -> dict[str, ParamShape]:
         )
     files: dict[str, list[str]] = {}
     for name, file in weight_map.items():
-        if (
-            not isinstance(file, str)
-            or "\0" in file
-            or Path(file).name != file
-            or file in {"", ".", ".."}
-        ):
-            raise _fail(
-                where,
-                f"weight_map[{clip(name)!r}] = {quote(file)} is not a file name "
-                "beside the index (shards live in the index's directory)",
-            )
-        files.setdefault(file, []).append(name)
+        files.setdefault(_shard_name(where, name, file), []).append(name)
     if len(files) > _MAX_SHARDS:
         raise _fail(where, f"{len(files)} shard files: more than {_MAX_SHARDS}")
     found: dict[str, ParamShape] = {}
@@ -351,36 +602,24 @@ def shapes_from_safetensors(path: str | os.PathLike[str]) -> Mapping[str, ParamS
     The header is read here rather than with the ``safetensors`` package: its format is
     small and documented (an 8-byte little-endian length, then that many bytes of JSON
     mapping each tensor name to its ``dtype``, ``shape`` and ``data_offsets``), reading it
-    needs no native extension nor any tensor framework, and this way every read is
-    bounded and checked here: the header length against the file size and the
-    100 MB limit safetensors itself sets, and each tensor's byte range against its shape,
-    dtype and the data present, so a truncated or corrupt file is an error and not a
-    wrong shape.
+    needs no native extension nor any tensor framework, and every read is bounded. It is
+    read by the library's own rules: what the library refuses (tensors whose data
+    overlaps, leaves gaps or does not cover the file; a ``__metadata__`` value that is
+    not a string; a dtype that is not one of its codes such as ``"BF16"``) is an error
+    here, and what it reads is read here with the names, shapes and dtypes torch's
+    loader gives (``"F4"`` as ``float4_e2m1fn_x2``, two values a byte). Beyond the
+    library, a tensor torch cannot hold (more than 64 dims, a size or an element count
+    beyond int64, a dtype torch lacks) is an error too.
 
     Returns:
         A read-only mapping from tensor name to ``ParamShape``, in the file's (or the
         index's) order.
 
     Raises:
-        SerializationError: a file that cannot be read, is not safetensors, is truncated
-            or corrupt; an index whose shards disagree with it.
+        LayoutError: ``path`` is not a path (naming it).
+        SerializationError: a file that cannot be read or is not a regular file, is not
+            safetensors, is truncated or corrupt; an index whose shards disagree with it.
     """
-    raw: object = path
-    if not isinstance(raw, str | os.PathLike):
-        msg = f"path must be a file path, got {quote(raw)}"
-        raise LayoutError(msg)
-    name: object = os.fspath(path)
-    if not isinstance(name, str):
-        msg = f"path must name a file with text, got {quote(name)}"
-        raise LayoutError(msg)
-    try:
-        os.fsencode(name)
-    except UnicodeEncodeError as e:
-        msg = f"path {quote(raw)} cannot be a file name on this system ({e.reason}); check the path"
-        raise LayoutError(msg) from e
-    if "\0" in name:
-        msg = f"path {quote(raw)} holds a NUL character; check the path"
-        raise LayoutError(msg)
-    p = Path(path)
+    p = Path(as_path(path, "path"))
     shapes = _index_shapes(p) if p.suffix == ".json" else _file_shapes(p)
     return FrozenMap(shapes)

@@ -8,13 +8,14 @@ a tensor on every rank of the mesh.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import pytest
 
@@ -36,6 +37,9 @@ from layout_algebra._demo import TinyMoE, demo_plan, demo_table
 from layout_algebra.cli import main
 from layout_algebra.draw import draw
 from layout_algebra.serialization import from_json, plan_to_json, shapes_to_json, to_json
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -285,21 +289,74 @@ def test_check_with_bad_mesh_syntax_is_a_usage_error(
 ) -> None:
     path = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
     code, out, err = run(["check", path, "--mesh", mesh], capsys)
-    assert code == 2
-    assert out == ""
-    assert "usage:" in err and "--mesh" in err and "Traceback" not in err
+    assert_one_line_usage_error(code, out, err, "layout-algebra check")
+    assert "--mesh" in err
 
 
-def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run([], capsys)[0] == 2
-    assert run(["explode"], capsys)[0] == 2
-    assert run(["check", "plan.json"], capsys)[0] == 2  # --mesh is required
-    assert run(["demo", "--rank", "8"], capsys)[0] == 2
-    assert run(["draw", "t.json", "w", "--shape", "4,x", "--mesh", "tp=2"], capsys)[0] == 2
-    assert (
-        run(["draw", "t.json", "w", "--shape", "4", "--mesh", "tp=2", "--fsdp", "9"], capsys)[0]
-        == 2
+def assert_one_line_usage_error(code: int, out: str, err: str, prog: str) -> None:
+    """Exit 2 and one line on stderr naming the command, its remedy ``--help``."""
+    assert (code, out) == (2, "")
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.endswith("\n"), err
+    assert err.startswith(f"{prog}: ") and err.endswith(f"; see {prog} --help\n"), err
+
+
+def paths(tmp_path: Path) -> dict[str, str]:
+    """Files every command can be pointed at (the usage errors are found before reading)."""
+    table = write(
+        tmp_path / "t.json", to_json(ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [S0])}))
     )
+    shapes = write(tmp_path / "s.json", shapes_to_json({"w": ParamShape((4, 4), "float32")}))
+    plan = write(tmp_path / "p.json", plan_to_json(moe_plan()))
+    return {"T": table, "S": shapes, "P": plan}
+
+
+LINT: Final = ["lint", "T", "--shapes", "S", "--mesh", "tp=2"]
+RESHARD: Final = ["reshard", "T", "T", "--shapes", "S", "--mesh", "tp=2", "--to-mesh", "tp=2"]
+DRAW: Final = ["draw", "T", "w", "--shape", "4,4", "--mesh", "tp=2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "words"),
+    [
+        ([], "layout-algebra", "required: COMMAND"),
+        (["explode"], "layout-algebra", "invalid choice: 'explode'"),
+        (["show"], "layout-algebra show", "required: TABLE.json"),
+        (["diff", "T"], "layout-algebra diff", "required: B.json"),
+        (["check", "P"], "layout-algebra check", "required: --mesh"),
+        (["demo", "--rank", "8"], "layout-algebra demo", "ranks are 0 to 7"),
+        (["draw", "T", "w", "--shape", "4,x", "--mesh", "tp=2"], "layout-algebra draw", "4,x"),
+        ([*DRAW, "--fsdp", "9"], "layout-algebra draw", "--fsdp"),
+        (["draw", "T", "w", "--mesh", "tp=2"], "layout-algebra draw", "required: --shape"),
+        ([*DRAW, "--shape"], "layout-algebra draw", "expected one argument"),
+        ([*DRAW, "--owned", "1dp"], "layout-algebra draw", "--owned"),
+        (["lint", "T", "--mesh", "tp=2"], "layout-algebra lint", "required: --shapes"),
+        ([*LINT, "--fsdp", "a,b,c"], "layout-algebra lint", "REPLICATE,SHARD"),
+        ([*LINT, "--shard-dim", "64"], "layout-algebra lint", "--shard-dim is at most 63"),
+        ([*LINT, "--shard-dim", "-1"], "layout-algebra lint", "plain digits"),
+        ([*LINT, "--expert-shard-dim", "99"], "layout-algebra lint", "at most 63"),
+        ([*LINT, "--ex", "ep=2"], "layout-algebra lint", "ambiguous option: --ex"),
+        ([*LINT, "--mesh", "tp=0"], "layout-algebra lint", "size >= 1"),
+        (RESHARD[:-2], "layout-algebra reshard", "required: --to-mesh"),
+        ([*RESHARD, "--top", "x" * 5000], "layout-algebra reshard", "--top"),
+        ([*RESHARD, "--to-fsdp", "1x"], "layout-algebra reshard", "--to-fsdp"),
+        ([*RESHARD, "--to-mesh", "tp"], "layout-algebra reshard", "--to-mesh"),
+        ([*DRAW, "extra\x1b[2J\nline"], "layout-algebra", "unrecognized arguments: extra"),
+        ([*LINT, "x" * 5000], "layout-algebra", "unrecognized arguments: xxx"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(
+    tmp_path: Path,
+    argv: list[str],
+    prog: str,
+    words: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    files = paths(tmp_path)
+    code, out, err = run([files.get(a, a) for a in argv], capsys)
+    assert_one_line_usage_error(code, out, err, prog)
+    assert words in err
+    assert "\x1b" not in err and len(err) < 1000  # escaped, bounded
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -606,13 +663,35 @@ def test_show_of_a_closed_stdin_is_one_line(
     assert out == "" and "stdin" in err
 
 
-def test_show_of_an_endless_file_stops_at_the_bound(
+class _Endless(io.RawIOBase):
+    """A stdin that never ends (``show - < /dev/zero``)."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer)
+        view[:] = b"\0" * len(view)
+        return len(view)
+
+
+def test_show_of_an_endless_stdin_stops_at_the_bound(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(cli, "MAX_INPUT_BYTES", 1 << 20)
-    code, out, err = run(["show", "/dev/zero"], capsys)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(_Endless())))
+    code, out, err = run(["show", "-"], capsys)
     assert_one_line_problem(code, err)
     assert out == "" and f"larger than {1 << 20} bytes" in err
+
+
+def test_show_of_a_device_is_refused_before_it_is_read(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["show", "/dev/zero"], capsys)
+    assert_one_line_problem(code, err)
+    assert (
+        out == ""
+        and "/dev/zero: cannot read the file: a character device, not a regular file" in err
+    )
 
 
 def test_show_of_a_large_file_is_refused_before_it_is_read(
@@ -649,6 +728,16 @@ def test_odd_numbers_are_usage_errors(
     assert (code, out) == (2, "")
     assert "Traceback" not in err and option in err and words in err
     assert len(err) < 2000
+
+
+def test_draw_takes_a_shape_of_64_dims(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # one bound for dims everywhere: 64 taken, 65 refused (above)
+    layout = SourceLayout("dense", ["tp"], [Shard(63)])
+    path = write(tmp_path / "t.json", to_json(ParamLayoutTable({"w": layout})))
+    shape = ",".join(["1"] * 63 + ["4"])
+    code, out, err = run(["draw", path, "w", "--shape", shape, "--mesh", "tp=2"], capsys)
+    assert (code, err) == (0, "")
+    assert out == draw(layout, (1,) * 63 + (4,), {"tp": 2}, fqn="w") + "\n"
 
 
 def test_draw_of_what_cannot_be_printed_is_refused(

@@ -8,7 +8,9 @@ header, against ``shapes_from_module`` of the model they came from.
 from __future__ import annotations
 
 import json
+import math
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -58,12 +60,14 @@ def test_every_safetensors_dtype_is_torchs() -> None:
 @pytest.mark.parametrize(
     ("shape", "dtype", "match"),
     [
-        ((4, -1), "float32", "ints >= 0"),
-        ((4, 2.0), "float32", "ints >= 0"),
-        ((4, True), "float32", "ints >= 0"),
+        ((4, -1), "float32", r"sizes from 0 to 2\*\*63 - 1"),
+        ((4, 2.0), "float32", r"sizes from 0 to 2\*\*63 - 1"),
+        ((4, True), "float32", r"sizes from 0 to 2\*\*63 - 1"),
+        ((0, 10**5000), "float32", r"sizes from 0 to 2\*\*63 - 1 \(int64\), got <an int of"),
+        ((0, 2**63), "float32", r"sizes from 0 to 2\*\*63 - 1"),
         ("44", "float32", "a sequence of sizes"),
         (None, "float32", "a sequence of sizes"),
-        ((1,) * 64, "float32", "fewer than 64 dims"),
+        ((1,) * 65, "float32", "more than 64 dims"),
         ((4,), "bfloat61", "did you mean 'bfloat16'"),
         ((4,), 16, "is not a dtype"),
     ],
@@ -71,6 +75,67 @@ def test_every_safetensors_dtype_is_torchs() -> None:
 def test_param_shape_refuses(shape: object, dtype: object, match: str) -> None:
     with pytest.raises(LayoutError, match=match):
         ParamShape(shape, dtype)  # type: ignore[arg-type]
+
+
+def test_param_shape_takes_64_dims() -> None:
+    p = ParamShape((1,) * 63 + (3,), "float32")
+    assert (p.ndim, p.numel) == (64, 3)
+    assert shapes_from_json(shapes_to_json({"w": p})) == {"w": p}
+
+
+def torch_counts(shape: tuple[int, ...]) -> bool:
+    """Whether torch counts the elements of ``shape`` in int64: a reshape of no data
+    multiplies the sizes (and says when that overflows), ``torch.Size.numel`` gives the
+    int64 count (negative once it passes 2**63 - 1)."""
+    try:
+        torch.empty(0).reshape(shape)
+    except RuntimeError as e:
+        if "numel: integer multiplication overflow" in str(e):
+            return False
+    return torch.Size(shape).numel() >= 0
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2**62, 2**62),
+        (2**62, 2),
+        (2**62, 4, 0),  # 2**64 overflows before the 0: torch refuses it too
+        (2**31, 2**31, 2**31, 0),
+        (2**62, 2, 0),  # 2**63 fits 64 unsigned bits: the 0 makes the count 0
+        (0, 2**62, 2**62),
+        (2**63 - 1,),
+        (2**31, 2**31),
+    ],
+)
+def test_param_shape_counts_elements_as_torch_does(shape: tuple[int, ...]) -> None:
+    if torch_counts(shape):
+        assert ParamShape(shape, "bfloat16").numel == math.prod(shape)
+    else:
+        with pytest.raises(LayoutError, match=r"at most 2\*\*63 - 1 elements"):
+            ParamShape(shape, "bfloat16")
+
+
+def test_a_huge_shape_is_refused_before_it_is_linted() -> None:
+    # once accepted with ~1e37 bytes a rank, and no problem
+    with pytest.raises(LayoutError, match="elements"):
+        ParamShape((2**62, 2**62), "bfloat16")
+
+
+class _Broken:
+    """A shape whose ``__len__`` and ``__iter__`` raise."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("no len")
+
+    def __iter__(self) -> Iterator[int]:
+        raise RuntimeError("no iter")
+
+
+def test_a_shape_that_cannot_be_read_is_a_layout_error() -> None:
+    with pytest.raises(LayoutError, match="a shape could not be read") as caught:
+        ParamShape(_Broken(), "float32")
+    assert isinstance(caught.value.__cause__, RuntimeError)
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,15 +270,30 @@ def entry(dtype: str = "F32", shape: list[int] | None = None, offsets: object = 
         (b'{"w": 1', b"", None, "the header is not JSON"),
         (b"\xff\xfe", b"", None, "the header is not JSON"),
         (b"[1, 2]", b"", None, "a JSON list, not an object"),
-        (b'{"w": {}, "w": {}}', b"", None, "the key 'w' appears twice"),
+        (b'{"__metadata__": {}, "__metadata__": {}}', b"", None, "'__metadata__' appears twice"),
         (b'{"w": 3}', b"", None, "tensor 'w': its entry is 3"),
         (b'{"w": {"dtype": "F32", "shape": [1]}}', b"", None, "has no 'data_offsets'"),
         (json.dumps({"w": entry()}).encode(), b"\0" * 8, None, "the file is truncated"),
         (json.dumps({"w": entry(offsets=[0, 12])}).encode(), b"\0" * 16, None, "12 bytes of data"),
-        (json.dumps({"w": entry(offsets=[8, 0])}).encode(), b"\0" * 16, None, "0 <= begin <= end"),
+        (
+            json.dumps({"w": entry(offsets=[8, 0])}).encode(),
+            b"\0" * 16,
+            None,
+            "end before they begin",
+        ),
         (json.dumps({"w": entry(offsets="0:16")}).encode(), b"", None, r"is not \[begin, end\]"),
-        (json.dumps({"w": entry(dtype="F4")}).encode(), b"\0" * 16, None, "'F4' is not a dtype"),
-        (json.dumps({"w": entry(shape=[2, -2])}).encode(), b"\0" * 16, None, "ints >= 0"),
+        (
+            json.dumps({"w": entry(dtype="F5")}).encode(),
+            b"\0" * 16,
+            None,
+            "'F5' is not a safetensors",
+        ),
+        (
+            json.dumps({"w": entry(shape=[2, -2])}).encode(),
+            b"\0" * 16,
+            None,
+            r"\[2, -2\] is not an",
+        ),
         (b"[" * 100_000 + b"]" * 100_000, b"", None, "the header is not JSON"),
     ],
 )
@@ -263,8 +343,8 @@ def test_a_bad_index_is_a_serialization_error(
         weight_map = {"u": "b.safetensors"}
         write(
             tmp_path / "b.safetensors",
-            json.dumps({"u": entry(), "w": entry()}).encode(),
-            b"\0" * 16,
+            json.dumps({"u": entry(), "w": entry(offsets=[16, 32])}).encode(),
+            b"\0" * 32,
         )
     with pytest.raises(SerializationError, match=match):
         shapes_from_safetensors(index(tmp_path, weight_map))
