@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from layout_algebra._args import mapping_items, plain_str
 from layout_algebra._text import quote
@@ -27,6 +28,8 @@ __all__ = [
     "kind",
     "owned_names",
     "parameters",
+    "refuse_spmd_local",
+    "spmd_local",
 ]
 
 
@@ -112,3 +115,40 @@ def parameters(params: object, arg: str) -> list[nn.Parameter]:
         check_type(p, nn.Parameter, f"{arg} item {len(out)}", "an nn.Parameter", remedy)
         out.append(p)
     return out
+
+
+_SPMD_SHARDED = frozenset({"V", "P"})
+"""spmd_types' local types a plain tensor cannot be read whole from: varying (a shard) and
+partial (a pending sum)."""
+
+
+def spmd_local(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a plain tensor holding a spmd_types shard (or partial sum).
+
+    torchtitan's default ``spmd_types`` backend leaves a sharded parameter a plain tensor
+    of the local shape, recording its layout as ``_local_type`` (mesh axis -> R/I/V/P);
+    read as a plain parameter it would be whole, with its local shape as the global one.
+    """
+    if isinstance(param, DTensor):
+        return False
+    local: object = getattr(param, "_local_type", None)
+    if not isinstance(local, Mapping):
+        return False
+    return any(getattr(k, "name", str(k)) in _SPMD_SHARDED for k in local.values())
+
+
+def refuse_spmd_local(fqns: list[str], caller: str) -> None:
+    """Refuse the parameters ``fqns`` (``spmd_local`` ones), if any, for ``caller``."""
+    if not fqns:
+        return
+    shown = ", ".join(quote(f) for f in fqns[:5])
+    more = f" and {len(fqns) - 5} more" if len(fqns) > 5 else ""
+    msg = (
+        f"{caller}: {len(fqns)} parameter(s) are plain tensors holding a spmd_types shard "
+        f"(a V or P entry in _local_type), not whole tensors: {shown}{more}; their layout and "
+        "global shape cannot be read off them. Take the layouts from torchtitan's sharding "
+        "configs with plan_from_torchtitan(model, mesh_axes=...) (on the model before "
+        "parallelize, for its global shapes), or run torchtitan with a DTensor backend "
+        "(spmd_backend='full_dtensor' or 'partial_dtensor')"
+    )
+    raise LayoutError(msg, fqn=fqns[0])

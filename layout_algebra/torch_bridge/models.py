@@ -30,6 +30,8 @@ from layout_algebra.torch_bridge._checks import (
     check_table,
     check_type,
     owned_names,
+    refuse_spmd_local,
+    spmd_local,
 )
 from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 from layout_algebra.torch_bridge.binding import _slice, bind
@@ -283,7 +285,8 @@ def table_from_module(
         BindError: an argument of the wrong type, or a module of ``module`` that holds
             one of its ancestors (a cycle of submodules, naming the path that closes it).
         LayoutError: a DTensor on a mesh without dim names, a torch placement with no
-            equivalent, or a ``Partial`` placement on an owned axis.
+            equivalent, a ``Partial`` placement on an owned axis, or a plain tensor
+            holding a spmd_types shard (torchtitan's default backend; naming the FQNs).
     """
     check_module(module, "table_from_module(module=...)")
     checked = {} if roles is None else _check_roles(roles)
@@ -293,16 +296,20 @@ def table_from_module(
     # id of each parameter -> it, its layout and its FQNs (the entry holds the parameter)
     seen: dict[int, tuple[nn.Parameter, SourceLayout, list[str]]] = {}
     interned: dict[SourceLayout, SourceLayout] = {}
+    local: list[str] = []  # spmd_types shards, refused together
     for fqn, param in named_parameters(module):
         hit = seen.get(id(param))
         if hit is not None and hit[0] is param:
             entries[fqn] = hit[1]
             hit[2].append(fqn)
             continue
+        if spmd_local(param):
+            local.append(fqn)
         layout = _layout_of(fqn, param, owned_axes, role_of)
         layout = interned.setdefault(layout, layout)
         entries[fqn] = layout
         seen[id(param)] = (param, layout, [fqn])
+    refuse_spmd_local(local, "table_from_module")
     tied = [group for _, _, group in seen.values() if len(group) > 1]
     return ParamLayoutTable(entries, tied=tied)
 
