@@ -280,14 +280,19 @@ def _is_u64(value: object) -> bool:
     return type(value) is int and 0 <= value <= _U64_MAX
 
 
+def _short(value: object) -> bool:
+    """A JSON value shown whole inside an array: a number, a short string, null."""
+    return not isinstance(value, list | str) or (isinstance(value, str) and len(value) <= 40)
+
+
 def _what(value: object) -> str:
     """A JSON value of a header for a message, without printing a large one."""
     if isinstance(value, _Object):
         return f"an object of {len(value)} keys"
     if isinstance(value, list):
-        if len(value) <= 8 and not any(isinstance(v, list) for v in value):
+        if len(value) <= 8 and all(_short(v) for v in value):
             return quote(value)
-        return f"an array of {len(value)} items"
+        return f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"
     return quote(value)
 
 
