@@ -21,26 +21,53 @@ walk of the tree endless (torch's own recurses until ``RecursionError``): the wa
 the modules whose subtree it is in, and meeting one of them again is a ``BindError``
 naming the path that closes the cycle. A module shared at two places of the tree, not
 inside itself, is walked at both, as torch walks it.
+
+Every FQN is given as torch's state dict gives it (``state_dict_fqn``): activation
+checkpointing's wrapper (``checkpoint_wrapper``, ``apply_activation_checkpointing``)
+holds the wrapped module as ``_checkpoint_wrapped_module``, a segment its state-dict hooks
+drop, so ``layers.0._checkpoint_wrapped_module.attn.weight`` is ``layers.0.attn.weight``
+(and the wrapper and the module it wraps share one FQN).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import TypeAlias, TypeVar
+from typing import Final, TypeAlias, TypeVar
 
 from torch import nn
 
 from layout_algebra._text import quote
-from layout_algebra.errors import BindError
+from layout_algebra.errors import BindError, LayoutError
 
-__all__ = ["named_modules", "named_parameters", "parameter_groups"]
+__all__ = ["named_modules", "named_parameters", "parameter_groups", "state_dict_fqn"]
 
 T = TypeVar("T")
 
 _NAMED_MODULES = nn.Module.named_modules
 _NAMED_PARAMETERS = nn.Module.named_parameters
 _NAMED_MEMBERS = nn.Module._named_members
+
+_WRAPPER_SEGMENT: Final = "_checkpoint_wrapped_module"
+"""The segment torch's activation-checkpoint wrapper adds, which its state dict drops."""
+
+
+def state_dict_fqn(name: str) -> str:
+    """``name`` as torch's state dict shows it: without activation checkpointing's segment.
+
+    >>> state_dict_fqn("layers.0._checkpoint_wrapped_module.attention.wo.weight")
+    'layers.0.attention.wo.weight'
+
+    Raises:
+        LayoutError: ``name`` is not a str.
+    """
+    raw: object = name
+    if not isinstance(raw, str):
+        msg = f"state_dict_fqn(name=...) takes a parameter FQN (a str), got {quote(raw)}"
+        raise LayoutError(msg)
+    if _WRAPPER_SEGMENT not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != _WRAPPER_SEGMENT)
 
 
 ParamGroup: TypeAlias = tuple[str, str, Iterable[tuple[str, "nn.Parameter | None"]]]
@@ -72,7 +99,8 @@ def parameter_groups(module: nn.Module) -> Iterator[ParamGroup]:
     """
     root = type(module)
     if root.named_parameters is not _NAMED_PARAMETERS or root._named_members is not _NAMED_MEMBERS:
-        yield "", "", _torch_walk(module.named_parameters(remove_duplicate=False))
+        pairs = _torch_walk(module.named_parameters(remove_duplicate=False))
+        yield "", "", ((state_dict_fqn(name), param) for name, param in pairs)
         return
     # _walk's loop and its _enter, inlined (a generator between the two, or a call per
     # module, costs more than the walk's own work on a model of many small modules).
@@ -85,7 +113,8 @@ def parameter_groups(module: nn.Module) -> Iterator[ParamGroup]:
         fqn, sub, depth = pop()
         if type(sub).named_modules is not _NAMED_MODULES:
             walked = _torch_walk(module.named_modules(remove_duplicate=False))
-            for fqn, sub in islice(walked, visited, None):
+            for raw, sub in islice(walked, visited, None):
+                fqn = state_dict_fqn(raw)
                 yield fqn, (f"{fqn}." if fqn else ""), sub._parameters.items()
             return
         children = sub._modules
@@ -104,7 +133,13 @@ def parameter_groups(module: nn.Module) -> Iterator[ParamGroup]:
             yield fqn, prefix, params.items()
         if children:
             depth += 1
-            push([(prefix + k, m, depth) for k, m in reversed(children.items()) if m is not None])
+            push(
+                [
+                    (prefix + k if k != _WRAPPER_SEGMENT else fqn, m, depth)
+                    for k, m in reversed(children.items())
+                    if m is not None
+                ]
+            )
 
 
 def named_modules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -132,7 +167,8 @@ def _walk(module: nn.Module) -> Iterator[tuple[str, str, nn.Module]]:
         if type(sub).named_modules is not _NAMED_MODULES:
             # Torch's walk of the modules from here on (the ones so far are its first).
             walked = _torch_walk(module.named_modules(remove_duplicate=False))
-            for fqn, sub in islice(walked, visited, None):
+            for raw, sub in islice(walked, visited, None):
+                fqn = state_dict_fqn(raw)
                 yield fqn, (f"{fqn}." if fqn else ""), sub
             return
         children = sub._modules
@@ -143,7 +179,13 @@ def _walk(module: nn.Module) -> Iterator[tuple[str, str, nn.Module]]:
         yield fqn, prefix, sub
         if children:  # pushed last first, so popped in registration order
             depth += 1
-            push([(prefix + k, m, depth) for k, m in reversed(children.items()) if m is not None])
+            push(
+                [
+                    (prefix + k if k != _WRAPPER_SEGMENT else fqn, m, depth)
+                    for k, m in reversed(children.items())
+                    if m is not None
+                ]
+            )
 
 
 def _enter(path: list[int], inside: dict[int, str], depth: int, key: int, fqn: str) -> None:

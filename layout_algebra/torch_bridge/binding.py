@@ -25,7 +25,7 @@ from layout_algebra.torch_bridge._checks import (
     owned_names,
     parameters,
 )
-from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups
+from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups, state_dict_fqn
 from layout_algebra.torch_bridge.convert import from_torch, to_torch
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings, _ParamRef, _Slot
 
@@ -391,7 +391,7 @@ def _managed_params(owner: nn.Module, ignored: set[int]) -> list[tuple[str, nn.P
             seen_params.add(pid)
             out.append((f"{prefix}.{name}" if prefix else name, param))
         children = [
-            (f"{prefix}.{name}" if prefix else name, child)
+            (state_dict_fqn(f"{prefix}.{name}" if prefix else name), child)
             for name, child in mod.named_children()
             if not isinstance(child, FSDPModule) and child is not owner
         ]

@@ -49,7 +49,7 @@ from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
 from layout_algebra.plan import ShardingPlan, param_fqn
 from layout_algebra.torch_bridge._plans import Problems, check_module, shard_dim, sharding_plan
-from layout_algebra.torch_bridge._walk import named_modules, named_parameters
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters, state_dict_fqn
 
 __all__ = ["plan_from_torchtitan", "shard_dims_from_torchtitan", "state_dict_fqn"]
 
@@ -58,28 +58,7 @@ _EP: Final = "ep"
 _DATA_AXES: Final = frozenset({"dp", "dp_replicate", "dp_shard", "fsdp", "efsdp", "cp", "pp"})
 """torchtitan's data-parallel axes: FSDP (or pipelining) owns them, a parameter is whole."""
 
-_WRAPPER_SEGMENT: Final = "_checkpoint_wrapped_module"
-"""The segment torch's activation-checkpoint wrapper adds, which its state dict drops."""
-
 _R: Final = Replicate()
-
-
-def state_dict_fqn(name: str) -> str:
-    """``name`` as torch's state dict shows it: without activation checkpointing's segment.
-
-    >>> state_dict_fqn("layers.0._checkpoint_wrapped_module.attention.wo.weight")
-    'layers.0.attention.wo.weight'
-
-    Raises:
-        LayoutError: ``name`` is not a str.
-    """
-    raw: object = name
-    if not isinstance(raw, str):
-        msg = f"state_dict_fqn(name=...) takes a parameter FQN (a str), got {quote(raw)}"
-        raise LayoutError(msg)
-    if _WRAPPER_SEGMENT not in name:
-        return name
-    return ".".join(part for part in name.split(".") if part != _WRAPPER_SEGMENT)
 
 
 def _axis_name(axis: object) -> str | None:

@@ -67,7 +67,7 @@ from layout_algebra.placements import (
 )
 from layout_algebra.plan import ShardingPlan, param_fqn
 from layout_algebra.torch_bridge._plans import Problems, check_module, shard_dim, sharding_plan
-from layout_algebra.torch_bridge._walk import named_modules, named_parameters
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters, state_dict_fqn
 
 __all__ = ["KNOWN_STYLES", "STYLES_BY_RELEASE", "plan_from_hf"]
 
@@ -336,7 +336,8 @@ def _expand(model: nn.Module, plan: Mapping[str, str]) -> _Expanded:
     out: _Expanded = {}
     if not plan:
         return out
-    for path, module in model.named_modules():
+    for raw, module in model.named_modules():
+        path = state_dict_fqn(raw)  # as every reader of the bridge names it
         for leaf, _ in module.named_parameters(recurse=False):
             fqn = param_fqn(path, leaf)
             rule = _rule_of(fqn, plan, param=True)
