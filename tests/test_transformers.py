@@ -290,6 +290,19 @@ def test_plan_gives_what_transformers_gives(case: str) -> None:
     assert table_from_module(model, roles=roles(meshes(run))) == expected
 
 
+@pytest.mark.parametrize("case", [c for c, (_, run) in CASES.items() if run.ep > 1])
+def test_transformers_meshes_read_back_without_roles(case: str) -> None:
+    """transformers' own expert mesh is known by its dim names: no ``roles=`` needed."""
+    build, run = CASES[case]
+    model = transformers_tp_ep(build(), run)
+    table = table_from_module(model)
+    assert table == table_from_module(model, roles=roles(meshes(run)))
+    assert any(layout.mesh == "expert" for _, layout in table.items())
+    # after FSDP too: the expert parameters' mesh then holds efsdp as well
+    model = transformers_all(build(), run)
+    assert table_from_module(model) == table_from_module(model, roles=roles(meshes(run)))
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_plan_then_fsdp_as_from_pretrained_does(case: str) -> None:
     build, run = CASES[case]

@@ -43,6 +43,11 @@ __all__ = ["distribute", "table_from_module", "tied_pairs_from_module"]
 _PLAIN: Final = SourceLayout("dense", (), ())
 """The layout a plain parameter reads back as (see ``table_from_module``)."""
 
+_HF_EXPERT_DIMS: Final = frozenset({"pp", "dp_replicate", "efsdp", "ep"})
+"""The dims of transformers' expert mesh (``initialize_distributed_mesh``); its dense mesh
+is ``pp, dp_replicate, fsdp, tp``."""
+_EXPERT_AXIS: Final = "ep"
+
 
 def distribute(
     module: nn.Module,
@@ -224,8 +229,9 @@ def _distributed(
 class _Roles:
     """The role of each DTensor mesh: by identity or equality, else by a matching slice."""
 
-    def __init__(self, roles: dict[DeviceMesh, str]) -> None:
+    def __init__(self, roles: dict[DeviceMesh, str], *, by_name: bool = False) -> None:
         self.roles = roles  # checked, the caller's read once (_check_roles)
+        self.by_name = by_name  # no roles given: transformers' expert mesh known by its names
         self.cache: dict[tuple[int, tuple[str, ...]], str] = {}
         self.keep: list[DeviceMesh] = []  # keeps cached ids valid for the call
 
@@ -246,6 +252,12 @@ class _Roles:
             names = candidate.mesh_dim_names or ()
             if all(a in names for a in source) and _slice(candidate, source) == mine:
                 return role
+        if (
+            self.by_name
+            and _EXPERT_AXIS in source
+            and _HF_EXPERT_DIMS.issuperset(mesh.mesh_dim_names or ())
+        ):
+            return "expert"
         return "dense"
 
 
@@ -279,6 +291,11 @@ def table_from_module(
             it (by identity, then equality) or, failing that, of the first mesh whose
             slice over the same source axes equals its own — so the meshes given to
             ``distribute`` can be passed back here. Otherwise the role is ``"dense"``.
+            With no ``roles`` at all, transformers' own meshes
+            (``initialize_distributed_mesh``: dense ``pp, dp_replicate, fsdp, tp``,
+            expert ``pp, dp_replicate, efsdp, ep``) are known by their dim names: a
+            DTensor over ``ep`` on a mesh of no other dims than the expert mesh's is
+            ``"expert"``.
         owned: the axes FSDP and pipelining own.
 
     Raises:
@@ -291,7 +308,7 @@ def table_from_module(
     check_module(module, "table_from_module(module=...)")
     checked = {} if roles is None else _check_roles(roles)
     owned_axes = owned_names(owned, "table_from_module(owned=...)")
-    role_of = _Roles(checked)
+    role_of = _Roles(checked, by_name=roles is None)
     entries: dict[str, SourceLayout] = {}
     # id of each parameter -> it, its layout and its FQNs (the entry holds the parameter)
     seen: dict[int, tuple[nn.Parameter, SourceLayout, list[str]]] = {}
