@@ -22,6 +22,7 @@ Every role's mesh spans the whole world, its ranks laid out row-major in the axi
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeAlias
 
@@ -989,16 +990,22 @@ class _Run:
         """The problems and notes, parameter by parameter in table order."""
         problems: list[LintProblem] = []
         notes: list[LintNote] = []
+        per_expert: set[str] = set()  # shapes of experts stored one by one, said once
         if self.no_shape or any(f.problems or f.note for f in self.found.values()):
+            fused = _fused_experts(self.table, self.shapes) if self.no_shape else {}
             for fqn, layout in self.table.items():
                 result = self._result(fqn, layout)
                 if result is None:
-                    msg = (
-                        f"{fqn}: in the table but not in the shapes; check the FQN against "
-                        "the model or the checkpoint (shapes_from_module lists every alias), "
-                        "or drop its entry"
-                    )
-                    problems.append(LintProblem(msg, kind="no-shape", fqn=fqn))
+                    if fqn not in fused:
+                        msg = (
+                            f"{fqn}: in the table but not in the shapes; check the FQN against "
+                            "the model or the checkpoint (shapes_from_module lists every "
+                            "alias), or drop its entry"
+                        )
+                        problems.append(LintProblem(msg, kind="no-shape", fqn=fqn))
+                    elif not per_expert:
+                        problems.append(_per_expert_problem(fqn, fused))
+                    per_expert.update(fused.get(fqn, ()))
                     continue
                 problems.extend(
                     LintProblem(
@@ -1017,6 +1024,8 @@ class _Run:
             for fqn, value in self.shapes.items():
                 if fqn not in self.table:
                     _check_shape(fqn, value)
+                    if fqn in per_expert:
+                        continue
                     msg = (
                         f"{fqn}: in the shapes but not in the table, so nothing says how to "
                         "lay it out; give it a layout (complete_default completes a table)"
@@ -1028,6 +1037,49 @@ class _Run:
         """The bytes of every storage on every rank, by role."""
         found = {key: (v[0].mesh, self.found[key]) for key, v in self.tally.values.items()}
         return _memory(found, self.tally.counts, self.world)
+
+
+_NUMBER: Final = re.compile(r"\.([0-9]+)(?=\.)")
+
+
+def _numbers(name: str) -> tuple[str, ...]:
+    return tuple(_NUMBER.findall(name))
+
+
+def _fused_experts(
+    table: ParamLayoutTable, shapes: Mapping[str, ParamShape]
+) -> dict[str, list[str]]:
+    """Each table FQN the shapes lack whose module the shapes hold one expert at a time,
+    with those keys: ``layers.0.mlp.experts.gate_up_proj`` beside
+    ``layers.0.mlp.experts.0.gate_proj.weight`` (or ``layers.0.block_sparse_moe.experts.0.w1``:
+    a module of the same name, in the same layer), a transformers checkpoint's headers,
+    whose loading fuses the experts."""
+    numbered: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for key in shapes:
+        for found in _NUMBER.finditer(key):
+            module = key[: found.start()]
+            numbered.setdefault((module.rpartition(".")[2], _numbers(module)), []).append(key)
+    fused: dict[str, list[str]] = {}
+    if numbered:
+        for fqn in table:
+            module = fqn.rpartition(".")[0]
+            keys = numbered.get((module.rpartition(".")[2], _numbers(module)))
+            if keys and fqn not in shapes:
+                fused[fqn] = keys
+    return fused
+
+
+def _per_expert_problem(fqn: str, fused: Mapping[str, list[str]]) -> LintProblem:
+    stored = sorted({_NUMBER.sub(".<n>", k) for k in fused[fqn]})
+    shown = ", ".join(repr(k) for k in stored[:3])
+    msg = (
+        f"{fqn}: the shapes store the experts one by one ({shown}) where the table names "
+        f"the fused runtime parameters ({len(fused)} such as this one): a transformers "
+        "checkpoint's headers, which its loading fuses; lint with the runtime shapes, "
+        "shapes_from_checkpoint(model, path) or shapes_from_module(model) (on the "
+        "command line, give --shapes a shapes.json written from them with shapes_to_json)"
+    )
+    return LintProblem(msg, kind="no-shape", fqn=fqn)
 
 
 def _memory(
