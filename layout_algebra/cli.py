@@ -8,6 +8,8 @@ Subcommands:
 - ``check PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh dp_shard=2,ep=4] [--fqns FILE]``:
   build the table of a plan (of the model's FQNs when its keys hold patterns), report
   every problem of it at once, and every placement dropped;
+- ``table PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh ...] [--fqns FILE]``: the table
+  ``check`` builds, as JSON on stdout (for ``show``, ``draw``, ``diff``, ``reshard``);
 - ``draw TABLE.json FQN --shape 16,8 --mesh dp_shard=2,tp=4 [--fsdp dp_shard]``: which
   rank holds which block of one parameter.
 - ``reshard SRC.json DST.json --shapes FILE --mesh dp_shard=2,tp=2 --to-mesh tp=4
@@ -17,8 +19,8 @@ Subcommands:
   [--fsdp dp_shard] [--json]``: every problem torch would raise, the checkpoint hazard of
   uneven strided shards, the padding they cost, and the parameter bytes of every rank.
 
-Commands that strip FSDP's axes (``check``, ``draw``, ``lint``) take ``--owned AXIS,...`` (replace
-``FSDP_OWNED_AXES``) and ``--also-owned AXIS,...`` (add to it).
+Commands that strip FSDP's axes (``check``, ``table``, ``draw``, ``lint``) take
+``--owned AXIS,...`` (replace ``FSDP_OWNED_AXES``) and ``--also-owned AXIS,...`` (add to it).
 
 Exit status: 0 on success, 1 on a layout problem (a bad plan, table or file, or output
 that cannot be written; one line on stderr), 2 on a usage error. ``main`` is the one place
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Final, NoReturn, TextIO
 from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE
 from layout_algebra._files import open_regular
 from layout_algebra._text import clip, columns, did_you_mean, escape, quote
-from layout_algebra.algebra import build_table, diff
+from layout_algebra.algebra import build_table, complete_default, diff
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisName, as_axis, check_distinct_axes
 from layout_algebra.checkpoint import reshard_plan
 from layout_algebra.draw import draw, mesh_str
@@ -53,7 +55,7 @@ from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.lint import lint
 from layout_algebra.placements import format_placement
 from layout_algebra.plan import ShardingPlan
-from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json
+from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json, to_json
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 
 if TYPE_CHECKING:
@@ -273,31 +275,19 @@ def _parser() -> argparse.ArgumentParser:
             "and the table; or every problem with its FQN."
         ),
     )
-    check.add_argument("plan", metavar="PLAN.json", help="a plan file ('-' for stdin)")
-    check.add_argument(
-        "--mesh",
-        type=mesh_spec,
-        required=True,
-        metavar="AXIS=N,...",
-        help="the dense mesh, e.g. dp_shard=2,tp=4",
-    )
-    check.add_argument(
-        "--expert-mesh",
-        type=mesh_spec,
-        default=None,
-        metavar="AXIS=N,...",
-        help="the expert mesh, e.g. dp_shard=2,ep=4",
-    )
-    check.add_argument(
-        "--fqns",
-        default=None,
-        metavar="FILE",
-        help=(
-            "the model's parameter FQNs, for a plan whose keys hold patterns "
-            "(layers.*.attention): one FQN a line, a shapes.json or a .safetensors file"
+    _add_plan_arguments(check)
+    table = sub.add_parser(
+        "table",
+        help="the table of a plan on a mesh, as JSON (for show, draw, diff, reshard, lint)",
+        description=(
+            "Build the layout table of a plan as check does and print it as JSON on stdout "
+            "(`layout-algebra table plan.json --mesh dp_shard=2,tp=4 > table.json`). With "
+            "--fqns, the FQNs no key of the plan matches are added with the plain layout: "
+            "plain tensors until FSDP, as lint reads a plan. Exit 1 with every problem of "
+            "the plan on stderr."
         ),
     )
-    add_owned_arguments(check)
+    _add_plan_arguments(table)
 
     drw = sub.add_parser(
         "draw",
@@ -332,6 +322,35 @@ def _parser() -> argparse.ArgumentParser:
     _add_reshard(sub)
     _add_lint(sub)
     return parser
+
+
+def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a command that builds the table of a plan (``check``, ``table``)."""
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan file ('-' for stdin)")
+    parser.add_argument(
+        "--mesh",
+        type=mesh_spec,
+        required=True,
+        metavar="AXIS=N,...",
+        help="the dense mesh, e.g. dp_shard=2,tp=4",
+    )
+    parser.add_argument(
+        "--expert-mesh",
+        type=mesh_spec,
+        default=None,
+        metavar="AXIS=N,...",
+        help="the expert mesh, e.g. dp_shard=2,ep=4",
+    )
+    parser.add_argument(
+        "--fqns",
+        default=None,
+        metavar="FILE",
+        help=(
+            "the model's parameter FQNs, for a plan whose keys hold patterns "
+            "(layers.*.attention): one FQN a line, a shapes.json or a .safetensors file"
+        ),
+    )
+    add_owned_arguments(parser)
 
 
 def _add_reshard(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -437,11 +456,26 @@ def _too_large(path: str) -> str:
     )
 
 
+def _is_plan(text: bytes) -> bool:
+    """Whether ``text`` is a plan document (its ``modules``) rather than a table."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and "modules" in doc and "entries" not in doc
+
+
 def _load_table(path: str) -> ParamLayoutTable:
     text = _read(path)
     try:
         return from_json(text)
     except LayoutError as e:
+        if _is_plan(text):
+            msg = (
+                f"{path} is a plan, not a table; make its table with "
+                f"`{PROG} table {path} --mesh AXIS=N,...`"
+            )
+            raise _Problem(msg) from None
         raise _Problem(f"{path}: {e.message}") from None
 
 
@@ -583,18 +617,18 @@ def _drops_lines(table: ParamLayoutTable) -> list[str]:
     return lines
 
 
-def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
-    plan = _load_plan(args.plan)
-    fqns = None if args.fqns is None else _load_fqns(args.fqns)
-    dense: dict[str, int] = args.mesh
+def _plan_table(
+    plan: ShardingPlan, args: argparse.Namespace, fqns: list[str] | None, err: TextIO | None
+) -> ParamLayoutTable | None:
+    """The table of ``plan`` (read from ``args.plan``) on ``--mesh`` / ``--expert-mesh``,
+    or ``None`` with every problem of the plan said on ``err``."""
     expert: dict[str, int] | None = args.expert_mesh
-    owned = owned_axes(args)
     try:
-        table = build_table(
+        return build_table(
             plan,
-            list(dense),
+            list(args.mesh),
             expert_axes=None if expert is None else list(expert),
-            owned=owned,
+            owned=owned_axes(args),
             fqns=fqns,
         )
     except PlanError as e:
@@ -602,6 +636,16 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
         _say(err, f"{PROG}: {escape(args.plan)}: the plan has {_plural(count, 'problem')}:")
         for problem in e.problems:
             _say(err, f"  - {escape(problem.message)}")
+        return None
+
+
+def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    fqns = None if args.fqns is None else _load_fqns(args.fqns)
+    dense: dict[str, int] = args.mesh
+    expert: dict[str, int] | None = args.expert_mesh
+    owned = owned_axes(args)
+    table = _plan_table(_load_plan(args.plan), args, fqns, err)
+    if table is None:
         return 1
     roles = [layout.mesh for layout in table.values()]
     out.write(f"{escape(args.plan)}: OK, {_plural(len(table), 'parameter')}\n")
@@ -627,6 +671,21 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     out.write("\n")
     for line in _table_lines(table):
         out.write(line + "\n")
+    return 0
+
+
+def _table(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    fqns = None if args.fqns is None else _load_fqns(args.fqns)
+    plan = _load_plan(args.plan)
+    table = _plan_table(plan, args, fqns, err)
+    if table is None:
+        return 1
+    if fqns is not None:  # what no key names stays a plain tensor until FSDP, as lint reads it
+        unmatched = [fqn for fqn in fqns if fqn not in table]
+        table = complete_default(
+            table, unmatched, list(args.mesh), plain=True, tied_pairs=plan.tied_pairs
+        )
+    out.write(to_json(table) + "\n")
     return 0
 
 
@@ -796,11 +855,7 @@ def _lint_table(
 ) -> ParamLayoutTable:
     """The table in ``path``, or the table of the plan in it (unplanned shapes plain)."""
     text = _read(path)
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
-        doc = None
-    if not (isinstance(doc, dict) and "modules" in doc):
+    if not _is_plan(text):
         try:
             return from_json(text)
         except LayoutError as e:
@@ -994,6 +1049,7 @@ def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
         "show": lambda: _show(args, out),
         "diff": lambda: _diff(args, out),
         "check": lambda: _check(args, out, err),
+        "table": lambda: _table(args, out, err),
         "draw": lambda: _draw(args, out),
         "lint": lambda: _lint(args, out, err),
         "reshard": lambda: _reshard(args, out, err),

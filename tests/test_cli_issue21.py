@@ -1,0 +1,89 @@
+"""The command line on the way users go: a table from a plan, FSDP's axis found or asked
+for, one message for a missing expert mesh, a checkpoint directory as ``--shapes``, and
+idle ranks and padding in the lint summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from layout_algebra import build_table, complete_default
+from layout_algebra.serialization import from_json, plan_to_json, to_json
+from tests.test_cli import (
+    PATTERN_FQNS,
+    assert_one_line_problem,
+    moe_plan,
+    pattern_plan,
+    run,
+    write,
+)
+
+# ---------------------------------------------------------------------------------------
+# table: the table of a plan, as JSON
+
+
+def test_table_prints_the_table_check_builds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
+    argv = ["table", path, "--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    expected = build_table(moe_plan(), ["dp_shard", "tp"], expert_axes=["dp_shard", "ep"])
+    assert out == to_json(expected) + "\n"
+    assert from_json(out) == expected
+    table_path = write(tmp_path / "table.json", out)
+    code, shown, err = run(["show", table_path], capsys)
+    assert (code, err) == (0, "")
+    assert "moe.experts.w1" in shown
+
+
+def test_table_with_fqns_adds_the_unplanned_as_plain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan_path = write(tmp_path / "plan.json", plan_to_json(pattern_plan()))
+    fqns_path = write(tmp_path / "fqns.txt", "\n".join(PATTERN_FQNS) + "\n")
+    argv = ["table", plan_path, "--mesh", "dp_shard=2,tp=2", "--expert-mesh", "ep=2,tp=2"]
+    code, out, err = run([*argv, "--fqns", fqns_path], capsys)
+    assert (code, err) == (0, "")
+    built = build_table(
+        pattern_plan(), ["dp_shard", "tp"], expert_axes=["ep", "tp"], fqns=PATTERN_FQNS
+    )
+    unplanned = [fqn for fqn in PATTERN_FQNS if fqn not in built]
+    expected = complete_default(built, unplanned, ["dp_shard", "tp"], plain=True)
+    assert from_json(out) == expected
+    assert list(from_json(out)) == list(expected)
+    assert str(from_json(out)["output.weight"]) == "dense[]"
+
+
+def test_table_of_a_bad_plan_reports_every_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
+    argv = ["table", path, "--mesh", "dp_shard=2,tpp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    code, out, err = run(argv, capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"layout-algebra: {path}: the plan has ")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["show", "P"],
+        ["draw", "P", "attn.wq.weight", "--shape", "8,8", "--mesh", "tp=2"],
+        ["diff", "P", "P"],
+    ],
+)
+def test_a_plan_given_for_a_table_says_how_to_make_its_table(
+    tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
+    code, out, err = run([plan if a == "P" else a for a in argv], capsys)
+    assert out == ""
+    assert_one_line_problem(code, err)
+    assert err == (
+        f"layout-algebra: {plan} is a plan, not a table; make its table with "
+        f"`layout-algebra table {plan} --mesh AXIS=N,...`\n"
+    )
+    assert "entries" not in err
