@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import (
     MixtralConfig,
@@ -158,3 +159,23 @@ def test_a_model_that_is_not_a_transformers_one_is_refused(tmp_path: Path) -> No
         shapes_from_checkpoint(nn.Linear(2, 2), path)
     with pytest.raises(LayoutError, match=r"nn\.Module"):
         shapes_from_checkpoint(torch.zeros(2), path)  # type: ignore[arg-type]
+
+
+def test_a_model_on_the_meta_device_reads_the_checkpoint(tmp_path: Path) -> None:
+    path = _save(_qwen3_moe(), tmp_path)
+    with torch.device("meta"):
+        model = _qwen3_moe()
+    assert shapes_from_checkpoint(model, path) == shapes_from_module(model)
+
+
+def test_keys_transformers_ignores_are_ignored_and_others_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _qwen3_moe()
+    path = _save(model, tmp_path, shards=False)
+    # a key of an older release: transformers drops it when the model's rules say so
+    save_file({**load_file(str(path)), "model.layers.0.extra_scale": torch.ones(2)}, str(path))
+    with pytest.raises(LayoutError, match=r"no parameter for.*'model\.layers\.0\.extra_scale'"):
+        shapes_from_checkpoint(model, path)
+    monkeypatch.setattr(model, "_keys_to_ignore_on_load_unexpected", {r"\.extra_scale$"})
+    assert shapes_from_checkpoint(model, path) == shapes_from_module(model)

@@ -20,7 +20,7 @@ import re
 import sys
 from collections.abc import Mapping
 from copy import deepcopy
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, Final
 
 import torch
@@ -133,6 +133,28 @@ def _unmapped(model: nn.Module, missing: list[str], unexpected: list[str]) -> La
     return LayoutError(f"{_WHO}: {lead}; {_HOW}", fqn=missing[0] if missing else None)
 
 
+def _not_loaded(
+    model: nn.Module, missing: list[str], unexpected: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """The parameters the checkpoint gives no tensor and its keys the model has no place
+    for, less those transformers lets pass (the model's ``_keys_to_ignore_on_load_*``
+    rules, applied by its own ``_adjust_missing_and_unexpected_keys``)."""
+    adjust = getattr(model, "_adjust_missing_and_unexpected_keys", None)
+    if not (missing or unexpected) or not callable(adjust):
+        return missing, list(unexpected)
+    info = SimpleNamespace(missing_keys=set(missing), unexpected_keys=set(unexpected.values()))
+    try:
+        adjust(info)
+    except Exception as e:  # the model's own rules failing: say so rather than guess
+        msg = (
+            f"{_WHO}: transformers cannot apply the model's rules for keys to ignore "
+            f"({clip(str(e))}); {_HOW}"
+        )
+        raise LayoutError(msg) from e
+    kept = [fqn for fqn in missing if fqn in info.missing_keys]
+    return kept, [key for key, renamed in unexpected.items() if renamed in info.unexpected_keys]
+
+
 def _meta(shape: ParamShape) -> torch.Tensor:
     return torch.empty(shape.shape, dtype=getattr(torch, shape.dtype), device="meta")
 
@@ -184,7 +206,7 @@ def shapes_from_checkpoint(
 
     # The loop of transformers' convert_and_load_state_dict_in_model, less the loading.
     to_load: dict[str, Any] = {}
-    unexpected: list[str] = []
+    unexpected: dict[str, str] = {}  # checkpoint key -> its name after renaming
     for key in sorted(stored, key=loading.dot_natural_key):
         renamed, pattern = loading.rename_source_key(key, renamings, converters, prefix, meta_state)
         if renamed not in meta_state and key in meta_state:
@@ -192,7 +214,7 @@ def shapes_from_checkpoint(
                 key, [], [], base_model_prefix=prefix, meta_state_dict=meta_state
             )
         if renamed not in meta_state:
-            unexpected.append(key)
+            unexpected[key] = renamed
             continue
         if pattern is not None:
             step = to_load.setdefault(renamed, deepcopy(by_pattern[pattern]))
@@ -222,11 +244,13 @@ def shapes_from_checkpoint(
         for target, source in tied.items():
             if target in params and target not in loaded and source in loaded:
                 loaded[target] = loaded[source]
-    missing = [fqn for fqn in params if fqn not in loaded]
-    if missing or unexpected:
-        raise _unmapped(model, missing, unexpected)
+    missing, ignored = _not_loaded(model, [fqn for fqn in params if fqn not in loaded], unexpected)
+    if missing or ignored:
+        raise _unmapped(model, missing, ignored)
     for fqn, param in params.items():
-        if tuple(param.shape) != loaded[fqn].shape:
+        if fqn not in loaded:  # left to the model by its rules: it initializes them
+            loaded[fqn] = ParamShape(tuple(param.shape), str(param.dtype))
+        elif tuple(param.shape) != loaded[fqn].shape:
             msg = (
                 f"{_WHO}: the checkpoint gives {fqn} the shape {list(loaded[fqn].shape)}, the "
                 f"model has {list(param.shape)}; from_pretrained refuses it (is it a "
