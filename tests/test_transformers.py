@@ -178,6 +178,27 @@ def deepseek_v3() -> PreTrainedModel:
     return _build(DeepseekV3ForCausalLM, config)
 
 
+def gemma4(*, moe: bool = False) -> PreTrainedModel:
+    """gemma4's text model, its default dense MLP (or, with ``moe``, its MoE block too):
+    its ep_plan names both the MLP and the experts."""
+    pytest.importorskip("transformers.models.gemma4")
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig  # noqa: PLC0415
+
+    experts = {"enable_moe_block": True, "num_experts": 8, "top_k_experts": 2} if moe else {}
+    config = Gemma4TextConfig(
+        **_small(
+            head_dim=8,
+            global_head_dim=8,
+            layer_types=["sliding_attention", "full_attention"],
+            vocab_size_per_layer_input=VOCAB,
+            hidden_size_per_layer_input=8,
+            moe_intermediate_size=16,
+            **experts,
+        )
+    )
+    return _build(Gemma4ForCausalLM, config)
+
+
 def _build(cls: type[PreTrainedModel], config: PreTrainedConfig) -> PreTrainedModel:
     """As ``from_pretrained`` builds a model before it shards it: untied, on meta."""
     from transformers import initialization  # noqa: PLC0415
@@ -256,7 +277,10 @@ def transformers_tp_ep(model: PreTrainedModel, run: Run) -> PreTrainedModel:
     # neither.
     model._mesh_manager = mesh
     apply_tensor_parallelism(model, mesh.get_mesh("tp"), tp_plan)
-    if run.ep > 1:
+    # 5.25's maybe_distribute_model applies the ep plan only when a rule of it reaches an
+    # experts module with ep_dispatch_experts (a dense gemma4 has none)
+    dispatch = "ep_dispatch_experts" in ep_plan.values() or installed() < (5, 25)
+    if run.ep > 1 and dispatch:
         apply_expert_parallelism(model, mesh.get_mesh("ep"), mesh.get_mesh("tp"), ep_plan)
     model.tie_weights(recompute_mapping=False)
     return model
@@ -278,6 +302,7 @@ CASES: dict[str, tuple[Callable[[], PreTrainedModel], Run]] = {
     "mixtral experts over tp=4": (mixtral_experts_over_tp, Run(tp=4, fsdp=2)),
     "mixtral tp=4 ep=4": (mixtral, Run(tp=4, fsdp=2, ep=4)),
     "deepseek-v3 tp=2 ep=8": (deepseek_v3, Run(tp=2, fsdp=4, ep=8)),
+    "gemma4 dense tp=2 ep=2": (gemma4, Run(tp=2, fsdp=4, ep=2)),
 }
 
 
@@ -290,7 +315,9 @@ def test_plan_gives_what_transformers_gives(case: str) -> None:
     assert table_from_module(model, roles=roles(meshes(run))) == expected
 
 
-@pytest.mark.parametrize("case", [c for c, (_, run) in CASES.items() if run.ep > 1])
+@pytest.mark.parametrize(
+    "case", [c for c, (_, r) in CASES.items() if r.ep > 1 and "dense" not in c]
+)
 def test_transformers_meshes_read_back_without_roles(case: str) -> None:
     """transformers' own expert mesh is known by its dim names: no ``roles=`` needed."""
     build, run = CASES[case]
@@ -312,6 +339,23 @@ def test_plan_then_fsdp_as_from_pretrained_does(case: str) -> None:
     assert_fsdp_as_predicted(
         model, expected, fsdp={"dense": "fsdp", "expert": "efsdp"}, sizes=run.sizes()
     )
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_gemma4_ep_plan_applies_only_with_experts(moe: bool) -> None:
+    """gemma4's ep_plan names its MLP and its experts. transformers drops the MLP's tp rules
+    either way, and applies the ep plan only where an experts module takes
+    ``ep_dispatch_experts``: the dense config's MLP stays plain, the MoE one's is on ep."""
+    run = Run(tp=2, fsdp=4, ep=2)
+    model = gemma4(moe=moe)
+    expected = run.predicted(model)
+    transformers_tp_ep(model, run)
+    assert table_from_module(model, roles=roles(meshes(run))) == expected
+    mlp = layouts(expected, *(f"model.layers.0.mlp.{m}.weight" for m in ("up_proj", "down_proj")))
+    if moe:
+        assert set(mlp.values()) == {"expert[ep=S(0)]", "expert[ep=S(1)]"}
+    else:
+        assert set(mlp.values()) == {"dense[]"}
 
 
 def layouts(table: ParamLayoutTable, *names: str) -> dict[str, str]:

@@ -43,9 +43,11 @@ __all__ = ["distribute", "table_from_module", "tied_pairs_from_module"]
 _PLAIN: Final = SourceLayout("dense", (), ())
 """The layout a plain parameter reads back as (see ``table_from_module``)."""
 
-_HF_EXPERT_DIMS: Final = frozenset({"pp", "dp_replicate", "efsdp", "ep"})
-"""The dims of transformers' expert mesh (``initialize_distributed_mesh``); its dense mesh
-is ``pp, dp_replicate, fsdp, tp``."""
+_HF_EXPERT_DIMS: Final = frozenset({"pp", "dp_replicate", "efsdp", "fsdp", "ep"})
+"""The dims a DTensor over transformers' expert mesh can have: that mesh's
+(``initialize_distributed_mesh``: ``pp, dp_replicate, efsdp, ep``), and ``fsdp``, which its
+FSDP pairs with ``ep`` for a non-expert module its ep plan shards (its dense mesh is
+``pp, dp_replicate, fsdp, tp``)."""
 _EXPERT_AXIS: Final = "ep"
 
 
@@ -294,8 +296,8 @@ def table_from_module(
             With no ``roles`` at all, transformers' own meshes
             (``initialize_distributed_mesh``: dense ``pp, dp_replicate, fsdp, tp``,
             expert ``pp, dp_replicate, efsdp, ep``) are known by their dim names: a
-            DTensor over ``ep`` on a mesh of no other dims than the expert mesh's is
-            ``"expert"``.
+            DTensor over ``ep`` on a mesh without ``tp`` (or any dim transformers'
+            meshes lack) is ``"expert"``.
         owned: the axes FSDP and pipelining own.
 
     Raises:

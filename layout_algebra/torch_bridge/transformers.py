@@ -7,7 +7,10 @@ to style names (``"colwise"``, ``"packed_colwise"``, ``"grouped_gemm"``, ...). W
 ``plan_from_hf`` does:
 
 - expert parallelism on, its rules win: every tensor-parallel rule on a module that has
-  an expert-parallel rule, or on anything under it, is dropped;
+  an expert-parallel rule, or on anything under it, is dropped; 5.25 then applies the
+  expert-parallel rules only if one of them reaches a module of the model with
+  ``ep_dispatch_experts`` (a model with no experts module, like gemma4's default dense
+  config, gets none of its ``ep_plan``: those modules stay plain tensors);
 - each module and parameter of the model takes the rule its name (layer numbers as
   ``*``) names; a parameter with no rule of its own takes its module's;
 - each parameter rule places the parameter on the plan's mesh (the ``tp`` mesh for the
@@ -153,6 +156,9 @@ class _Release:
     """What shards experts instead: the experts module's style, then their weights'."""
     gone: Mapping[str, str] = attrs.field(factory=dict)
     """Styles an earlier release registered and this one does not: what to do instead."""
+    ep_only_with_dispatch: bool = False
+    """Whether expert parallelism applies the ``ep_plan`` only when a rule of it, expanded
+    over the model, is ``ep_dispatch_experts`` (5.25's ``maybe_distribute_model``)."""
 
 
 _SHARED_RULES: Final[Mapping[str, _Rule]] = {
@@ -203,6 +209,7 @@ _RELEASES: Final[Mapping[tuple[int, int], _Release]] = {
         tp_cannot_apply=frozenset(_EP_STYLES),
         tp_cannot_hook=_NEEDS_TWO_MESHES,
         ep_styles=_EP_STYLES,
+        ep_only_with_dispatch=True,
         gone={
             "moe_identity_expert": (
                 "transformers 5.25 removed it, and its MoE plans shard experts by expert: "
@@ -734,7 +741,14 @@ def plan_from_hf(
     if tp is not None:
         placer.apply(_expand(root, tp_rules), tp, "tp_plan")
     if ep is not None:
-        placer.apply(_expand(root, ep_rules), ep, "ep_plan")
+        ep_expanded = _expand(root, ep_rules)
+        if release.ep_only_with_dispatch and all(
+            style != _EP_STYLES[0] for _, style in ep_expanded.values()
+        ):
+            # no experts module to dispatch to: transformers applies no ep rule at all,
+            # yet it has dropped the tp rules of the modules the ep plan names
+            ep_expanded = {}
+        placer.apply(ep_expanded, ep, "ep_plan")
 
     tied = _tie_again(root, placer, problems)
     problems.raise_any()
