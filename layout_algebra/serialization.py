@@ -51,6 +51,7 @@ from layout_algebra.errors import LayoutError, PlacementSyntaxError, Serializati
 from layout_algebra.frozen import FrozenMap
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout, check_no_partial
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
+from layout_algebra.mesh import Mesh
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -441,6 +442,27 @@ def _plan(value: object, path: str = "") -> ShardingPlan:
         return None if name is None else _key(modules_path, name)
 
     return _wrap(path, lambda: ShardingPlan(modules, mesh_axes=mesh_axes, tied_pairs=pairs), locate)
+
+
+def _mesh(value: object, path: str) -> Mesh:
+    """A ``Mesh`` from its JSON object: axis name to size, in mesh order."""
+    if type(value) is not dict:
+        raise _fail(
+            path, 'expected a mesh: an object of axis name to size, such as {"tp": 4}', value
+        )
+    _string_keys(value, path)
+    for name, size in value.items():
+        if type(size) is not int:
+            raise _fail(_key(path, name), "expected a mesh size (an int >= 1)", size)
+
+    def locate(e: LayoutError) -> str | None:
+        return None if e.axis is None or e.axis not in value else _key(path, e.axis)
+
+    return _wrap(path, lambda: Mesh(value), locate)
+
+
+def _mesh_obj(mesh: Mesh) -> dict[str, int]:
+    return dict(mesh.axes)
 
 
 def _param_shape(value: object, path: str) -> ParamShape:
@@ -969,6 +991,8 @@ def configure_converter(converter: _C) -> _C:
     converter.register_structure_hook(ParamLayoutTable, lambda v, _: _table(v))
     converter.register_unstructure_hook(ModulePlan, _module_obj)
     converter.register_structure_hook(ModulePlan, lambda v, _: _module(v, ""))
+    converter.register_unstructure_hook(Mesh, _mesh_obj)
+    converter.register_structure_hook(Mesh, lambda v, _: _mesh(v, ""))
     converter.register_unstructure_hook(ParamShape, _shape_obj)
     converter.register_structure_hook(ParamShape, lambda v, _: _param_shape(v, ""))
     converter.register_unstructure_hook(ShardingPlan, _plan_obj)

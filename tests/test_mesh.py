@@ -124,3 +124,27 @@ def test_a_rank_off_the_mesh_is_a_layout_error(rank: object) -> None:
 def test_a_coordinate_off_the_mesh_is_a_layout_error(coordinate: object) -> None:
     with pytest.raises(LayoutError, match="coordinate"):
         Mesh({"dp": 2, "tp": 4}).rank(coordinate)  # type: ignore[arg-type]
+
+
+@given(MESHES)
+def test_the_converter_writes_an_ordered_object_and_reads_it_back(mesh: Mesh) -> None:
+    import json  # noqa: PLC0415
+
+    from layout_algebra.serialization import converter  # noqa: PLC0415
+
+    text = json.dumps(converter.unstructure(mesh))
+    assert list(json.loads(text)) == list(mesh.names)
+    assert converter.structure(json.loads(text), Mesh) == mesh
+
+
+@pytest.mark.parametrize(
+    ("doc", "path"),
+    [(None, "$"), ([["tp", 2]], "$"), ({"tp": 0}, "tp"), ({"tp": "2"}, "tp"), ({"t-p": 2}, "t-p")],
+)
+def test_a_bad_mesh_document_is_a_serialization_error_at_its_path(doc: object, path: str) -> None:
+    from layout_algebra import SerializationError  # noqa: PLC0415
+    from layout_algebra.serialization import converter  # noqa: PLC0415
+
+    with pytest.raises(SerializationError) as info:
+        converter.structure(doc, Mesh)
+    assert str(info.value).startswith(f"{path}:")
