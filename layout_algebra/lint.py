@@ -1074,7 +1074,7 @@ def _per_expert_problem(fqn: str, fused: Mapping[str, list[str]]) -> LintProblem
     shown = ", ".join(repr(k) for k in stored[:3])
     msg = (
         f"{fqn}: the shapes store the experts one by one ({shown}) where the table names "
-        f"the fused runtime parameters ({len(fused)} such as this one): a transformers "
+        f"fused runtime parameters (this one and {len(fused) - 1} more): a transformers "
         "checkpoint's headers, which its loading fuses; lint with the runtime shapes, "
         "shapes_from_checkpoint(model, path) or shapes_from_module(model) (on the "
         "command line, give --shapes a shapes.json written from them with shapes_to_json)"

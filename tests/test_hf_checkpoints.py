@@ -4,6 +4,8 @@ reads them onto the runtime parameters as transformers' own loading fuses them, 
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from transformers import (
 )
 
 from layout_algebra import LayoutError, lint, shapes_from_safetensors
+from layout_algebra.cli import main
+from layout_algebra.serialization import shapes_to_json, to_json
 from layout_algebra.torch_bridge import shapes_from_module, table_from_hf
 from layout_algebra.torch_bridge.checkpoints import shapes_from_checkpoint
 
@@ -179,3 +183,28 @@ def test_keys_transformers_ignores_are_ignored_and_others_refused(
         shapes_from_checkpoint(model, path)
     monkeypatch.setattr(model, "_keys_to_ignore_on_load_unexpected", {r"\.extra_scale$"})
     assert shapes_from_checkpoint(model, path) == shapes_from_module(model)
+
+
+def test_the_command_line_lint_of_a_checkpoint_index(tmp_path: Path) -> None:
+    model = _qwen3_moe()
+    index = _save(model, tmp_path / "checkpoint")
+    table = tmp_path / "table.json"
+    table.write_text(to_json(table_from_hf(model, mesh_axes=list(DENSE), expert_axes=list(EXPERT))))
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(shapes_to_json(shapes_from_checkpoint(model, index)))
+    meshes = ["--mesh", "fsdp=2,tp=2", "--expert-mesh", "efsdp=2,ep=2"]
+    fsdp = ["--fsdp", "fsdp", "--expert-fsdp", "efsdp"]
+    reports = []
+    for given in (index, shapes):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(["lint", str(table), "--shapes", str(given), *meshes, *fsdp])
+        reports.append((status, out.getvalue()))
+    (raw_status, raw), (status, report) = reports
+    assert raw_status == 1
+    assert "1 problem," in raw
+    assert raw.count("one by one") == 1
+    assert status == 0
+    assert "0 problems" in report
+    assert " 0 B " in raw  # no expert bytes on any rank from the raw headers
+    assert " 0 B " not in report
