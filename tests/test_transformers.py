@@ -934,3 +934,35 @@ def test_the_package_never_imports_transformers() -> None:
         "assert not found, found\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unit_styles_with_fsdp_are_problems_as_transformers_fails() -> None:
+    """A unit style's weight sits on a (tp, unit_replicate) mesh transformers builds apart
+    from its meshes: its own FSDP cannot compose it, whatever the tp size. With ``fsdp``
+    each such weight is a problem saying so; without, the layout as before."""
+    if installed() < (5, 25):
+        pytest.skip("5.24 registers no unit style")
+    run = Run(tp=4, fsdp=2)
+    unit = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(2) for p in "qkvo"]
+
+    def heads_whole() -> PreTrainedModel:
+        model = llama_heads(kv_heads=4)  # tp=4 divides every projection's heads
+        model._tp_plan = {**model.tp_plan, **UNIT_PLAN}
+        return model
+
+    plan = plan_from_hf(heads_whole(), ep_axis=None, mesh_axes=AXES, tp_size=4)
+    assert {fqn for fqn, _, _ in plan.named_placements()} >= set(unit)
+    with pytest.raises(PlanError) as caught:
+        plan_from_hf(heads_whole(), ep_axis=None, mesh_axes=AXES, tp_size=4, fsdp=True)
+    problems = {p.fqn or "": p.message for p in caught.value.problems}
+    assert sorted(problems) == sorted(unit)
+    assert "(tp, unit_replicate) mesh" in problems[unit[1]]
+    assert problems[unit[1]].endswith(
+        "run it without FSDP (fsdp=False), or give the rule the style 'colwise' "
+        "(DistributedConfig(tp_plan={...}))"
+    )
+    # transformers' own FSDP fails on the same model, as the problem says
+    with pytest.raises(RuntimeError, match="Cannot concatenate DeviceMeshes"):
+        transformers_all(heads_whole(), run)
+    with pytest.raises(LayoutError, match=r"plan_from_hf\(fsdp=\.\.\.\): must be True or False"):
+        plan_from_hf(heads_whole(), ep_axis=None, mesh_axes=AXES, fsdp="yes")  # type: ignore[arg-type]

@@ -36,7 +36,9 @@ group: no placement on the tp axis says that (2 heads over 4 ranks: ranks 0 and 
 head 0, ranks 2 and 3 head 1). When ``tp_size=`` gives the tp size and it divides the
 weight's head count (from the model's config), each rank holds the rows the plain style
 (``colwise``, ``rowwise``) gives it, and the weight is read so; otherwise it is a problem
-too, whose message says what to do.
+too, whose message says what to do. transformers builds that mesh apart from the run's
+meshes, so FSDP cannot compose with it: with ``fsdp=True`` every weight a unit style places
+is a problem.
 A transformers newer than ``NEWEST_KNOWN`` is refused: its styles might mean something
 else.
 
@@ -383,12 +385,19 @@ class _Placer:
     """Each parameter's placement as transformers' styles give it, rule by rule."""
 
     def __init__(
-        self, model: nn.Module, release: _Release, problems: Problems, tp_size: int | None
+        self,
+        model: nn.Module,
+        release: _Release,
+        problems: Problems,
+        tp_size: int | None,
+        *,
+        fsdp: bool = False,
     ) -> None:
         self.model = model
         self.release = release
         self.problems = problems
         self.tp_size = tp_size
+        self.fsdp = fsdp
         self.params: dict[str, nn.Parameter] = dict(named_parameters(model))
         self.modules: dict[str, nn.Module] = dict(named_modules(model))
         self.placed: dict[str, tuple[str, Placement, str]] = {}  # fqn -> (axis, placement, key)
@@ -420,6 +429,9 @@ class _Placer:
             return
         placement: Placement
         if isinstance(rule, _OwnMesh):
+            if self.fsdp:
+                self.problems.add(_unit_mesh_with_fsdp(fqn, key, style, which), fqn=fqn)
+                return
             heads = self.heads(fqn, rule)
             if heads is None or self.tp_size is None or heads % self.tp_size:
                 self.own_mesh(fqn, rule, heads, key=key, style=style, axis=axis, which=which)
@@ -501,6 +513,17 @@ class _Placer:
             self.problems.add(msg, fqn=fqn, placement=format_placement(p))
             return
         self.placed[fqn] = (axis.name, p, source)
+
+
+def _unit_mesh_with_fsdp(fqn: str, key: str, style: str, which: str) -> str:
+    """The problem of a unit-styled weight in a run with FSDP."""
+    return (
+        f"{fqn}: style {style!r} ({which}[{clip(key)!r}]) puts it on a (tp, unit_replicate) "
+        "mesh transformers builds apart from the run's meshes, which neither torch's "
+        "fully_shard nor transformers' own FSDP can compose with it (\"Cannot concatenate "
+        'DeviceMeshes derived from different device meshs"); run it without FSDP (fsdp=False), '
+        f"or give the rule the style {style[5:]!r} (DistributedConfig(tp_plan={{...}}))"
+    )
 
 
 def _not_in_tp(key: str, style: str, release: _Release, why: str) -> str:
@@ -646,6 +669,7 @@ def plan_from_hf(
     ep_axis: AxisLike | None = "ep",
     mesh_axes: Iterable[AxisLike],
     tp_size: int | None = None,
+    fsdp: bool = False,
 ) -> ShardingPlan:
     """The ``ShardingPlan`` giving each parameter what transformers' own parallelism gives it.
 
@@ -671,6 +695,10 @@ def plan_from_hf(
             styles need it: a weight of whole heads is read as its plain style
             (``colwise``/``rowwise``) when the tp size divides its head count, and is a
             problem otherwise (no placement on ``tp_axis`` says what each rank holds).
+        fsdp: whether the run shards the model with FSDP after tensor parallelism
+            (``DistributedConfig(fsdp_size=...)`` above 1, or ``fully_shard``). A weight
+            a unit style places is then a problem whatever ``tp_size``: transformers puts
+            it on a ``(tp, unit_replicate)`` mesh of its own, which FSDP cannot compose.
 
     Returns:
         One ``{axis: placement}`` per parameter a rule places, in the model's order.
@@ -692,7 +720,8 @@ def plan_from_hf(
             whose plan is empty, a shard dim the parameter lacks, a weight a unit style
             (5.25's ``unit_colwise`` and ``unit_rowwise``) puts on a mesh of its own (no
             ``tp_size``, or one that does not divide its heads), a parameter two rules
-            place, a tied name that is not a parameter.
+            place, a tied name that is not a parameter, a weight a unit style places
+            in a run with ``fsdp``.
     """
     root = check_module(model, "plan_from_hf(model=...)")
     release = _installed_release(sys.modules.get("transformers"))
@@ -737,7 +766,11 @@ def plan_from_hf(
             )
             problems.add(_not_in_tp(key, style, release, why), fqn=key)
             del tp_rules[key]
-    placer = _Placer(root, release, problems, tp_size)
+    raw_fsdp: object = fsdp
+    if not isinstance(raw_fsdp, bool):
+        msg = f"plan_from_hf(fsdp=...): must be True or False, got {quote(raw_fsdp)}"
+        raise LayoutError(msg)
+    placer = _Placer(root, release, problems, tp_size, fsdp=fsdp)
     if tp is not None:
         placer.apply(_expand(root, tp_rules), tp, "tp_plan")
     if ep is not None:
