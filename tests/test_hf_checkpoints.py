@@ -208,3 +208,17 @@ def test_the_command_line_lint_of_a_checkpoint_index(tmp_path: Path) -> None:
     assert "0 problems" in report
     assert " 0 B " in raw  # no expert bytes on any rank from the raw headers
     assert " 0 B " not in report
+
+
+def test_experts_that_cannot_be_stacked_are_refused_naming_keys_and_parameter(
+    tmp_path: Path,
+) -> None:
+    path = _save(_qwen3_moe(), tmp_path, shards=False)
+    tensors = load_file(str(path))
+    tensors["model.layers.0.mlp.experts.1.up_proj.weight"] = torch.zeros(3, 16)
+    save_file(tensors, str(path))
+    with pytest.raises(LayoutError) as caught:
+        shapes_from_checkpoint(_qwen3_moe(), path)
+    assert caught.value.fqn == "model.layers.0.mlp.experts.gate_up_proj"
+    assert "'model.layers.0.mlp.experts.0.gate_proj.weight'" in caught.value.message
+    assert "shapes_from_module(model)" in caught.value.message

@@ -159,6 +159,74 @@ def _meta(shape: ParamShape) -> torch.Tensor:
     return torch.empty(shape.shape, dtype=getattr(torch, shape.dtype), device="meta")
 
 
+def _collect(
+    model: nn.Module, conversion: ModuleType, loading: ModuleType, stored: Mapping[str, ParamShape]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The first loop of transformers' ``convert_and_load_state_dict_in_model``, less the
+    loading: each checkpoint key renamed and routed to its step (a ``WeightConverter``
+    per fused parameter) with a meta tensor of its shape; the keys the model has no place
+    for, by their renamed names."""
+    try:
+        weight_mapping: list[Any] = list(conversion.get_model_conversion_mapping(model))
+    except Exception as e:  # any failure of its lookup is the model's, reported as ours
+        msg = (
+            f"{_WHO}: transformers cannot give {type(model).__name__}'s conversion "
+            f"mapping ({clip(str(e))}); {_HOW}"
+        )
+        raise LayoutError(msg) from e
+    renamings = [w for w in weight_mapping if isinstance(w, loading.WeightRenaming)]
+    converters = [w for w in weight_mapping if isinstance(w, loading.WeightConverter)]
+    by_pattern = {p: c for c in converters for p in c.source_patterns}
+    meta_state = model.state_dict()
+    prefix = getattr(model, "base_model_prefix", None)
+    to_load: dict[str, Any] = {}
+    unexpected: dict[str, str] = {}  # checkpoint key -> its name after renaming
+    for key in sorted(stored, key=loading.dot_natural_key):
+        try:
+            renamed, pattern = loading.rename_source_key(
+                key, renamings, converters, prefix, meta_state
+            )
+            if renamed not in meta_state and key in meta_state:
+                renamed, pattern = loading.rename_source_key(
+                    key, [], [], base_model_prefix=prefix, meta_state_dict=meta_state
+                )
+            if renamed not in meta_state:
+                unexpected[key] = renamed
+                continue
+            if pattern is not None:
+                step = to_load.setdefault(renamed, deepcopy(by_pattern[pattern]))
+            else:
+                step = to_load.setdefault(renamed, loading.WeightRenaming(key, renamed))
+                pattern = key
+            step.add_tensor(renamed, key, pattern, _meta(stored[key]))
+        except Exception as e:  # transformers' renaming failing on this key
+            msg = (
+                f"{_WHO}: transformers cannot rename the checkpoint key {quote(key)} "
+                f"({clip(str(e))}); {_HOW}"
+            )
+            raise LayoutError(msg) from e
+    return to_load, unexpected
+
+
+def _convert(model: nn.Module, to_load: Mapping[str, Any]) -> dict[str, ParamShape]:
+    """Each step run, transformers' merges on meta tensors: every target's shape and dtype."""
+    loaded: dict[str, ParamShape] = {}
+    for first, step in to_load.items():
+        sources = sorted({s for ss in step.layer_targets.values() for s in ss})
+        try:
+            realized = step.convert(first, model=model, config=getattr(model, "config", None))
+            for target, value in realized.items():
+                tensor = value[0] if isinstance(value, list) else value
+                loaded[target] = ParamShape(tuple(tensor.shape), str(tensor.dtype))
+        except Exception as e:  # transformers' own ops failing on these shapes
+            msg = (
+                f"{_WHO}: transformers' conversion of the checkpoint keys "
+                f"{_list(sources)} into {quote(first)} fails ({clip(str(e))}); {_HOW}"
+            )
+            raise LayoutError(msg, fqn=first) from e
+    return loaded
+
+
 def shapes_from_checkpoint(
     model: nn.Module, path: str | os.PathLike[str]
 ) -> Mapping[str, ParamShape]:
@@ -190,58 +258,14 @@ def shapes_from_checkpoint(
     check_module(model, f"{_WHO}(model=...)")
     conversion, loading = _loading_modules(model)
     stored = shapes_from_safetensors(path)
-    try:
-        weight_mapping: list[Any] = list(conversion.get_model_conversion_mapping(model))
-    except Exception as e:  # any failure of its lookup is the model's, reported as ours
-        msg = (
-            f"{_WHO}: transformers cannot give {type(model).__name__}'s conversion "
-            f"mapping ({clip(str(e))}); {_HOW}"
-        )
-        raise LayoutError(msg) from e
-    renamings = [w for w in weight_mapping if isinstance(w, loading.WeightRenaming)]
-    converters = [w for w in weight_mapping if isinstance(w, loading.WeightConverter)]
-    by_pattern = {p: c for c in converters for p in c.source_patterns}
-    meta_state = model.state_dict()
-    prefix = getattr(model, "base_model_prefix", None)
-
-    # The loop of transformers' convert_and_load_state_dict_in_model, less the loading.
-    to_load: dict[str, Any] = {}
-    unexpected: dict[str, str] = {}  # checkpoint key -> its name after renaming
-    for key in sorted(stored, key=loading.dot_natural_key):
-        renamed, pattern = loading.rename_source_key(key, renamings, converters, prefix, meta_state)
-        if renamed not in meta_state and key in meta_state:
-            renamed, pattern = loading.rename_source_key(
-                key, [], [], base_model_prefix=prefix, meta_state_dict=meta_state
-            )
-        if renamed not in meta_state:
-            unexpected[key] = renamed
-            continue
-        if pattern is not None:
-            step = to_load.setdefault(renamed, deepcopy(by_pattern[pattern]))
-        else:
-            step = to_load.setdefault(renamed, loading.WeightRenaming(key, renamed))
-            pattern = key
-        step.add_tensor(renamed, key, pattern, _meta(stored[key]))
-
-    loaded: dict[str, ParamShape] = {}
-    for first, step in to_load.items():
-        sources = sorted({s for ss in step.layer_targets.values() for s in ss})
-        try:
-            realized = step.convert(first, model=model, config=getattr(model, "config", None))
-            for target, value in realized.items():
-                tensor = value[0] if isinstance(value, list) else value
-                loaded[target] = ParamShape(tuple(tensor.shape), str(tensor.dtype))
-        except Exception as e:  # transformers' own ops failing on these shapes
-            msg = (
-                f"{_WHO}: transformers' conversion of the checkpoint keys "
-                f"{_list(sources)} into {quote(first)} fails ({clip(str(e))}); {_HOW}"
-            )
-            raise LayoutError(msg, fqn=first) from e
-
+    to_load, unexpected = _collect(model, conversion, loading, stored)
+    loaded = _convert(model, to_load)
     params = dict(named_parameters(model))
     tied = getattr(model, "all_tied_weights_keys", None)
     if isinstance(tied, Mapping):
         for target, source in tied.items():
+            if not (isinstance(target, str) and isinstance(source, str)):
+                continue  # not a tie transformers makes: the parameter stays missing
             if target in params and target not in loaded and source in loaded:
                 loaded[target] = loaded[source]
     missing, ignored = _not_loaded(model, [fqn for fqn in params if fqn not in loaded], unexpected)
