@@ -81,6 +81,10 @@ class _Problem(Exception):
     """A layout problem found by the command line itself: exit 1 with this message."""
 
 
+class _Usage(_Problem):
+    """A usage error found once the input is read: exit 2 with this message, one line."""
+
+
 # ---------------------------------------------------------------------------------------
 # argument types: each refuses what it cannot hold with a usage error (exit 2)
 
@@ -852,12 +856,13 @@ def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _lint_table(
     path: str, shapes: Mapping[str, ParamShape], args: argparse.Namespace
-) -> ParamLayoutTable:
-    """The table in ``path``, or the table of the plan in it (unplanned shapes plain)."""
+) -> tuple[ParamLayoutTable, bool]:
+    """The table in ``path``, or the table of the plan in it (unplanned shapes plain), and
+    whether it was a plan."""
     text = _read(path)
     if not _is_plan(text):
         try:
-            return from_json(text)
+            return from_json(text), False
         except LayoutError as e:
             raise _Problem(f"{path}: {e.message}") from None
     try:
@@ -879,45 +884,142 @@ def _lint_table(
     plain = SourceLayout("dense", (), ())
     aliases = {fqn for group in table.tied for fqn in group}
     missing = {fqn: plain for fqn in shapes if fqn not in table and fqn not in aliases}
-    return table.with_entries(missing) if missing else table
+    return (table.with_entries(missing) if missing else table), True
+
+
+_NOT_FSDP: Final = frozenset({"pp"})
+"""Owned axes FSDP never shards over: pipelining's."""
+
+
+def _fsdp_axes(
+    given: str | tuple[str, str] | None,
+    option: str,
+    mesh: Mapping[str, int],
+    mesh_option: str,
+    *,
+    guess: bool,
+    owned: frozenset[str],
+    remedy: str = "",
+) -> tuple[str | tuple[str, str] | None, bool]:
+    """FSDP's axes on one mesh, and whether they were found rather than given.
+
+    ``given`` must name axes of ``mesh``; without it (and with ``guess``, for a plan,
+    whose layouts are source layouts) the one FSDP-owned axis of ``mesh`` of size > 1 is
+    FSDP's axis, and several are ambiguous.
+
+    Raises:
+        _Usage: ``given`` names an axis ``mesh`` lacks, or ``mesh`` has several FSDP axes.
+    """
+    if given is not None:
+        for axis in (given,) if isinstance(given, str) else given:
+            if axis not in mesh:
+                msg = (
+                    f"{option} {axis}: {mesh_option} {mesh_str(mesh)} has no axis {axis!r}"
+                    f"{did_you_mean(axis, mesh)}; name one of its axes ({', '.join(mesh)})"
+                    f"{remedy}"
+                )
+                raise _Usage(msg)
+        return given, False
+    if not guess:
+        return None, False
+    found = [axis for axis, size in mesh.items() if axis in owned - _NOT_FSDP and size > 1]
+    if len(found) > 1:
+        msg = (
+            f"{mesh_option} {mesh_str(mesh)} has {len(found)} FSDP axes "
+            f"({', '.join(found)}); give the one FSDP shards over with {option} AXIS, or "
+            f"{option} REPLICATE,SHARD for HSDP (e.g. {option} {found[0]},{found[-1]})"
+        )
+        raise _Usage(msg)
+    return (found[0], True) if found else (None, False)
+
+
+def _lint_fsdp(
+    args: argparse.Namespace, owned: frozenset[str], *, guess: bool
+) -> tuple[dict[str, str | tuple[str, str]] | None, list[str]]:
+    """FSDP's axes by mesh role (``None``: no FSDP), and the options found rather than
+    given (for a plan, ``guess``: its layouts are source layouts)."""
+    dense: dict[str, int] = args.mesh
+    expert: dict[str, int] | None = args.expert_mesh
+    found: list[str] = []
+    dense_fsdp, guessed = _fsdp_axes(args.fsdp, "--fsdp", dense, "--mesh", guess=guess, owned=owned)
+    if guessed:
+        found.append(f"--fsdp {dense_fsdp}")
+    expert_fsdp: str | tuple[str, str] | None = None
+    if expert is not None:
+        option = "--expert-fsdp" if args.expert_fsdp is not None or args.fsdp is None else "--fsdp"
+        expert_fsdp, guessed = _fsdp_axes(
+            args.expert_fsdp or args.fsdp,
+            option,
+            expert,
+            "--expert-mesh",
+            guess=guess,
+            owned=owned,
+            remedy=" with --expert-fsdp AXIS" if option == "--fsdp" else "",
+        )
+        if guessed:
+            found.append(f"--expert-fsdp {expert_fsdp}")
+    if guess and (dense_fsdp is None) != (expert is None or expert_fsdp is None):
+        # FSDP shards one mesh's parameters: it shards the other's over its FSDP axis of size 1
+        role_mesh, role_option = (
+            (dense, "--fsdp") if dense_fsdp is None else (expert, "--expert-fsdp")
+        )
+        single = [axis for axis in role_mesh or {} if axis in owned - _NOT_FSDP]
+        if len(single) == 1:
+            found.append(f"{role_option} {single[0]}")
+            if dense_fsdp is None:
+                dense_fsdp = single[0]
+            else:
+                expert_fsdp = single[0]
+    fsdp: dict[str, str | tuple[str, str]] = {}
+    if dense_fsdp is not None:
+        fsdp["dense"] = dense_fsdp
+    if expert_fsdp is not None:
+        fsdp["expert"] = expert_fsdp
+    return fsdp or None, found
 
 
 def _lint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
-    shapes = _load_shapes(args.shapes)
-    table = _lint_table(args.table, shapes, args)
     dense: dict[str, int] = args.mesh
     expert: dict[str, int] | None = args.expert_mesh
+    owned = owned_axes(args)
+    if args.expert_fsdp is not None and expert is None:
+        raise _Usage("--expert-fsdp names an axis of --expert-mesh; give --expert-mesh too")
+    shapes = _load_shapes(args.shapes)
+    table, is_plan = _lint_table(args.table, shapes, args)
     sizes = {"dense": dense} if expert is None else {"dense": dense, "expert": expert}
-    fsdp: dict[str, str | tuple[str, str]] | None = None
+    fsdp, found = _lint_fsdp(args, owned, guess=is_plan)
     shard_dim: int | dict[str, int] = args.shard_dim
-    if args.fsdp is not None or args.expert_fsdp is not None:
-        fsdp = {}
-        if args.fsdp is not None:
-            fsdp["dense"] = args.fsdp
-        if expert is not None and (args.expert_fsdp or args.fsdp) is not None:
-            fsdp["expert"] = args.expert_fsdp or args.fsdp
-        if args.expert_shard_dim is not None:
-            shard_dim = {
-                fqn: args.expert_shard_dim if layout.mesh == "expert" else args.shard_dim
-                for fqn, layout in table.items()
-            }
+    if fsdp is not None and args.expert_shard_dim is not None:
+        shard_dim = {
+            fqn: args.expert_shard_dim if layout.mesh == "expert" else args.shard_dim
+            for fqn, layout in table.items()
+        }
     report = lint(
         table,
         shapes,
         mesh_sizes=sizes,
         fsdp=fsdp,
         shard_dim=shard_dim if fsdp is not None else 0,
-        owned=owned_axes(args),
+        owned=owned,
     )
     if args.json:
         out.write(json.dumps(report.to_dict(), indent=1) + "\n")
     else:
-        where = f"FSDP over {_fsdp_str(fsdp)}" if fsdp else "read as composed (no --fsdp)"
+        if fsdp:
+            where = f"FSDP over {_fsdp_str(fsdp)}"
+            if found:
+                where += f" (the FSDP axis of its mesh: {', '.join(found)}; give it to change)"
+        elif is_plan:
+            where = "no FSDP (no FSDP axis of size > 1 in the mesh; --fsdp AXIS adds it)"
+        else:
+            where = "read as composed (no --fsdp)"
         out.write(
             f"{escape(clip(args.table))}: {_plural(len(table), 'parameter')} on "
             f"{_meshes_str(sizes)}; {where}\n"
         )
         for line in str(report).splitlines():
+            if fsdp is None and is_plan and line == "parameter bytes per rank after FSDP:":
+                line = "parameter bytes per rank (no FSDP):"  # noqa: PLW2901
             out.write(escape(line) + "\n")
     if report.problems:
         count = len(report.problems)
@@ -1044,6 +1146,16 @@ def _deliver(text: str) -> None:
         raise _Problem(_unwritten(e)) from None
 
 
+def _refuse(err: TextIO | None, problem: _Problem, command: str) -> int:
+    """Say ``problem`` on ``err`` in one line; its exit status (2 for a usage error)."""
+    if isinstance(problem, _Usage):  # as argparse's own usage errors read
+        prog = f"{PROG} {command}"
+        _say(err, f"{prog}: {escape(clip(str(problem), _MAX_USAGE_CHARS))}; see {prog} --help")
+        return 2
+    _say(err, f"{PROG}: {escape(str(problem))}")
+    return 1
+
+
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     commands: dict[str, Callable[[], int]] = {
         "show": lambda: _show(args, out),
@@ -1107,8 +1219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _dispatch(args, buffer, err)
         _deliver(buffer.getvalue())
     except _Problem as e:
-        _say(err, f"{PROG}: {escape(str(e))}")
-        return 1
+        return _refuse(err, e, args.command)
     except LayoutError as e:
         _say(err, f"{PROG}: {escape(e.message)}")
         return 1

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from layout_algebra import build_table, complete_default
-from layout_algebra.serialization import from_json, plan_to_json, to_json
+from layout_algebra import ParamShape, build_table, complete_default
+from layout_algebra.serialization import from_json, plan_to_json, shapes_to_json, to_json
 from tests.test_cli import (
     PATTERN_FQNS,
     assert_one_line_problem,
+    assert_one_line_usage_error,
     moe_plan,
     pattern_plan,
     run,
@@ -87,3 +88,83 @@ def test_a_plan_given_for_a_table_says_how_to_make_its_table(
         f"`layout-algebra table {plan} --mesh AXIS=N,...`\n"
     )
     assert "entries" not in err
+
+
+# ---------------------------------------------------------------------------------------
+# lint of a plan: FSDP's axis found, asked for, or checked
+
+
+def moe_files(tmp_path: Path) -> tuple[str, str]:
+    """``moe_plan()`` and the shapes of its parameters (and one it does not name)."""
+    shapes = {
+        "emb.weight": ParamShape((16, 8), "float32"),
+        "head.weight": ParamShape((16, 8), "float32"),
+        "attn.wq.weight": ParamShape((8, 8), "float32"),
+        "attn.wo.weight": ParamShape((8, 8), "float32"),
+        "moe.experts.w1": ParamShape((4, 8, 8), "float32"),
+        "moe.router.weight": ParamShape((4, 8), "float32"),
+        "norm.weight": ParamShape((8,), "float32"),
+    }
+    plan = write(tmp_path / "plan.json", plan_to_json(moe_plan()))
+    return plan, write(tmp_path / "shapes.json", shapes_to_json(shapes))
+
+
+def test_lint_of_a_plan_uses_the_one_fsdp_axis_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    argv = ["lint", plan, "--shapes", shapes, "--mesh", "dp_shard=2,tp=4"]
+    argv += ["--expert-mesh", "dp_shard=2,ep=4"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    header = out.splitlines()[0]
+    assert "FSDP over dense dp_shard; expert dp_shard" in header
+    assert "--fsdp dp_shard" in header and "--expert-fsdp dp_shard" in header
+    _, given, _ = run([*argv, "--fsdp", "dp_shard"], capsys)
+    assert given.splitlines()[1:] == out.splitlines()[1:]  # the same report as --fsdp gives
+
+
+def test_lint_of_a_plan_without_an_fsdp_axis_says_no_fsdp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    argv = ["lint", plan, "--shapes", shapes, "--mesh", "tp=8", "--expert-mesh", "ep=8"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert "no FSDP" in out.splitlines()[0]
+    assert "after FSDP" not in out
+    assert "parameter bytes per rank (no FSDP):" in out
+
+
+@pytest.mark.parametrize(
+    ("mesh", "extra", "words"),
+    [
+        (["--mesh", "dp_replicate=2,dp_shard=2,tp=2"], [], "give the one FSDP shards over"),
+        (["--mesh", "dp_shard=2,tp=4"], ["--fsdp", "dp"], "--fsdp dp: --mesh (dp_shard=2, tp=4)"),
+        (["--mesh", "dp_shard=8"], ["--fsdp", "dp_replicate,dp_shard"], "no axis 'dp_replicate'"),
+        (
+            ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "edp=2,ep=4"],
+            ["--fsdp", "dp_shard"],
+            "--expert-fsdp AXIS",
+        ),
+        (
+            ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "edp=2,ep=4"],
+            ["--expert-fsdp", "dp_shard"],
+            "--expert-fsdp dp_shard: --expert-mesh (edp=2, ep=4) has no axis",
+        ),
+        (["--mesh", "dp_shard=2,tp=4"], ["--expert-fsdp", "dp_shard"], "give --expert-mesh"),
+    ],
+)
+def test_lint_fsdp_axes_not_in_the_mesh_are_usage_errors(
+    tmp_path: Path,
+    mesh: list[str],
+    extra: list[str],
+    words: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    if "--expert-mesh" not in mesh and "--expert-fsdp" not in extra:
+        mesh = [*mesh, "--expert-mesh", "dp_shard=2,ep=4"]
+    code, out, err = run(["lint", plan, "--shapes", shapes, *mesh, *extra], capsys)
+    assert_one_line_usage_error(code, out, err, "layout-algebra lint")
+    assert words in err

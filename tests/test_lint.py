@@ -543,7 +543,7 @@ def test_lint_exits_1_on_the_checkpoint_hazard(
     [
         (["--fsdp", "a,b,c"], 2),
         (["--shard-dim", "-1"], 2),
-        (["--fsdp", "dp_replicate,dp_shard"], 1),  # the dense mesh has no dp_replicate
+        (["--fsdp", "dp_replicate,dp_shard"], 2),  # the dense mesh has no dp_replicate
     ],
 )
 def test_lint_usage(
