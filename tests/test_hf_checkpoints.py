@@ -222,3 +222,14 @@ def test_experts_that_cannot_be_stacked_are_refused_naming_keys_and_parameter(
     assert caught.value.fqn == "model.layers.0.mlp.experts.gate_up_proj"
     assert "'model.layers.0.mlp.experts.0.gate_proj.weight'" in caught.value.message
     assert "shapes_from_module(model)" in caught.value.message
+
+
+@pytest.mark.usefixtures("fake_world")
+def test_a_model_transformers_sharded_reads_the_checkpoint_globally(tmp_path: Path) -> None:
+    from tests import test_transformers as hf_cases  # noqa: PLC0415 - its meshes need the world
+
+    build, run = hf_cases.CASES["qwen3-moe tp=2 ep=4"]
+    model = build()  # on the meta device: its checkpoint is saved from a twin on the CPU
+    path = _save(type(model)(model.config), tmp_path)
+    hf_cases.transformers_tp_ep(model, run)  # DTensor parameters: global shapes
+    assert shapes_from_checkpoint(model, path) == shapes_from_module(model)
