@@ -823,6 +823,9 @@ def lint(
     shard there, and whether DTensor's reading of its composed layout describes the rows
     it really keeps. Tied parameters share a storage: it counts once, and an alias the
     shapes lack (a checkpoint keeps one name per storage) takes its group's shape.
+    Shapes that hold experts one by one where the table names fused parameters (a
+    transformers checkpoint's headers) are one ``"no-shape"`` problem saying how to lint
+    (``torch_bridge.shapes_from_checkpoint``), not one per parameter and key.
 
     >>> from layout_algebra import Shard
     >>> table = ParamLayoutTable({"w": SourceLayout("expert", ["ep", "tp"], [Shard(0)] * 2)})
