@@ -824,6 +824,7 @@ def test_the_bridge_surface() -> None:
         "plan_from_hf",
         "plan_from_parallelize",
         "plan_from_torchtitan",
+        "shapes_from_checkpoint",
         "shapes_from_module",
         "shard_dims_from_torchtitan",
         "state_dict_fqn",
@@ -910,6 +911,8 @@ class Calls:
             "plan_from_torchtitan": lambda: {"model": self.linear, "mesh_axes": DENSE},
             "shard_dims_from_torchtitan": lambda: {"model": self.linear, "parallel_dims": None},
             "state_dict_fqn": lambda: {"name": "layers.0._checkpoint_wrapped_module.w"},
+            # refused, as it should be: not a transformers model (its own tests save them)
+            "shapes_from_checkpoint": lambda: {"model": self.linear, "path": "model.safetensors"},
         }
         return valid[name]()
 
@@ -937,7 +940,11 @@ def test_every_public_callable_has_a_valid_call(calls: Calls) -> None:
         if name in {"plan_from_hf", "table_from_hf"}:
             with pytest.raises(LayoutError, match="not a transformers model"):
                 call(name, kwargs)
-        elif name in {"plan_from_torchtitan", "shard_dims_from_torchtitan"}:
+        elif name in {
+            "plan_from_torchtitan",
+            "shard_dims_from_torchtitan",
+            "shapes_from_checkpoint",
+        }:
             with pytest.raises(LayoutError):
                 call(name, kwargs)
         else:
@@ -1026,6 +1033,7 @@ IMPORTERS: Final = frozenset(
         "plan_from_torchtitan",
         "shard_dims_from_torchtitan",
         "state_dict_fqn",
+        "shapes_from_checkpoint",
     }
 )
 """The importers: their arguments are checked by their own tests (test_tables too)."""

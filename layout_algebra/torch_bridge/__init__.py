@@ -16,6 +16,8 @@ This package is the only part of layout_algebra that imports torch (install it w
 - ``models``: ``distribute`` turns the parameters into DTensors (plain parameters stay
   plain tensors), ``table_from_module`` reads the table back off such a model, and
   ``tied_pairs_from_module`` lists the FQN pairs that name one parameter;
+- ``checkpoints``: ``shapes_from_checkpoint`` maps a transformers checkpoint's headers onto
+  the model's runtime parameters as transformers' own loading renames and fuses them;
 - ``shapes``: ``shapes_from_module`` reads every parameter's global shape and dtype
   (meta-device models welcome), for the lint;
 - ``parallelize`` and ``transformers``: ``plan_from_parallelize`` and ``plan_from_hf``
@@ -35,6 +37,7 @@ from layout_algebra._extras import require
 require("torch", "torch", "layout_algebra.torch_bridge")  # first: a clear message without it
 
 from layout_algebra.torch_bridge.binding import bind, default_binding, managed_bindings
+from layout_algebra.torch_bridge.checkpoints import shapes_from_checkpoint
 from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch, to_torch
 from layout_algebra.torch_bridge.models import (
     distribute,
@@ -64,6 +67,7 @@ __all__ = [
     "plan_from_hf",
     "plan_from_parallelize",
     "plan_from_torchtitan",
+    "shapes_from_checkpoint",
     "shapes_from_module",
     "shard_dims_from_torchtitan",
     "state_dict_fqn",
