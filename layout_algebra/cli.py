@@ -53,7 +53,7 @@ from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.geometry import MAX_MESH_SIZE, compose_table
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.lint import lint
-from layout_algebra.placements import format_placement
+from layout_algebra.placements import Shard, format_placement
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json, to_json
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
@@ -79,6 +79,10 @@ _MAX_USAGE_CHARS: Final = 500
 
 class _Problem(Exception):
     """A layout problem found by the command line itself: exit 1 with this message."""
+
+
+class _Reported(_Problem):
+    """A layout problem already said on stderr: exit 1."""
 
 
 class _Usage(_Problem):
@@ -621,12 +625,45 @@ def _drops_lines(table: ParamLayoutTable) -> list[str]:
     return lines
 
 
+def _need_expert_mesh(plan: ShardingPlan, path: str) -> None:
+    """Refuse a plan that puts parameters on the expert mesh when no ``--expert-mesh``
+    is given: one message for every command that builds a plan's table.
+
+    Raises:
+        _Problem: a parameter of an expert-parallel module is sharded on ``ep``.
+    """
+    routed = [
+        (module, f"{module}.{param}" if module else param, named["ep"])
+        for module, spec in plan.modules.items()
+        if spec.expert_parallel
+        for param, named in spec.params.items()
+        if isinstance(named.get("ep"), Shard)
+    ]
+    if not routed:
+        return
+    module, key, placement = routed[0]
+    what = f"{key} is" if len(routed) == 1 else f"{len(routed)} parameters (first {key}) are"
+    msg = (
+        f"{path}: {clip(what)} sharded on 'ep' ({format_placement(placement)}) in "
+        f"expert-parallel module {clip(module)!r}, which puts it on the expert mesh; give "
+        "that mesh with --expert-mesh AXIS=N,..., over the same ranks as --mesh (e.g. "
+        "--expert-mesh dp_shard=2,ep=4), or mark the module expert_parallel false in the plan"
+    )
+    raise _Problem(msg)
+
+
 def _plan_table(
-    plan: ShardingPlan, args: argparse.Namespace, fqns: list[str] | None, err: TextIO | None
+    plan: ShardingPlan,
+    path: str,
+    args: argparse.Namespace,
+    fqns: list[str] | None,
+    err: TextIO | None,
 ) -> ParamLayoutTable | None:
-    """The table of ``plan`` (read from ``args.plan``) on ``--mesh`` / ``--expert-mesh``,
-    or ``None`` with every problem of the plan said on ``err``."""
+    """The table of ``plan`` (read from ``path``) on ``--mesh`` / ``--expert-mesh``, or
+    ``None`` with every problem of the plan said on ``err``."""
     expert: dict[str, int] | None = args.expert_mesh
+    if expert is None:
+        _need_expert_mesh(plan, path)
     try:
         return build_table(
             plan,
@@ -637,7 +674,7 @@ def _plan_table(
         )
     except PlanError as e:
         count = len(e.problems)
-        _say(err, f"{PROG}: {escape(args.plan)}: the plan has {_plural(count, 'problem')}:")
+        _say(err, f"{PROG}: {escape(path)}: the plan has {_plural(count, 'problem')}:")
         for problem in e.problems:
             _say(err, f"  - {escape(problem.message)}")
         return None
@@ -648,7 +685,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     dense: dict[str, int] = args.mesh
     expert: dict[str, int] | None = args.expert_mesh
     owned = owned_axes(args)
-    table = _plan_table(_load_plan(args.plan), args, fqns, err)
+    table = _plan_table(_load_plan(args.plan), args.plan, args, fqns, err)
     if table is None:
         return 1
     roles = [layout.mesh for layout in table.values()]
@@ -681,7 +718,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
 def _table(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     fqns = None if args.fqns is None else _load_fqns(args.fqns)
     plan = _load_plan(args.plan)
-    table = _plan_table(plan, args, fqns, err)
+    table = _plan_table(plan, args.plan, args, fqns, err)
     if table is None:
         return 1
     if fqns is not None:  # what no key names stays a plain tensor until FSDP, as lint reads it
@@ -855,7 +892,7 @@ def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _lint_table(
-    path: str, shapes: Mapping[str, ParamShape], args: argparse.Namespace
+    path: str, shapes: Mapping[str, ParamShape], args: argparse.Namespace, err: TextIO | None
 ) -> tuple[ParamLayoutTable, bool]:
     """The table in ``path``, or the table of the plan in it (unplanned shapes plain), and
     whether it was a plan."""
@@ -869,18 +906,13 @@ def _lint_table(
         plan = plan_from_json(text)
     except LayoutError as e:
         raise _Problem(f"{path}: {e.message}") from None
-    expert = args.expert_mesh
     fqns = None
     if plan.has_patterns:  # matched against the shapes' FQNs and the tied aliases they lack
         absent = [fqn for pair in plan.tied_pairs for fqn in pair if fqn not in shapes]
         fqns = [*shapes, *dict.fromkeys(absent)]
-    table = build_table(
-        plan,
-        list(args.mesh),
-        expert_axes=None if expert is None else list(expert),
-        owned=owned_axes(args),
-        fqns=fqns,
-    )
+    table = _plan_table(plan, path, args, fqns, err)
+    if table is None:
+        raise _Reported
     plain = SourceLayout("dense", (), ())
     aliases = {fqn for group in table.tied for fqn in group}
     missing = {fqn: plain for fqn in shapes if fqn not in table and fqn not in aliases}
@@ -985,7 +1017,7 @@ def _lint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     if args.expert_fsdp is not None and expert is None:
         raise _Usage("--expert-fsdp names an axis of --expert-mesh; give --expert-mesh too")
     shapes = _load_shapes(args.shapes)
-    table, is_plan = _lint_table(args.table, shapes, args)
+    table, is_plan = _lint_table(args.table, shapes, args, err)
     sizes = {"dense": dense} if expert is None else {"dense": dense, "expert": expert}
     fsdp, found = _lint_fsdp(args, owned, guess=is_plan)
     shard_dim: int | dict[str, int] = args.shard_dim
@@ -1152,7 +1184,8 @@ def _refuse(err: TextIO | None, problem: _Problem, command: str) -> int:
         prog = f"{PROG} {command}"
         _say(err, f"{prog}: {escape(clip(str(problem), _MAX_USAGE_CHARS))}; see {prog} --help")
         return 2
-    _say(err, f"{PROG}: {escape(str(problem))}")
+    if not isinstance(problem, _Reported):
+        _say(err, f"{PROG}: {escape(str(problem))}")
     return 1
 
 

@@ -245,7 +245,7 @@ def test_check_reports_every_problem_with_its_fqn(
                     "wo.weight": {"tp": S1},  # fine
                 }
             ),
-            "moe": ModulePlan({"experts.w1": {"ep": S0}}, expert_parallel=True),  # no expert mesh
+            "moe": ModulePlan({"experts.w1": {"ep": S0}}, expert_parallel=True),  # fine
             "emb": ModulePlan({"weight": {"tp": S0}}),
             "head": ModulePlan({"weight": {"tp": S1}}),  # tied to emb, conflicting
         },
@@ -253,17 +253,18 @@ def test_check_reports_every_problem_with_its_fqn(
         tied_pairs=[("emb.weight", "head.weight")],
     )
     path = write(tmp_path / "plan.json", plan_to_json(plan))
-    code, out, err = run(["check", path, "--mesh", "dp_shard=2,tp=4"], capsys)
+    argv = ["check", path, "--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    code, out, err = run(argv, capsys)
     assert code == 1
     assert out == ""
     assert "Traceback" not in err
-    assert err.startswith(f"layout-algebra: {path}: the plan has 5 problems:\n")
+    assert err.startswith(f"layout-algebra: {path}: the plan has 4 problems:\n")
     problems = err.splitlines()[1:]
-    assert len(problems) == 5
-    for fqn in ["attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "moe.experts.w1"]:
+    assert len(problems) == 4
+    for fqn in ["attn.wq.weight", "attn.wk.weight", "attn.wv.weight"]:
         assert sum(fqn in p for p in problems) == 1, fqn
     assert any("emb.weight" in p and "head.weight" in p for p in problems)
-    assert "attn.wo.weight" not in err
+    assert "attn.wo.weight" not in err and "moe.experts.w1" not in err
     assert "'tpp'" in err and "'dp_shard'" in err and "P(sum)" in err
 
 

@@ -168,3 +168,40 @@ def test_lint_fsdp_axes_not_in_the_mesh_are_usage_errors(
     code, out, err = run(["lint", plan, "--shapes", shapes, *mesh, *extra], capsys)
     assert_one_line_usage_error(code, out, err, "layout-algebra lint")
     assert words in err
+
+
+# ---------------------------------------------------------------------------------------
+# a plan with experts and no --expert-mesh: one message, one line, for every command
+
+
+def test_a_missing_expert_mesh_is_one_message_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    said = set()
+    for argv in (
+        ["check", plan, "--mesh", "dp_shard=2,tp=4"],
+        ["table", plan, "--mesh", "dp_shard=2,tp=4"],
+        ["lint", plan, "--shapes", shapes, "--mesh", "dp_shard=2,tp=4"],
+    ):
+        code, out, err = run(argv, capsys)
+        assert out == ""
+        assert_one_line_problem(code, err)
+        said.add(err)
+    (err,) = said
+    assert err.startswith(f"layout-algebra: {plan}: moe.experts.w1 is sharded on 'ep' (S(0))")
+    assert "--expert-mesh AXIS=N,..." in err
+    assert "expert_axes" not in err and "\\n" not in err
+
+
+def test_lint_of_a_bad_plan_lists_its_problems_as_check_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    mesh = ["--mesh", "dp_shard=2,tpp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    code, out, err = run(["lint", plan, "--shapes", shapes, *mesh], capsys)
+    assert (code, out) == (1, "")
+    _, _, checked = run(["check", plan, *mesh], capsys)
+    assert err == checked
+    assert err.startswith(f"layout-algebra: {plan}: the plan has 1 problem:\n  - ")
+    assert "\\n" not in err
