@@ -381,7 +381,10 @@ def _add_reshard(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--shapes",
         required=True,
         metavar="FILE",
-        help="shapes.json, a .safetensors file or a model.safetensors.index.json",
+        help=(
+            "shapes.json, a .safetensors file, a model.safetensors.index.json or the "
+            "checkpoint directory holding one"
+        ),
     )
     for side, run in (("", "saving"), ("to-", "loading")):
         rsh.add_argument(
@@ -495,9 +498,40 @@ def _load_plan(path: str) -> ShardingPlan:
         raise _Problem(f"{path}: {e.message}") from None
 
 
-def _load_shapes(path: str) -> Mapping[str, ParamShape]:
-    """Parameter shapes from a ``shapes.json``, a ``.safetensors`` file or a sharded
-    checkpoint's ``model.safetensors.index.json`` (headers only)."""
+_INDEX: Final = "model.safetensors.index.json"
+_SINGLE: Final = "model.safetensors"
+
+
+def _checkpoint_file(path: str, option: str) -> str:
+    """The file a checkpoint directory's shapes are read from: its index, else its
+    single ``model.safetensors`` (as ``save_pretrained`` writes them); other paths as
+    they are.
+
+    Raises:
+        _Usage: a directory holding neither.
+    """
+    try:
+        is_dir = os.path.isdir(path)
+    except (OSError, ValueError):  # a name this system cannot hold: reading it says so
+        return path
+    if not is_dir:
+        return path
+    for name in (_INDEX, _SINGLE):
+        candidate = os.path.join(path, name)
+        if os.path.exists(candidate):
+            return candidate
+    msg = (
+        f"{option} {clip(path)}: the directory has no {_INDEX} nor {_SINGLE}; give a "
+        "checkpoint directory, its index, a .safetensors file or a shapes.json"
+    )
+    raise _Usage(msg)
+
+
+def _load_shapes(path: str, option: str = "--shapes") -> Mapping[str, ParamShape]:
+    """Parameter shapes from a ``shapes.json``, a ``.safetensors`` file, a sharded
+    checkpoint's ``model.safetensors.index.json`` (headers only) or the directory
+    holding one of the latter two."""
+    path = _checkpoint_file(path, option)
     try:
         if path.endswith((".safetensors", ".safetensors.index.json")):
             return shapes_from_safetensors(path)
@@ -507,9 +541,11 @@ def _load_shapes(path: str) -> Mapping[str, ParamShape]:
 
 
 def _load_fqns(path: str) -> list[str]:
-    """The parameter FQNs a file names: one a line, or the parameters of a shapes file."""
+    """The parameter FQNs a file names: one a line, or the parameters of a shapes file
+    or of a checkpoint (its directory too)."""
+    path = _checkpoint_file(path, "--fqns")
     if path.endswith((".safetensors", ".json")):
-        return list(_load_shapes(path))
+        return list(_load_shapes(path, "--fqns"))
     data = _read(path)
     if data.lstrip()[:1] == b"{":
         try:
@@ -843,7 +879,10 @@ def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--shapes",
         required=True,
         metavar="FILE",
-        help="shapes.json, a .safetensors file or a model.safetensors.index.json",
+        help=(
+            "shapes.json, a .safetensors file, a model.safetensors.index.json or the "
+            "checkpoint directory holding one"
+        ),
     )
     lnt.add_argument(
         "--mesh",

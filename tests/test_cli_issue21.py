@@ -4,11 +4,12 @@ idle ranks and padding in the lint summary."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from layout_algebra import ParamShape, build_table, complete_default
+from layout_algebra import ParamLayoutTable, ParamShape, build_table, complete_default
 from layout_algebra.serialization import from_json, plan_to_json, shapes_to_json, to_json
 from tests.test_cli import (
     PATTERN_FQNS,
@@ -205,3 +206,75 @@ def test_lint_of_a_bad_plan_lists_its_problems_as_check_does(
     assert err == checked
     assert err.startswith(f"layout-algebra: {plan}: the plan has 1 problem:\n  - ")
     assert "\\n" not in err
+
+
+# ---------------------------------------------------------------------------------------
+# --shapes DIRECTORY: the checkpoint's index or its single file
+
+
+def save_checkpoint(where: Path, *, sharded: bool) -> None:
+    """The parameters of ``moe_files`` as safetensors writes them: one
+    ``model.safetensors``, or two shards and their ``model.safetensors.index.json``."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    tensors = {
+        "emb.weight": torch.zeros(16, 8),
+        "head.weight": torch.zeros(16, 8),
+        "attn.wq.weight": torch.zeros(8, 8),
+        "attn.wo.weight": torch.zeros(8, 8),
+        "moe.experts.w1": torch.zeros(4, 8, 8),
+        "moe.router.weight": torch.zeros(4, 8),
+        "norm.weight": torch.zeros(8),
+    }
+    where.mkdir()
+    if not sharded:
+        save_file(tensors, str(where / "model.safetensors"))
+        return
+    names = list(tensors)
+    shards = {"model-1.safetensors": names[:3], "model-2.safetensors": names[3:]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(where / file))
+    weight_map = {k: file for file, keys in shards.items() for k in keys}
+    index = {"metadata": {}, "weight_map": weight_map}
+    (where / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_lint_reads_a_checkpoint_directory(
+    tmp_path: Path, sharded: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    save_checkpoint(tmp_path / "ckpt", sharded=sharded)
+    mesh = ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4", "--json"]
+    code, out, err = run(["lint", plan, "--shapes", str(tmp_path / "ckpt"), *mesh], capsys)
+    assert (code, err) == (0, "")
+    _, expected, _ = run(["lint", plan, "--shapes", shapes, *mesh], capsys)
+    assert out == expected
+    code, out, err = run(["check", plan, *mesh[:-1], "--fqns", str(tmp_path / "ckpt")], capsys)
+    assert (code, err) == (0, "")
+
+
+@pytest.mark.parametrize("command", ["lint", "reshard", "check"])
+def test_a_directory_without_a_checkpoint_is_a_usage_error(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, _ = moe_files(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    table = write(tmp_path / "table.json", to_json(moe_table()))
+    mesh = ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    argv = {
+        "lint": ["lint", plan, "--shapes", str(empty), *mesh],
+        "reshard": ["reshard", table, table, "--shapes", str(empty), *mesh, "--to-mesh", "tp=8"],
+        "check": ["check", plan, *mesh, "--fqns", str(empty)],
+    }[command]
+    code, out, err = run(argv, capsys)
+    assert_one_line_usage_error(code, out, err, f"layout-algebra {command}")
+    option = "--fqns" if command == "check" else "--shapes"
+    assert f"{option} {empty}: the directory has no model.safetensors.index.json nor" in err
+
+
+def moe_table() -> ParamLayoutTable:
+    return build_table(moe_plan(), ["dp_shard", "tp"], expert_axes=["dp_shard", "ep"])
