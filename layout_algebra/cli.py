@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -52,7 +53,7 @@ from layout_algebra.draw import draw, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.geometry import MAX_MESH_SIZE, compose_table
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
-from layout_algebra.lint import lint
+from layout_algebra.lint import LintReport, human_bytes, lint
 from layout_algebra.placements import Shard, format_placement
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json, to_json
@@ -1059,20 +1060,23 @@ def _lint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     table, is_plan = _lint_table(args.table, shapes, args, err)
     sizes = {"dense": dense} if expert is None else {"dense": dense, "expert": expert}
     fsdp, found = _lint_fsdp(args, owned, guess=is_plan)
-    shard_dim: int | dict[str, int] = args.shard_dim
-    if fsdp is not None and args.expert_shard_dim is not None:
-        shard_dim = {
-            fqn: args.expert_shard_dim if layout.mesh == "expert" else args.shard_dim
-            for fqn, layout in table.items()
-        }
-    report = lint(
-        table,
-        shapes,
-        mesh_sizes=sizes,
-        fsdp=fsdp,
-        shard_dim=shard_dim if fsdp is not None else 0,
-        owned=owned,
-    )
+
+    def run(expert_dim: int | None) -> LintReport:
+        shard_dim: int | dict[str, int] = args.shard_dim
+        if fsdp is None:
+            shard_dim = 0
+        elif expert_dim is not None:
+            shard_dim = {
+                fqn: expert_dim if layout.mesh == "expert" else args.shard_dim
+                for fqn, layout in table.items()
+            }
+        return lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp, shard_dim=shard_dim, owned=owned)
+
+    report = run(args.expert_shard_dim)
+    expert_dim = args.shard_dim if args.expert_shard_dim is None else args.expert_shard_dim
+    remedy = None
+    if fsdp is not None and "expert" in fsdp and expert_dim == 0:
+        remedy = functools.partial(run, 1)
     if args.json:
         out.write(json.dumps(report.to_dict(), indent=1) + "\n")
     else:
@@ -1088,7 +1092,9 @@ def _lint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
             f"{escape(clip(args.table))}: {_plural(len(table), 'parameter')} on "
             f"{_meshes_str(sizes)}; {where}\n"
         )
-        for line in str(report).splitlines():
+        for number, line in enumerate(str(report).splitlines()):
+            if number == 0:
+                line = "; ".join([line, *_summary_notes(report, remedy)])  # noqa: PLW2901
             if fsdp is None and is_plan and line == "parameter bytes per rank after FSDP:":
                 line = "parameter bytes per rank (no FSDP):"  # noqa: PLW2901
             out.write(escape(line) + "\n")
@@ -1098,6 +1104,46 @@ def _lint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
         _say(err, f"{PROG}: {shown}: {_plural(count, 'problem')} (see the report)")
         return 1
     return 0
+
+
+def _idle(report: LintReport, role: str) -> int:
+    """How many ranks hold none of ``role``'s parameters while others hold some."""
+    row = report.memory.by_role.get(role, ())
+    idle = sum(1 for held in row if held == 0)
+    return idle if idle < len(row) else 0
+
+
+def _padding(report: LintReport) -> int:
+    memory = report.memory
+    return sum(memory.padded_bytes_per_rank) - memory.total
+
+
+def _summary_notes(report: LintReport, remedy: Callable[[], LintReport] | None) -> list[str]:
+    """What the summary line must say beside the counts: ranks idle for a role, FSDP
+    padding above a tenth of the data, and, for the experts, what their dim 1 would give
+    (``remedy``: the lint with FSDP sharding the experts' dim 1)."""
+    notes: list[str] = []
+    for role in report.memory.by_role:
+        idle = _idle(report, role)
+        if idle:
+            notes.append(
+                f"{_plural(idle, 'rank')} hold{'s' if idle == 1 else ''} no {role} weights"
+            )
+    padded, total = _padding(report), report.memory.total
+    if total and padded * 10 > total:
+        notes.append(f"FSDP pads {human_bytes(padded)} ({padded / total:.0%} of the data)")
+    if notes and remedy is not None and (_idle(report, "expert") or padded * 10 > total):
+        other = remedy()  # only a better layout is worth naming
+        better = _idle(other, "expert") < _idle(report, "expert") or _padding(other) < padded
+        if better and len(other.problems) <= len(report.problems):
+            (_, least), (_, most) = other.memory.smallest, other.memory.largest
+            spread = (
+                f"{human_bytes(most)} on every rank"
+                if least == most
+                else (f"{human_bytes(least)} to {human_bytes(most)} a rank")
+            )
+            notes.append(f"--expert-shard-dim 1 (FSDP on the experts' dim 1) gives {spread}")
+    return notes
 
 
 def _fsdp_str(fsdp: Mapping[str, str | tuple[str, str]]) -> str:

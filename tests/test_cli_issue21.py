@@ -5,11 +5,13 @@ idle ranks and padding in the lint summary."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from layout_algebra import ParamLayoutTable, ParamShape, build_table, complete_default
+from layout_algebra.lint import human_bytes
 from layout_algebra.serialization import from_json, plan_to_json, shapes_to_json, to_json
 from tests.test_cli import (
     PATTERN_FQNS,
@@ -278,3 +280,47 @@ def test_a_directory_without_a_checkpoint_is_a_usage_error(
 
 def moe_table() -> ParamLayoutTable:
     return build_table(moe_plan(), ["dp_shard", "tp"], expert_axes=["dp_shard", "ep"])
+
+
+# ---------------------------------------------------------------------------------------
+# the lint summary line: idle ranks, heavy padding, and the remedy
+
+
+def summary(out: str) -> str:
+    return out.splitlines()[1]
+
+
+def test_the_summary_line_names_idle_ranks_padding_and_the_remedy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    mesh = ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    argv = ["lint", plan, "--shapes", shapes, *mesh, "--fsdp", "dp_shard"]
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    # 4 experts over ep=4, then FSDP's dim 0 (one expert) over dp_shard=2: half the ranks idle
+    report = json.loads(run([*argv, "--json"], capsys)[1])["memory"]
+    idle = sum(1 for held in report["by_role"]["expert"] if held == 0)
+    padded = sum(report["padded_bytes_per_rank"]) - sum(report["bytes_per_rank"])
+    assert idle == 4
+    _, fixed, _ = run([*argv, "--expert-shard-dim", "1"], capsys)
+    every = re.search(r"^largest: rank \d+, (\d+ B); smallest: rank \d+, \1$", fixed, re.M)
+    assert every is not None
+    assert summary(out) == (
+        "0 problems, 1 note, 8 ranks; 4 ranks hold no expert weights; "
+        f"FSDP pads {human_bytes(padded)} ({padded / sum(report['bytes_per_rank']):.0%} "
+        "of the data); --expert-shard-dim 1 "
+        f"(FSDP on the experts' dim 1) gives {every.group(1)} on every rank"
+    )
+    # the remedy taken: nothing left to say
+    assert summary(fixed) == "0 problems, 0 notes, 8 ranks"
+
+
+def test_a_balanced_lint_keeps_the_plain_summary_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    mesh = ["--mesh", "dp_shard=2,tp=2", "--expert-mesh", "dp_shard=1,ep=4"]
+    code, out, err = run(["lint", plan, "--shapes", shapes, *mesh, "--fsdp", "dp_shard"], capsys)
+    assert (code, err) == (0, "")
+    assert summary(out) == "0 problems, 0 notes, 4 ranks"
