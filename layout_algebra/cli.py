@@ -17,7 +17,9 @@ Subcommands:
   under another (bytes per rank, total, largest, the parameters that move most).
 - ``lint TABLE_OR_PLAN.json --shapes FILE --mesh dp_shard=8,tp=4 [--expert-mesh ...]
   [--fsdp dp_shard] [--json]``: every problem torch would raise, the checkpoint hazard of
-  uneven strided shards, the padding they cost, and the parameter bytes of every rank.
+  uneven strided shards, the padding they cost, and the parameter bytes of every rank
+  (for a plan without ``--fsdp``, FSDP over the mesh's one FSDP axis of size > 1); the
+  summary line names idle ranks and heavy padding.
 
 Commands that strip FSDP's axes (``check``, ``table``, ``draw``, ``lint``) take
 ``--owned AXIS,...`` (replace ``FSDP_OWNED_AXES``) and ``--also-owned AXIS,...`` (add to it).
@@ -904,14 +906,20 @@ def _add_lint(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_fsdp_arg,
         default=None,
         metavar="AXIS",
-        help="the axis FSDP2 shards over (REPLICATE,SHARD for HSDP)",
+        help=(
+            "the axis FSDP2 shards over (REPLICATE,SHARD for HSDP); for a plan, default: "
+            "the one FSDP-owned axis of --mesh of size > 1"
+        ),
     )
     lnt.add_argument(
         "--expert-fsdp",
         type=_fsdp_arg,
         default=None,
         metavar="AXIS",
-        help="the axis FSDP2 shards the experts over (default: --fsdp)",
+        help=(
+            "the axis FSDP2 shards the experts over (default: --fsdp; for a plan without "
+            "--fsdp, the one FSDP-owned axis of --expert-mesh of size > 1)"
+        ),
     )
     lnt.add_argument(
         "--shard-dim",

@@ -324,3 +324,18 @@ def test_a_balanced_lint_keeps_the_plain_summary_line(
     code, out, err = run(["lint", plan, "--shapes", shapes, *mesh, "--fsdp", "dp_shard"], capsys)
     assert (code, err) == (0, "")
     assert summary(out) == "0 problems, 0 notes, 4 ranks"
+
+
+def test_lint_of_the_table_made_with_fqns_is_lint_of_its_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    mesh = ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    code, made, err = run(["table", plan, *mesh, "--fqns", shapes], capsys)
+    assert (code, err) == (0, "")
+    table = write(tmp_path / "table.json", made)
+    lint = ["--shapes", shapes, *mesh, "--fsdp", "dp_shard", "--json"]
+    _, of_table, _ = run(["lint", table, *lint], capsys)
+    _, of_plan, _ = run(["lint", plan, *lint], capsys)
+    assert of_table == of_plan
+    assert json.loads(of_table)["problems"] == []
