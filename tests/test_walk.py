@@ -32,7 +32,12 @@ from layout_algebra.torch_bridge import (
     table_from_module,
     tied_pairs_from_module,
 )
-from layout_algebra.torch_bridge._walk import named_modules, named_parameters, parameter_groups
+from layout_algebra.torch_bridge._walk import (
+    named_modules,
+    named_parameters,
+    parameter_groups,
+    state_dict_fqn,
+)
 from tests.torch_oracle import MeshFactory
 
 T = TypeVar("T")
@@ -284,3 +289,30 @@ def test_bind_of_a_table_by_module_refuses_as_binds_of_it_spelled_out(
     ours = _bound_or_refused(table, tree, meshes)
     event("refused" if isinstance(ours, tuple) else "bound")
     assert ours == _bound_or_refused(spelled, tree, meshes)
+
+
+def test_a_checkpoint_wrapper_is_walked_as_the_state_dict_names_it() -> None:
+    """Activation checkpointing's ``_checkpoint_wrapped_module`` segment is dropped, as
+    torch's state dict drops it, on every path of the walk: ours, torch's from a class
+    hiding its children, and torch's from a root renaming its parameters."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noqa: PLC0415
+        checkpoint_wrapper,
+    )
+
+    def wrapped(root: nn.Module) -> nn.Module:
+        root.block = checkpoint_wrapper(nn.Sequential(nn.Linear(2, 2), _Shadowing()))
+        root.head = nn.Linear(2, 2)
+        return root
+
+    for root in (wrapped(nn.Module()), wrapped(_Renaming())):
+        theirs = [(state_dict_fqn(n), i) for n, i in torch_pairs(root)]
+        assert any("_checkpoint_wrapped_module" in n for n, _ in torch_pairs(root))
+        assert our_pairs(root) == theirs
+        assert grouped_pairs(root) == theirs
+        modules = [
+            (state_dict_fqn(n), id(m)) for n, m in root.named_modules(remove_duplicate=False)
+        ]
+        assert [(n, id(m)) for n, m in named_modules(root)] == modules
+    plain = wrapped(nn.Module())
+    assert [n for n, _ in named_parameters(plain)] == list(plain.state_dict())
+    assert state_dict_fqn("a._checkpoint_wrapped_module.b._checkpoint_wrapped_module.w") == "a.b.w"
