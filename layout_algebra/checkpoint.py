@@ -57,7 +57,7 @@ from layout_algebra.layout import (
     partial_error,
 )
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
-from layout_algebra.shapes import DTYPE_BYTES, as_dtype
+from layout_algebra.shapes import DTYPE_BYTES, as_dtype, fused_experts, per_expert_message
 
 __all__ = [
     "MAX_RANKS",
@@ -964,6 +964,15 @@ def reshard_plan(
     planner = _Planner(src_roles, dst_roles, ranks)
     fqns, kinds, problems = _plan_all(planner, src, dst, shapes)
     if problems:
+        # Headers that keep experts one by one explain every fused parameter they lack.
+        missing = [e.fqn for e in problems if e.fqn is not None and e.fqn not in shapes]
+        fused = fused_experts(missing, shapes) if missing else {}
+        problems = [
+            LayoutError(per_expert_message(e.fqn, fused), fqn=e.fqn)
+            if e.fqn is not None and e.fqn in fused
+            else e
+            for e in problems
+        ]
         raise plan_error("the reshard", problems)
     # Per parameter at C speed: a few patterns stand for a million parameters.
     counts = Counter(map(id, kinds))

@@ -22,7 +22,6 @@ Every role's mesh spans the whole world, its ranks laid out row-major in the axi
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeAlias
 
@@ -50,7 +49,7 @@ from layout_algebra.geometry import (
 )
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard, format_placement
-from layout_algebra.shapes import ParamShape
+from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
 
 __all__ = [
     "LintNote",
@@ -995,7 +994,7 @@ class _Run:
         notes: list[LintNote] = []
         per_expert: set[str] = set()  # shapes of experts stored one by one, said once
         if self.no_shape or any(f.problems or f.note for f in self.found.values()):
-            fused = _fused_experts(self.table, self.shapes) if self.no_shape else {}
+            fused = fused_experts(self.table, self.shapes) if self.no_shape else {}
             for fqn, layout in self.table.items():
                 result = self._result(fqn, layout)
                 if result is None:
@@ -1007,7 +1006,9 @@ class _Run:
                         )
                         problems.append(LintProblem(msg, kind="no-shape", fqn=fqn))
                     elif not per_expert:
-                        problems.append(_per_expert_problem(fqn, fused))
+                        problems.append(
+                            LintProblem(per_expert_message(fqn, fused), kind="no-shape", fqn=fqn)
+                        )
                     per_expert.update(fused.get(fqn, ()))
                     continue
                 problems.extend(
@@ -1040,49 +1041,6 @@ class _Run:
         """The bytes of every storage on every rank, by role."""
         found = {key: (v[0].mesh, self.found[key]) for key, v in self.tally.values.items()}
         return _memory(found, self.tally.counts, self.world)
-
-
-_NUMBER: Final = re.compile(r"\.([0-9]+)(?=\.)")
-
-
-def _numbers(name: str) -> tuple[str, ...]:
-    return tuple(_NUMBER.findall(name))
-
-
-def _fused_experts(
-    table: ParamLayoutTable, shapes: Mapping[str, ParamShape]
-) -> dict[str, list[str]]:
-    """Each table FQN the shapes lack whose module the shapes hold one expert at a time,
-    with those keys: ``layers.0.mlp.experts.gate_up_proj`` beside
-    ``layers.0.mlp.experts.0.gate_proj.weight`` (or ``layers.0.block_sparse_moe.experts.0.w1``:
-    a module of the same name, in the same layer), a transformers checkpoint's headers,
-    whose loading fuses the experts."""
-    numbered: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-    for key in shapes:
-        for found in _NUMBER.finditer(key):
-            module = key[: found.start()]
-            numbered.setdefault((module.rpartition(".")[2], _numbers(module)), []).append(key)
-    fused: dict[str, list[str]] = {}
-    if numbered:
-        for fqn in table:
-            module = fqn.rpartition(".")[0]
-            keys = numbered.get((module.rpartition(".")[2], _numbers(module)))
-            if keys and fqn not in shapes:
-                fused[fqn] = keys
-    return fused
-
-
-def _per_expert_problem(fqn: str, fused: Mapping[str, list[str]]) -> LintProblem:
-    stored = sorted({_NUMBER.sub(".<n>", k) for k in fused[fqn]})
-    shown = ", ".join(repr(k) for k in stored[:3])
-    msg = (
-        f"{fqn}: the shapes store the experts one by one ({shown}) where the table names "
-        f"fused runtime parameters (this one and {len(fused) - 1} more): a transformers "
-        "checkpoint's headers, which its loading fuses; lint with the runtime shapes, "
-        "shapes_from_checkpoint(model, path) or shapes_from_module(model) (on the "
-        "command line, give --shapes a shapes.json written from them with shapes_to_json)"
-    )
-    return LintProblem(msg, kind="no-shape", fqn=fqn)
 
 
 def _memory(

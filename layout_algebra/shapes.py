@@ -628,3 +628,44 @@ def shapes_from_safetensors(path: str | os.PathLike[str]) -> Mapping[str, ParamS
     p = Path(as_path(path, "path"))
     shapes = _index_shapes(p) if p.suffix == ".json" else _file_shapes(p)
     return FrozenMap(shapes)
+
+
+_NUMBER: Final = re.compile(r"\.([0-9]+)(?=\.)")
+
+
+def _numbers(name: str) -> tuple[str, ...]:
+    return tuple(_NUMBER.findall(name))
+
+
+def fused_experts(fqns: Iterable[str], shapes: Mapping[str, object]) -> dict[str, list[str]]:
+    """Each of ``fqns`` the shapes lack whose module the shapes hold one expert at a time,
+    with those keys: ``layers.0.mlp.experts.gate_up_proj`` beside
+    ``layers.0.mlp.experts.0.gate_proj.weight`` (or ``layers.0.block_sparse_moe.experts.0.w1``:
+    a module of the same name, in the same layer), a transformers checkpoint's headers,
+    whose loading fuses the experts."""
+    numbered: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for key in shapes:
+        for found in _NUMBER.finditer(key):
+            module = key[: found.start()]
+            numbered.setdefault((module.rpartition(".")[2], _numbers(module)), []).append(key)
+    fused: dict[str, list[str]] = {}
+    if numbered:
+        for fqn in fqns:
+            module = fqn.rpartition(".")[0]
+            keys = numbered.get((module.rpartition(".")[2], _numbers(module)))
+            if keys and fqn not in shapes:
+                fused[fqn] = keys
+    return fused
+
+
+def per_expert_message(fqn: str, fused: Mapping[str, list[str]]) -> str:
+    """The one message for ``fqn`` of ``fused_experts``: what the shapes hold, what to do."""
+    stored = sorted({_NUMBER.sub(".<n>", k) for k in fused[fqn]})
+    shown = ", ".join(repr(k) for k in stored[:3])
+    return (
+        f"{fqn}: the shapes store the experts one by one ({shown}) where the table names "
+        f"fused runtime parameters (this one and {len(fused) - 1} more): a transformers "
+        "checkpoint's headers, which its loading fuses; use the runtime shapes, "
+        "shapes_from_checkpoint(model, path) or shapes_from_module(model) (on the "
+        "command line, give --shapes a shapes.json written from them with shapes_to_json)"
+    )

@@ -22,7 +22,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from layout_algebra import LayoutError, lint, shapes_from_safetensors
+from layout_algebra import LayoutError, PlanError, lint, reshard_plan, shapes_from_safetensors
 from layout_algebra.cli import main
 from layout_algebra.serialization import shapes_to_json, to_json
 from layout_algebra.torch_bridge import shapes_from_module, table_from_hf
@@ -97,6 +97,36 @@ def test_lint_of_the_checkpoint_is_lint_of_the_model(which: str, tmp_path: Path)
     assert from_checkpoint == from_module
     assert not from_checkpoint.problems
     assert min(from_checkpoint.memory.by_role["expert"]) > 0
+
+
+def test_reshard_of_raw_headers_says_experts_are_stored_one_by_one(tmp_path: Path) -> None:
+    model = _qwen3_moe()
+    path = _save(model, tmp_path)
+    table = table_from_hf(model, mesh_axes=list(DENSE), expert_axes=list(EXPERT))
+    sizes = {"dense": DENSE, "expert": EXPERT}
+    with pytest.raises(PlanError) as info:
+        reshard_plan(
+            table,
+            table,
+            shapes_from_safetensors(path),
+            src_sizes=sizes,
+            dst_sizes=sizes,
+            fsdp={"dense": "fsdp", "expert": "efsdp"},
+        )
+    fused = {f for f in table if f.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    assert {p.fqn for p in info.value.problems} == fused
+    assert all("one by one" in p.message for p in info.value.problems)
+    # with the runtime shapes, the same reshard plans
+    shapes = shapes_from_checkpoint(model, path)
+    plan = reshard_plan(
+        table,
+        table,
+        shapes,
+        src_sizes=sizes,
+        dst_sizes=sizes,
+        fsdp={"dense": "fsdp", "expert": "efsdp"},
+    )
+    assert plan.total > 0
 
 
 @pytest.mark.parametrize("which", list(MODELS))
