@@ -23,6 +23,7 @@ from layout_algebra.errors import LayoutError
 __all__ = [
     "MAX_NDIM",
     "MAX_TENSOR_SIZE",
+    "as_instances",
     "as_items",
     "as_shape",
     "mapping_dict",
@@ -66,6 +67,21 @@ def as_items(
         msg = f"{arg} could not be read as a collection such as {example}: {quote(e)}"
         raise LayoutError(msg) from e
     return items
+
+
+def as_instances(value: Iterable[T], kind: type[T], arg: str, example: str) -> tuple[T, ...]:
+    """``as_items`` of ``value``, each item a ``kind``: the check of a tuple of values.
+
+    Raises:
+        LayoutError: as ``as_items``, or an item that is not a ``kind``, naming ``arg``.
+    """
+    out = as_items(value, arg, example)
+    for item in out:
+        raw: object = item
+        if not isinstance(raw, kind):
+            msg = f"{arg} holds {kind.__name__} values such as {example}, got {quote(raw)}"
+            raise LayoutError(msg)
+    return out
 
 
 def mapping_items(

@@ -22,7 +22,7 @@ from typing import ClassVar, Final, TypeVar, overload
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_items, plain_str
+from layout_algebra._args import as_instances, as_items, mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
@@ -705,13 +705,7 @@ class Drop:
 
 
 def _as_drops(drops: Iterable[Drop]) -> tuple[Drop, ...]:
-    out = as_items(drops, "dropped", "(Drop('w', 'dense', 'tp', Shard(0)),)")
-    for d in out:
-        raw: object = d
-        if not isinstance(raw, Drop):
-            msg = f"dropped: {quote(raw)} is not a Drop"
-            raise LayoutError(msg)
-    return out
+    return as_instances(drops, Drop, "dropped", "(Drop('w', 'dense', 'tp', Shard(0)),)")
 
 
 @attrs.frozen(eq=False, repr=False)

@@ -27,7 +27,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_items, plain_str
+from layout_algebra._args import as_instances, as_items, mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
@@ -342,23 +342,11 @@ def _ranks_str(ranks: range) -> str:
 
 
 def _as_problems(value: Iterable[LintProblem]) -> tuple[LintProblem, ...]:
-    out = as_items(value, "LintReport(problems)", "(LintProblem(...),)")
-    for p in out:
-        raw: object = p
-        if not isinstance(raw, LintProblem):
-            msg = f"LintReport(problems) holds LintProblems, got {quote(raw)}"
-            raise LayoutError(msg)
-    return out
+    return as_instances(value, LintProblem, "LintReport(problems)", "(LintProblem(...),)")
 
 
 def _as_notes(value: Iterable[LintNote]) -> tuple[LintNote, ...]:
-    out = as_items(value, "LintReport(notes)", "(LintNote('w', 'uneven'),)")
-    for n in out:
-        raw: object = n
-        if not isinstance(raw, LintNote):
-            msg = f"LintReport(notes) holds LintNotes, got {quote(raw)}"
-            raise LayoutError(msg)
-    return out
+    return as_instances(value, LintNote, "LintReport(notes)", "(LintNote('w', 'uneven'),)")
 
 
 def _check_memory(_: object, __: attrs.Attribute[RankMemory], value: object) -> None:

@@ -645,6 +645,8 @@ def fused_experts(fqns: Iterable[str], shapes: Mapping[str, object]) -> dict[str
     whose loading fuses the experts."""
     numbered: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for key in shapes:
+        if not isinstance(key, str):  # a key no FQN spells: reported where it is read
+            continue
         for found in _NUMBER.finditer(key):
             module = key[: found.start()]
             numbered.setdefault((module.rpartition(".")[2], _numbers(module)), []).append(key)
