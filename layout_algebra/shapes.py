@@ -644,7 +644,8 @@ def fused_experts(fqns: Iterable[str], shapes: Mapping[str, object]) -> dict[str
     a module of the same name, in the same layer), a transformers checkpoint's headers,
     whose loading fuses the experts."""
     numbered: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-    for key in shapes:
+    for raw in shapes:
+        key: object = raw  # user input, whatever the annotation says
         if not isinstance(key, str):  # a key no FQN spells: reported where it is read
             continue
         for found in _NUMBER.finditer(key):
