@@ -454,23 +454,12 @@ def _hostile(i: int) -> object:
 HOSTILE = st.integers(0, len(HOSTILE_VALUES) - 1).map(_hostile)
 
 
-KNOWN_FAILURES: dict[str, str] = {}
-"""Callables of other modules still failing the property (xfails, not strict: Hypothesis
-may not meet the failing value in every run). Remove a name once its module is fixed."""
-
-
-def _param(name: str) -> object:
-    reason = KNOWN_FAILURES.get(name)
-    marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
-    return pytest.param(name, marks=marks)
-
-
 def _is_sequence(value: object) -> bool:
     """A list or tuple argument (names, a shape, pairs): never to be given as text."""
     return isinstance(value, list | tuple)
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in sorted(CASES)])
+@pytest.mark.parametrize("name", sorted(CASES))
 @given(data=st.data())
 def test_hostile_arguments_give_a_layout_error_or_a_result(name: str, data: st.DataObject) -> None:
     case = CASES[name]

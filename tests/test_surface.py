@@ -143,17 +143,6 @@ def test_the_top_level_exports_no_internals() -> None:
     assert all(not n.startswith("_") for n in layout_algebra.__all__)
 
 
-def test_the_old_import_paths_keep_working() -> None:
-    from layout_algebra.axes import AxisLike  # noqa: PLC0415
-    from layout_algebra.geometry import compose_fsdp, local_runs  # noqa: PLC0415
-    from layout_algebra.plan import NamedPlacements  # noqa: PLC0415
-
-    assert AxisLike is not None
-    assert NamedPlacements is not None
-    assert local_runs is layout_algebra.local_runs
-    assert compose_fsdp is layout_algebra.compose_fsdp
-
-
 COMMAND_LINE_SURFACES = {
     "serialization": {
         "FORMAT_VERSION",
