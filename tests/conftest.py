@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
     from tests.torch_oracle import MeshFactory
+    from tests.torchtitan_runs import Titan
 
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
@@ -52,3 +53,12 @@ def world_mesh(fake_world: int) -> MeshFactory:
     from tests.torch_oracle import MeshFactory  # noqa: PLC0415 - torch loads only for tests with a mesh
 
     return MeshFactory(fake_world)
+
+
+@pytest.fixture
+def titan(monkeypatch: pytest.MonkeyPatch) -> Titan:
+    """torchtitan's runs on the fake world, patched for the CPU (skipped without torchtitan)."""
+    pytest.importorskip("torchtitan")
+    from tests.torchtitan_runs import Titan  # noqa: PLC0415 - torchtitan loads only for its tests
+
+    return Titan(monkeypatch)

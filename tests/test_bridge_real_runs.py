@@ -36,12 +36,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def titan(monkeypatch: pytest.MonkeyPatch) -> Titan:
-    pytest.importorskip("torchtitan")
-    return Titan(monkeypatch)
-
-
 # ---------------------------------------------------------------------------------------
 # torchtitan's spmd_types backend: plain local shards are refused, never read as whole
 

@@ -57,11 +57,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def titan(monkeypatch: pytest.MonkeyPatch) -> Titan:
-    return Titan(monkeypatch)
-
-
 def names(model: nn.Module) -> list[str]:
     return [name for name, _ in model.named_parameters(remove_duplicate=False)]
 
