@@ -28,7 +28,6 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
-from layout_algebra.frozen import FrozenMap
 from layout_algebra.geometry import compose_fsdp, compose_table, local_runs, local_shape_and_offset
 from layout_algebra.jax_bridge import from_partition_spec, to_partition_spec
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout
@@ -53,7 +52,6 @@ __all__ = [
     "BindError",
     "Chunk",
     "Drop",
-    "FrozenMap",
     "LayoutError",
     "LintNote",
     "LintProblem",

@@ -33,7 +33,7 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
-from layout_algebra.frozen import REQUIRED, FrozenMap, check_init, read_once
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
 from layout_algebra.layout import (
     ByModule,
     Drop,

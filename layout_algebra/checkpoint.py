@@ -34,7 +34,7 @@ from layout_algebra._args import (
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import REQUIRED, FrozenMap, check_init, frozen_map_of, getter
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of, getter
 from layout_algebra.geometry import (
     MAX_WORLD,
     FsdpAxes,

@@ -30,7 +30,7 @@ from layout_algebra.axes import (
     axis_str,
 )
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.frozen import REQUIRED, check_init
+from layout_algebra._frozen import REQUIRED, check_init
 from layout_algebra.layout import ByModule, Listed, ParamLayoutTable, SourceLayout, partial_error
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.placements import (

@@ -26,7 +26,7 @@ from layout_algebra._args import as_instances, as_items, mapping_items, plain_st
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import REQUIRED, DictView, check_init
+from layout_algebra._frozen import REQUIRED, DictView, check_init
 from layout_algebra.placements import (
     Partial,
     Placement,

@@ -31,7 +31,7 @@ from layout_algebra._args import as_instances, as_items, mapping_items, plain_st
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import REQUIRED, FrozenMap, check_init, getter, read_once
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, getter, read_once
 from layout_algebra.geometry import (
     FsdpAxes,
     FsdpParts,

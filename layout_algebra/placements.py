@@ -15,7 +15,7 @@ import attrs
 from layout_algebra._args import MAX_NDIM, plain_str
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError, PlacementSyntaxError
-from layout_algebra.frozen import NOT_GIVEN, REQUIRED, check_init
+from layout_algebra._frozen import NOT_GIVEN, REQUIRED, check_init
 
 __all__ = [
     "MAX_DIM",

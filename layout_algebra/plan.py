@@ -18,7 +18,7 @@ from layout_algebra._patterns import WILDCARD
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
 from layout_algebra.errors import LayoutError
-from layout_algebra.frozen import NOT_GIVEN, REQUIRED, FrozenMap, check_init, frozen_map_of
+from layout_algebra._frozen import NOT_GIVEN, REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra.placements import Placement, is_placement
 
 __all__ = ["ModulePlan", "NamedLike", "NamedPlacements", "ShardingPlan"]

@@ -48,7 +48,7 @@ from layout_algebra._args import mapping_items
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
-from layout_algebra.frozen import FrozenMap
+from layout_algebra._frozen import FrozenMap
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout, check_no_partial
 from layout_algebra.layout import _CheckedEntries as CheckedEntries
 from layout_algebra.mesh import Mesh

@@ -23,7 +23,7 @@ from layout_algebra._args import MAX_TENSOR_SIZE, as_shape
 from layout_algebra._files import as_path, open_regular
 from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.errors import LayoutError, SerializationError
-from layout_algebra.frozen import FrozenMap
+from layout_algebra._frozen import FrozenMap
 
 __all__ = [
     "DTYPE_BYTES",

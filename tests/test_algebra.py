@@ -45,7 +45,7 @@ from layout_algebra import (
     strip,
 )
 from layout_algebra._patterns import Matcher, Rule
-from layout_algebra.frozen import FrozenMap
+from layout_algebra._frozen import FrozenMap
 from layout_algebra.layout import _MAX_SCANS, ByModule, Listed, _CheckedEntries
 from layout_algebra.plan import NamedPlacements
 from tests.strategies import (

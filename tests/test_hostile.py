@@ -59,7 +59,7 @@ from layout_algebra import (
     resolve,
     strip,
 )
-from layout_algebra.frozen import FrozenMap
+from layout_algebra._frozen import FrozenMap
 from layout_algebra.geometry import local_runs
 from layout_algebra.plan import NamedPlacements
 

@@ -41,7 +41,7 @@ from layout_algebra import (
 from layout_algebra._args import MAX_NDIM
 from layout_algebra.axes import AxisName
 from layout_algebra.draw import draw
-from layout_algebra.frozen import FrozenMap
+from layout_algebra._frozen import FrozenMap
 from layout_algebra.geometry import FsdpParts, fsdp_storage_runs, local_runs
 from tests.torch_oracle import MeshFactory
 

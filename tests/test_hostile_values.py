@@ -43,7 +43,7 @@ from layout_algebra import (
     build_table,
     lint,
 )
-from layout_algebra.frozen import FrozenMap
+from layout_algebra._frozen import FrozenMap
 
 W = SourceLayout("dense", ["tp"], [Shard(0)])
 X = SourceLayout("dense", ["tp"], [Replicate()])

@@ -21,7 +21,7 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
 )
-from layout_algebra.frozen import FrozenMap
+from layout_algebra._frozen import FrozenMap
 from tests.strategies import source_layouts, tables
 
 TP, EP = AxisName("tp"), AxisName("ep")

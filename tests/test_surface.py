@@ -25,7 +25,6 @@ TOP_LEVEL = frozenset(
         "SourceLayout",
         "ParamLayoutTable",
         "Drop",
-        "FrozenMap",
         "ShardingPlan",
         "ModulePlan",
         "TableDiff",
@@ -74,7 +73,7 @@ TOP_LEVEL = frozenset(
     }
 )
 """What API.md names at the top level (``Mesh`` among them), plus ``local_runs``,
-``ReduceOp``, ``FrozenMap`` and ``Drop``."""
+``ReduceOp`` and ``Drop``."""
 
 INTERNALS = frozenset(
     {
@@ -102,7 +101,6 @@ CORE_MODULES = (
     "axes",
     "placements",
     "layout",
-    "frozen",
     "plan",
     "algebra",
     "geometry",

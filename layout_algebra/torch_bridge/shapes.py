@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from torch import nn
 
 from layout_algebra.errors import BindError, LayoutError
-from layout_algebra.frozen import FrozenMap
+from layout_algebra._frozen import FrozenMap
 from layout_algebra.shapes import ParamShape
 from layout_algebra.torch_bridge._checks import check_module, refuse_spmd_local, spmd_local
 from layout_algebra.torch_bridge._walk import named_parameters
