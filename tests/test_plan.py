@@ -314,45 +314,6 @@ def test_a_bad_module_key_among_good_ones_is_named(key: object, match: str) -> N
     assert info.value.fqn == (key if isinstance(key, str) else repr(key))
 
 
-OLD_PICKLE = (
-    b"\x80\x04\x95\xbe\x01\x00\x00\x00\x00\x00\x00\x8c\x13layout_algebra.plan\x94\x8c\x0cShard"
-    b"ingPlan\x94\x93\x94)\x81\x94}\x94(\x8c\x07modules\x94\x8c\x15layout_algeb"
-    b"ra.frozen\x94\x8c\tFrozenMap\x94\x93\x94)\x81\x94}\x94\x8c\x06_items\x94}\x94"
-    b"(\x8c\x04attn\x94h\x00\x8c\x0c_module_plan\x94\x93\x94h\x08)\x81\x94}\x94h\x0b}\x94\x8c\t"
-    b"wq.weight\x94h\x08)\x81\x94}\x94h\x0b}\x94\x8c\x02tp\x94\x8c\x19layout_algeb"
-    b"ra.placements\x94\x8c\x05Shard\x94\x93\x94K\x00\x85\x94R\x94ssbssb\x89\x86\x94R"
-    b"\x94\x8c\x0clayers.*.mlp\x94h\x0fh\x08)\x81\x94}\x94h\x0b}\x94\x8c\tw1.weight"
-    b"\x94h\x08)\x81\x94}\x94h\x0b}\x94h\x17h\x1aK\x01\x85\x94R\x94ssbssb\x89\x86\x94R\x94usb\x8c\tme"
-    b"sh_axes\x94\x8c\x13layout_algebra.axes\x94\x8c\x08AxisName"
-    b"\x94\x93\x94)\x81\x94}\x94\x8c\x04name\x94\x8c\x08dp_shard\x94sbh.)\x81\x94}\x94h1h\x17s"
-    b"b\x86\x94\x8c\ntied_pairs\x94\x8c\x0eattn.wq.weight\x94\x8c\x0eattn."
-    b"wo.weight\x94\x86\x94\x85\x94ub."
-)
-"""``pickle.dumps(plan, 4)`` of a plan by an earlier layout_algebra, whose plans pickled
-attrs' state (their fields by name) and knew nothing of their modules: ``attn`` with
-``wq.weight`` ``S(0)`` on tp, ``layers.*.mlp`` with ``w1.weight`` ``S(1)``, a tied pair."""
-
-
-def test_a_plan_pickled_by_an_earlier_version_is_made_again() -> None:
-    plan = pickle.loads(OLD_PICKLE)
-    expected = ShardingPlan(
-        {
-            "attn": ModulePlan({"wq.weight": {"tp": Shard(0)}}),
-            "layers.*.mlp": ModulePlan({"w1.weight": {"tp": Shard(1)}}),
-        },
-        mesh_axes=["dp_shard", "tp"],
-        tied_pairs=[("attn.wq.weight", "attn.wo.weight")],
-    )
-    assert plan == expected and hash(plan) == hash(expected)
-    assert plan.has_patterns  # indexed, as a plan made anew is
-    fqns = ["attn.wq.weight", "layers.0.mlp.w1.weight"]
-    assert build_table(plan, ["tp"], fqns=fqns, tied_pairs=()) == build_table(
-        expected, ["tp"], fqns=fqns, tied_pairs=()
-    )
-    with pytest.raises(LayoutError, match=r"^a pickled ShardingPlan holds \(1, 2\), not its"):
-        ShardingPlan.__new__(ShardingPlan).__setstate__((1, 2))
-
-
 @pytest.mark.parametrize(
     "state",
     [
