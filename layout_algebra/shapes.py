@@ -21,9 +21,10 @@ import attrs
 
 from layout_algebra._args import MAX_TENSOR_SIZE, as_shape
 from layout_algebra._files import as_path, open_regular
+from layout_algebra._frozen import FrozenMap
 from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.errors import LayoutError, SerializationError
-from layout_algebra._frozen import FrozenMap
+from layout_algebra.structure import Packed, as_structure, structure_str
 
 __all__ = [
     "DTYPE_BYTES",
@@ -151,22 +152,55 @@ def _as_shape(value: Iterable[int]) -> tuple[int, ...]:
     return shape
 
 
-@attrs.frozen(cache_hash=True)
+@attrs.frozen(cache_hash=True, repr=False)
 class ParamShape:
-    """A parameter's global shape and dtype (torch's name), so also its bytes.
+    """A parameter's global shape and dtype (torch's name), so also its bytes, and what
+    some of its dims are made of.
 
     A shape torch can hold: at most 64 dims, each size and the element count at most
-    2**63 - 1 (torch counts elements in int64).
+    2**63 - 1 (torch counts elements in int64). ``structure`` gives, by dim, the parts
+    the dim is packed from (``Packed``): heads, fused projections, experts; each one as
+    long as its dim.
 
     >>> p = ParamShape((4096, 1024), "BF16")
     >>> p
     ParamShape(shape=(4096, 1024), dtype='bfloat16')
     >>> p.nbytes
     8388608
+    >>> from layout_algebra.structure import Part
+    >>> print(ParamShape((1024, 4096), "bfloat16", structure={0: Packed([Part("k", 8, 128)])}))
+    bfloat16[1024, 4096] (dim 0 [k: 8x128])
     """
 
     shape: tuple[int, ...] = attrs.field(converter=_as_shape)
     dtype: str = attrs.field(converter=as_dtype)
+    structure: FrozenMap[int, Packed] = attrs.field(
+        default=FrozenMap({}), converter=as_structure, kw_only=True
+    )
+
+    @structure.validator
+    def _check_structure(
+        self, _: attrs.Attribute[FrozenMap[int, Packed]], value: FrozenMap[int, Packed]
+    ) -> None:
+        for dim, packed in value.items():
+            if dim >= self.ndim:
+                msg = (
+                    f"structure[{dim}] = {packed} is for dim {dim}, but the shape "
+                    f"{self.shape} has {self.ndim} dim{'s' if self.ndim != 1 else ''}; "
+                    f"give the structure of a dim below {self.ndim}"
+                )
+                raise LayoutError(msg)
+            if packed.length != self.shape[dim]:
+                msg = (
+                    f"structure[{dim}] = {packed} spans {packed.length} elements, but dim "
+                    f"{dim} of the shape {self.shape} has {self.shape[dim]}; give parts "
+                    "whose count * size add up to the dim"
+                )
+                raise LayoutError(msg)
+
+    def with_structure(self, structure: Mapping[int, Packed]) -> ParamShape:
+        """This shape with ``structure`` in place of its own (``{}`` drops it)."""
+        return attrs.evolve(self, structure=structure)
 
     @property
     def ndim(self) -> int:
@@ -191,8 +225,15 @@ class ParamShape:
         """Bytes of the whole tensor."""
         return self.numel * self.itemsize
 
+    def __repr__(self) -> str:
+        inner = f"shape={self.shape!r}, dtype={self.dtype!r}"
+        if self.structure:
+            inner += f", structure={dict(self.structure)!r}"
+        return f"ParamShape({inner})"
+
     def __str__(self) -> str:
-        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+        text = f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+        return f"{text} ({structure_str(self.structure)})" if self.structure else text
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,326 @@
+"""Inside a dim: ``Part``, ``Packed``, ``ParamShape(structure=)``, their JSON, and the
+lint's rules over them (``cuts-unit``, ``packed-contiguous``, ``experts``).
+
+The rules' rows come from ``geometry.local_runs`` (torch.chunk semantics, checked against
+DTensor in the geometry tests); whether a flagged layout really computes wrong rows is
+checked on gloo ranks in ``test_structure_gloo.py``. The structure read off transformers
+models is compared with what their configs say.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from layout_algebra import LayoutError, ParamShape, SerializationError, Shard, SourceLayout
+from layout_algebra._structure_rules import StructureProblem, structure_problems
+from layout_algebra.placements import Placement, Replicate, StridedShard
+from layout_algebra.structure import Packed, Part, structure_from_obj, structure_to_obj
+
+LoosePart: Any = Part
+"""``Part`` for calls of the wrong types."""
+LoosePacked: Any = Packed
+
+QKV = Packed([Part("q", 4, 8), Part("k", 2, 8), Part("v", 2, 8)])
+GATE_UP = Packed([Part("gate", 64), Part("up", 64)])
+
+# ---------------------------------------------------------------------------------------
+# the values
+
+
+def test_part_and_packed_print_as_the_contract_says() -> None:
+    packed = Packed([Part("q", 32, 128), Part("k", 8, 128), Part("v", 8, 128)])
+    assert str(packed) == "[q: 32x128 | k: 8x128 | v: 8x128]"
+    assert len(packed) == packed.length == (32 + 8 + 8) * 128
+    assert repr(Part("k", 8, 128)) == "Part(name='k', count=8, size=128)"
+    assert str(Part("experts", 8)) == "experts: 8"
+    assert not packed.equal_parts
+    assert GATE_UP.equal_parts
+    assert [(p.name, a, b) for p, a, b in QKV.spans()] == [
+        ("q", 0, 32),
+        ("k", 32, 48),
+        ("v", 48, 64),
+    ]
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_values_are_hashable_and_pickle(protocol: int) -> None:
+    shape = ParamShape((64, 32), "bfloat16", structure={0: QKV})
+    for value in (Part("q", 4, 8), QKV, shape):
+        again = pickle.loads(pickle.dumps(value, protocol))
+        assert again == value
+        assert hash(again) == hash(value)
+    assert Packed([Part("q", 4, 8)]) == Packed((Part("q", 4, 8),))
+
+
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda: Part("q", 0, 8), ["'q'", "count", "0"]),
+        (lambda: Part("q", 4, -1), ["'q'", "size", "-1"]),
+        (lambda: Part("q", True), ["'q'", "count", "True"]),
+        (lambda: LoosePart("q", 2.0), ["'q'", "count", "2.0"]),
+        (lambda: Part("q", 2**62, 4), ["'q'", "2**63 - 1"]),
+        (lambda: Part("", 2), ["name", "''"]),
+        (lambda: Part("a b", 2), ["name", "'a b'"]),
+        (lambda: LoosePart(7, 2), ["name", "7"]),
+        (lambda: LoosePart("q"), ["count"]),
+        (lambda: Packed([]), ["at least one Part"]),
+        (lambda: LoosePacked("qk"), ["Packed(parts)", "string"]),
+        (lambda: LoosePacked([("q", 4)]), ["Packed(parts)", "Part"]),
+        (lambda: Packed([Part("q", 4), Part("q", 4)]), ["'q'", "twice"]),
+    ],
+)
+def test_bad_parts_are_layout_errors_naming_them(build: Any, words: list[str]) -> None:
+    with pytest.raises(LayoutError) as info:
+        build()
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_param_shape_carries_a_structure_by_dim() -> None:
+    plain = ParamShape((64, 32), "bfloat16")
+    packed = ParamShape((64, 32), "bfloat16", structure={0: QKV})
+    assert plain.structure == {} and packed.structure == {0: QKV}
+    assert plain != packed and hash(plain) != hash(packed)
+    assert packed == ParamShape((64, 32), "bfloat16", structure={0: QKV})
+    assert plain.with_structure({0: QKV}) == packed and packed.with_structure({}) == plain
+    assert repr(plain) == "ParamShape(shape=(64, 32), dtype='bfloat16')"
+    assert repr(packed) == f"ParamShape(shape=(64, 32), dtype='bfloat16', structure={{0: {QKV!r}}})"
+    assert str(packed) == "bfloat16[64, 32] (dim 0 [q: 4x8 | k: 2x8 | v: 2x8])"
+    two = ParamShape((8, 64), "float32", structure={1: QKV, 0: Packed([Part("experts", 8)])})
+    assert list(two.structure) == [0, 1]  # sorted by dim
+    assert str(two) == "float32[8, 64] (dim 0 [experts: 8]; dim 1 [q: 4x8 | k: 2x8 | v: 2x8])"
+
+
+@pytest.mark.parametrize(
+    ("structure", "words"),
+    [
+        ({0: Packed([Part("q", 4, 8)])}, ["structure[0]", "32", "64", "add up"]),
+        ({2: QKV}, ["structure[2]", "dim 2", "2 dims"]),
+        ({-1: QKV}, ["dims", "-1"]),
+        ({"0": QKV}, ["dims", "'0'"]),
+        ({True: QKV}, ["dims", "True"]),
+        ({0: "q: 4x8"}, ["structure[0]", "Packed"]),
+        ([QKV], ["structure", "map a dim"]),
+    ],
+)
+def test_a_structure_that_does_not_fit_is_a_layout_error(structure: Any, words: list[str]) -> None:
+    with pytest.raises(LayoutError) as info:
+        ParamShape((64, 32), "bfloat16", structure=structure)
+    for word in words:
+        assert word in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------
+# JSON
+
+
+def test_structure_json_round_trips() -> None:
+    structure = {0: Packed([Part("experts", 8)]), 1: QKV}
+    obj = structure_to_obj(structure)
+    assert obj == {
+        "0": [{"name": "experts", "count": 8, "size": 1}],
+        "1": [
+            {"name": "q", "count": 4, "size": 8},
+            {"name": "k", "count": 2, "size": 8},
+            {"name": "v", "count": 2, "size": 8},
+        ],
+    }
+    assert structure_from_obj(obj, "params.w.structure") == structure
+    assert structure_from_obj({"0": [{"name": "gate", "count": 4}]}) == {
+        0: Packed([Part("gate", 4)])
+    }
+
+
+@pytest.mark.parametrize(
+    ("obj", "path"),
+    [
+        ([], "s"),
+        ({"x": []}, 's["x"]'),
+        ({"01": []}, 's["01"]'),
+        ({"64": []}, 's["64"]'),
+        ({"0": {}}, 's["0"]'),
+        ({"0": []}, 's["0"]'),
+        ({"0": ["q"]}, 's["0"][0]'),
+        ({"0": [{"name": "q"}]}, 's["0"][0]'),
+        ({"0": [{"name": "q", "count": 1, "extra": 1}]}, 's["0"][0]'),
+        ({"0": [{"name": 3, "count": 1}]}, 's["0"][0].name'),
+        ({"0": [{"name": "a b", "count": 1}]}, 's["0"][0].name'),
+        ({"0": [{"name": "q", "count": 1.0}]}, 's["0"][0].count'),
+        ({"0": [{"name": "q", "count": 0}]}, 's["0"][0].count'),
+        ({"0": [{"name": "q", "count": 1, "size": 0}]}, 's["0"][0].size'),
+        ({"0": [{"name": "q", "count": 2**62, "size": 4}]}, 's["0"][0]'),
+        ({"0": [{"name": "q", "count": 1}, {"name": "q", "count": 1}]}, 's["0"]'),
+    ],
+)
+def test_bad_structure_json_names_its_path(obj: object, path: str) -> None:
+    with pytest.raises(SerializationError) as info:
+        structure_from_obj(obj, "s")
+    assert info.value.path == path
+    assert str(info.value).startswith(f"{path}: ")
+
+
+# ---------------------------------------------------------------------------------------
+# the rules
+
+
+def _layout(*pairs: tuple[str, Placement], mesh: str = "dense") -> SourceLayout:
+    return SourceLayout(mesh, [a for a, _ in pairs], [p for _, p in pairs])
+
+
+S0, R = Shard(0), Replicate()
+S0_2 = StridedShard(0, split_factor=2)
+K4 = Packed([Part("k", 4, 128)])
+Q6 = Packed([Part("q", 6, 128)])
+EXPERTS6 = Packed([Part("experts", 6)])
+
+CASES: list[tuple[str, Packed, SourceLayout, dict[str, int], str | None, str | None]] = [
+    # name, structure of dim 0, layout, mesh sizes, the problem's kind, its axis
+    ("4 KV heads over tp=4", K4, _layout(("tp", S0)), {"tp": 4}, None, None),
+    ("4 KV heads over tp=8", K4, _layout(("tp", S0)), {"tp": 8}, "cuts-unit", "tp"),
+    ("6 heads over tp=4", Q6, _layout(("tp", S0)), {"tp": 4}, "cuts-unit", "tp"),
+    ("6 heads over tp=3", Q6, _layout(("tp", S0)), {"tp": 3}, None, None),
+    ("tp=8 replicated", K4, _layout(("tp", R)), {"tp": 8}, None, None),
+    ("FSDP cuts heads: nothing", K4, _layout(("dp_shard", S0)), {"dp_shard": 8}, None, None),
+    (
+        "FSDP composed over a good tp",
+        K4,
+        _layout(("dp_shard", StridedShard(0, split_factor=4)), ("tp", S0)),
+        {"dp_shard": 8, "tp": 4},
+        None,
+        None,
+    ),
+    (
+        "tp then cp-like second source axis",
+        K4,
+        _layout(("tp", S0), ("ep", S0)),
+        {"tp": 2, "ep": 4},
+        "cuts-unit",
+        "ep",
+    ),
+    ("gate|up contiguous", GATE_UP, _layout(("tp", S0)), {"tp": 2}, "packed-contiguous", "tp"),
+    ("gate|up strided", GATE_UP, _layout(("tp", S0_2)), {"tp": 2}, None, None),
+    (
+        "gate|up _S(0, 4)",
+        GATE_UP,
+        _layout(("tp", StridedShard(0, split_factor=4))),
+        {"tp": 2},
+        "packed-contiguous",
+        "tp",
+    ),
+    ("qkv contiguous", QKV, _layout(("tp", S0)), {"tp": 2}, "packed-contiguous", "tp"),
+    (
+        "qkv strided",
+        QKV,
+        _layout(("tp", StridedShard(0, split_factor=3))),
+        {"tp": 2},
+        "packed-contiguous",
+        "tp",
+    ),
+    ("qkv on tp=1", QKV, _layout(("tp", S0)), {"tp": 1}, None, None),
+    (
+        "gate|up strided cuts units inside each part",
+        Packed([Part("gate", 2, 8), Part("up", 2, 8)]),
+        _layout(("tp", S0_2)),
+        {"tp": 4},
+        "cuts-unit",
+        "tp",
+    ),
+    ("6 experts over ep=3", EXPERTS6, _layout(("ep", S0), mesh="expert"), {"ep": 3}, None, None),
+    (
+        "6 experts over ep=4",
+        EXPERTS6,
+        _layout(("ep", S0), mesh="expert"),
+        {"ep": 4},
+        "experts",
+        "ep",
+    ),
+    (
+        "6 experts over ep=8",
+        EXPERTS6,
+        _layout(("ep", S0), mesh="expert"),
+        {"ep": 8},
+        "experts",
+        "ep",
+    ),
+    (
+        "6 experts over efsdp=4: FSDP's own",
+        EXPERTS6,
+        _layout(("efsdp", S0), mesh="expert"),
+        {"efsdp": 4},
+        None,
+        None,
+    ),
+    (
+        "6 features over tp=4: no unit",
+        Packed([Part("f", 6)]),
+        _layout(("tp", S0)),
+        {"tp": 4},
+        None,
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("structure", "layout", "sizes", "kind", "axis"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_rules(
+    structure: Packed,
+    layout: SourceLayout,
+    sizes: dict[str, int],
+    kind: str | None,
+    axis: str | None,
+) -> None:
+    shape = ParamShape((structure.length, 16), "bfloat16", structure={0: structure})
+    found = structure_problems(layout, shape, sizes)
+    assert [(p.kind, p.axis) for p in found] == ([] if kind is None else [(kind, axis)])
+    for p in found:
+        assert isinstance(p, StructureProblem)
+        assert str(structure) in p.message or p.kind == "experts"
+        assert p.placement is not None and p.placement in p.message
+
+
+def test_cuts_unit_message_names_units_boundaries_ranks_and_remedy() -> None:
+    shape = ParamShape((768, 16), "bfloat16", structure={0: Q6})
+    (p,) = structure_problems(_layout(("tp", S0)), shape, {"tp": 4})
+    assert "6 units of 128" in p.message
+    assert "ceil(768 / 4)" in p.message and "rows 192, 576" in p.message
+    assert "make the size of 'tp' divide 6 (1, 2, 3 or 6)" in p.message
+    assert p.ranks == (0, 1, 2, 3)
+
+
+def test_ranks_are_global_over_the_whole_mesh() -> None:
+    """dp_shard=2 x tp=8, row-major: tp index i is global ranks i and 8 + i."""
+    shape = ParamShape((512, 16), "bfloat16", structure={0: K4})
+    layout = _layout(("dp_shard", R), ("tp", S0))
+    (p,) = structure_problems(layout, shape, {"dp_shard": 2, "tp": 8})
+    assert p.ranks == tuple(range(16))
+    experts = ParamShape((6, 4), "float32", structure={0: EXPERTS6})
+    (e,) = structure_problems(_layout(("ep", S0)), experts, {"ep": 4, "tp": 2})
+    assert e.ranks == (6, 7)  # ep index 3 holds none
+    assert "2, 2, 2, 0 experts per shard" in e.message
+
+
+def test_packed_message_says_what_each_rank_holds_and_what_to_do() -> None:
+    gate_up = ParamShape((128, 16), "bfloat16", structure={0: GATE_UP})
+    (p,) = structure_problems(_layout(("tp", S0)), gate_up, {"tp": 2})
+    assert "rank 0 holds gate 0-63, no up" in p.message
+    assert "place _S(0, 2) on 'tp'" in p.message and "packed_colwise" in p.message
+    qkv = ParamShape((64, 16), "bfloat16", structure={0: QKV})
+    (q,) = structure_problems(_layout(("tp", S0)), qkv, {"tp": 2})
+    assert "no placement" in q.message and "split the module" in q.message
+
+
+def test_other_dims_and_unknown_axes_say_nothing() -> None:
+    shape = ParamShape((64, 16), "bfloat16", structure={0: QKV})
+    assert structure_problems(_layout(("tp", Shard(1))), shape, {"tp": 4}) == ()
+    assert structure_problems(_layout(("tp", S0)), shape, {"dp": 4}) == ()  # lint's problem
+    assert (
+        structure_problems(_layout(("tp", S0)), ParamShape((64, 16), "bfloat16"), {"tp": 4}) == ()
+    )
