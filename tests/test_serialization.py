@@ -184,7 +184,7 @@ def test_drops_are_written_one_per_line_after_the_tied_groups() -> None:
 
 def test_drops_round_trip() -> None:
     text = to_json(DROPPED)
-    # read by its lines, by the strict reader (other spacing), and by the converter
+    # read as written, with other spacing, and by the converter
     for back in [
         from_json(text),
         from_json(text.encode()),
@@ -297,6 +297,28 @@ def _entry(**changes: Any) -> str:
             "names axis 'tp' twice",
         ),
         (_entry(mesh=3), 'entries["layers.7.w"].mesh', "expected a string"),
+        # after an equal good entry: still read in full
+        (
+            _table_doc(entries={"a": GOOD_ENTRY, "b": {**GOOD_ENTRY, "axes": [["tp"]]}}),
+            'entries["b"].axes[0]',
+            "expected a string",
+        ),
+        (
+            _table_doc(entries={"a": GOOD_ENTRY, "b": {**GOOD_ENTRY, "mesh": {"d": 1}}}),
+            'entries["b"].mesh',
+            "expected a string",
+        ),
+        (
+            _table_doc(entries={"a": GOOD_ENTRY, "b": {**GOOD_ENTRY, "axes": [1]}}),
+            'entries["b"].axes[0]',
+            "expected a string",
+        ),
+        (
+            '{"version": 1, "entries": {"a": {"mesh": "d", "axes": [], "placements": []}, '
+            '"b": {"mesh": "d", "axes": [], "placements": [], "mesh": "d"}}}',
+            'entries["b"].mesh',
+            "appears twice",
+        ),
         (_entry(mesh=""), 'entries["layers.7.w"].mesh', "non-empty"),
         (_entry(extra=1), 'entries["layers.7.w"].extra', "unknown field 'extra'"),
         (_table_doc(entries={"layers.7.w": 5}), 'entries["layers.7.w"]', "JSON object"),
@@ -379,7 +401,7 @@ def test_nothing_from_the_input_is_imported_or_executed() -> None:
 # --------------------------------------------------------------------------------------
 # every one-field corruption of a real document is either valid or a SerializationError
 
-_REAL = json.loads(to_json(TABLE))
+_REAL: Final = json.loads(to_json(DROPPED))
 
 _JUNK = st.one_of(
     st.none(),
