@@ -17,7 +17,7 @@ import attrs
 
 from layout_algebra._args import as_items, plain_str
 from layout_algebra._patterns import Matcher, Rule, is_pattern
-from layout_algebra._text import clip, quote, suggest
+from layout_algebra._text import clip, escape, quote, suggest
 from layout_algebra.axes import (
     FSDP_OWNED_AXES,
     AxisLike,
@@ -1035,11 +1035,12 @@ class TableDiff:
         )
 
     def __str__(self) -> str:
-        lines = [f"{fqn}: {old} -> {new}" for fqn, (old, new) in self.changed.items()]
-        lines.extend(f"{fqn}: (absent) -> {new}" for fqn, new in self.added.items())
-        lines.extend(f"{fqn}: {old} -> (absent)" for fqn, old in self.removed.items())
-        lines.extend(f"tied +: {', '.join(sorted(g))}" for g in self.tied_added)
-        lines.extend(f"tied -: {', '.join(sorted(g))}" for g in self.tied_removed)
+        # FQNs escaped, one line each: a control character must not move a terminal's cursor
+        lines = [f"{escape(fqn)}: {old} -> {new}" for fqn, (old, new) in self.changed.items()]
+        lines.extend(f"{escape(fqn)}: (absent) -> {new}" for fqn, new in self.added.items())
+        lines.extend(f"{escape(fqn)}: {old} -> (absent)" for fqn, old in self.removed.items())
+        lines.extend(f"tied +: {', '.join(map(escape, sorted(g)))}" for g in self.tied_added)
+        lines.extend(f"tied -: {', '.join(map(escape, sorted(g)))}" for g in self.tied_removed)
         return "\n".join(lines) if lines else "(no differences)"
 
 

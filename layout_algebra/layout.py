@@ -23,7 +23,7 @@ from typing import ClassVar, Final, TypeVar, overload
 import attrs
 
 from layout_algebra._args import as_instances, as_items, mapping_items, plain_str
-from layout_algebra._text import clip, quote
+from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
 from layout_algebra._frozen import REQUIRED, DictView, check_init
@@ -815,9 +815,14 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
     def __str__(self) -> str:
         if not self._items:
             return "(empty table)"
-        width = max(map(len, self._items))
-        lines = [f"{fqn:<{width}}  {layout}" for fqn, layout in self._items.items()]
-        lines.extend(f"tied: {', '.join(sorted(g))}" for g in self.tied)
+        # FQNs escaped: a control character in one must not move a terminal's cursor
+        names = [escape(fqn) for fqn in self._items]
+        width = max(map(len, names))
+        lines = [
+            f"{name:<{width}}  {layout}"
+            for name, layout in zip(names, self._items.values(), strict=True)
+        ]
+        lines.extend(f"tied: {', '.join(map(escape, sorted(g)))}" for g in self.tied)
         return "\n".join(lines)
 
     def group_of(self, fqn: str) -> frozenset[str]:

@@ -43,6 +43,7 @@ from layout_algebra import (
     format_placement,
     parse_placement,
 )
+from layout_algebra._complete import table_from_plan
 from layout_algebra.cli import main
 from layout_algebra.draw import draw
 from layout_algebra.geometry import FsdpAxes, Runs, fsdp_storage_runs, local_runs, split_fsdp
@@ -221,7 +222,7 @@ def test_tied_members_share_one_shard_dim() -> None:
         ({"fsdp": "dp_shard"}, "fsdp must map each mesh role"),
         ({"fsdp": {"dense": ["dp_shard"]}}, r"fsdp\['dense'\] must be FSDP's shard axis"),
         ({"fsdp": {"dense": ("dp_shard", "dp_shard")}}, "replicates and shards over one axis"),
-        ({"mesh_sizes": {"dp_shard": 8}}, r"mesh_sizes\['dp_shard'\] must map axis name"),
+        ({"mesh_sizes": {"dp_shard": 8}}, r"mesh_sizes\['dp_shard'\] must"),
         (
             {"mesh_sizes": {"dense": {"dp_shard": 8}, "expert": {"ep": 4}}},
             "every role's mesh spans the whole world",
@@ -459,9 +460,8 @@ def test_lint_reads_a_plan_and_a_sharded_checkpoint(
     )
     assert "parameter bytes per rank after FSDP:" in out
     # the same as the API on the same plan, with the unplanned parameters plain
-    table = build_table(plan_from_json(Path(plan).read_text()), ["dp_shard", "tp"])
-    table = table.with_entries(
-        {fqn: SourceLayout("dense", (), ()) for fqn in shapes if fqn not in table}
+    table = table_from_plan(
+        plan_from_json(Path(plan).read_text()), shapes, mesh_axes=["dp_shard", "tp"]
     )
     sizes = {"dense": {"dp_shard": 4, "tp": 2}}
     expected = lint(table, shapes, mesh_sizes=sizes, fsdp={"dense": "dp_shard"})
@@ -523,7 +523,7 @@ def test_lint_exits_1_on_the_checkpoint_hazard(
     assert code == 1
     assert err == f"layout-algebra: {tmp_path / 'table.json'}: 1 problem (see the report)\n"
     assert "experts.w1: FSDP2 keeps other indices of dim 0" in out
-    assert "on ranks 2, 3, 6" in out
+    assert "on ranks 2-3, 6" in out
     code, out, _ = run_cli([*argv, "--json"], capsys)
     assert code == 1
     (problem,) = json.loads(out)["problems"]

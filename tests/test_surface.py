@@ -162,7 +162,7 @@ COMMAND_LINE_SURFACES = {
         "MAX_SIZE",
         "draw",
     },
-    "cli": {"MAX_INPUT_BYTES", "PROG", "main"},
+    "cli": {"main"},
 }
 """The serialization, draw and command-line modules' own surfaces (not re-exported)."""
 

@@ -1,6 +1,6 @@
-"""The command line on the way users go: a table from a plan, FSDP's axis found or asked
-for, one message for a missing expert mesh, a checkpoint directory as ``--shapes``, and
-idle ranks and padding in the lint summary."""
+"""The command line on the way users go from a plan: its table, FSDP's axis found or
+asked for, one message for a missing expert mesh, a checkpoint directory as ``--shapes``,
+and idle ranks and padding in the lint summary."""
 
 from __future__ import annotations
 

@@ -1,0 +1,545 @@
+"""The commands: each reads its inputs, calls the library and prints what the library's
+values print. A command writes to ``out`` (delivered whole once it succeeds) and says
+problems it lists itself on ``err``; one problem is raised, for ``main`` to say."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, TextIO
+
+from layout_algebra._complete import shard_dims_by_role, table_from_plan
+from layout_algebra._text import clip, did_you_mean, escape
+from layout_algebra.algebra import build_table, diff
+from layout_algebra.checkpoint import reshard_plan
+from layout_algebra.cli._inputs import (
+    is_plan,
+    load_fqns,
+    load_plan,
+    load_shapes,
+    load_table,
+    read,
+)
+from layout_algebra.cli._output import PROG, Problem, Reported, Usage, plural, say
+from layout_algebra.cli._types import owned_axes
+from layout_algebra.draw import draw, mesh_str
+from layout_algebra.errors import LayoutError, PlanError
+from layout_algebra.geometry import compose_table
+from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.lint import LintReport, human_bytes, lint
+from layout_algebra.mesh import Mesh
+from layout_algebra.placements import Shard, format_placement
+from layout_algebra.plan import ShardingPlan
+from layout_algebra.serialization import to_json
+from layout_algebra.shapes import ParamShape
+
+__all__ = ["COMMANDS"]
+
+Command = Callable[[argparse.Namespace, TextIO, TextIO | None], int]
+"""A command: the parsed arguments, where its output goes and stderr; its exit status."""
+
+_NOT_FSDP: Final = frozenset({"pp"})
+"""Owned axes FSDP never shards over: pipelining's."""
+
+
+def _say_problems(err: TextIO | None, what: str, problems: Sequence[LayoutError]) -> None:
+    """Every problem of a ``PlanError``, one escaped line each, under ``what``."""
+    say(err, f"{PROG}: {what} {plural(len(problems), 'problem')}:")
+    for problem in problems:
+        say(err, f"  - {escape(problem.message)}")
+
+
+def _roles(dense: Mesh, expert: Mesh | None) -> dict[str, Mesh]:
+    """The meshes by role the library takes."""
+    return {"dense": dense} if expert is None else {"dense": dense, "expert": expert}
+
+
+def _meshes_str(meshes: Mapping[str, Mesh]) -> str:
+    return "; ".join(f"{role} {mesh_str(mesh)}" for role, mesh in meshes.items())
+
+
+# ---------------------------------------------------------------------------------------
+# show, diff
+
+
+def show_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """The table, as ``str`` prints it, and how many parameters and tied groups it has."""
+    del err
+    table = load_table(args.table)
+    out.write(f"{table}\n")
+    out.write(f"({plural(len(table), 'parameter')}, {plural(len(table.tied), 'tied group')})\n")
+    return 0
+
+
+def diff_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """What changed from table A to table B, as ``str`` of the diff prints it; 1 when
+    they differ."""
+    del err
+    changes = diff(load_table(args.a), load_table(args.b))
+    if not changes:
+        return 0
+    out.write(f"{changes}\n")
+    return 1
+
+
+# ---------------------------------------------------------------------------------------
+# check, table: the table of a plan
+
+
+def _need_expert_mesh(plan: ShardingPlan, path: str) -> None:
+    """Refuse a plan that puts parameters on the expert mesh when no ``--expert-mesh``
+    is given: one message for every command that builds a plan's table.
+
+    Raises:
+        Problem: a parameter of an expert-parallel module is sharded on ``ep``.
+    """
+    routed = [
+        (module, f"{module}.{param}" if module else param, named["ep"])
+        for module, spec in plan.modules.items()
+        if spec.expert_parallel
+        for param, named in spec.params.items()
+        if isinstance(named.get("ep"), Shard)
+    ]
+    if not routed:
+        return
+    module, key, placement = routed[0]
+    what = f"{key} is" if len(routed) == 1 else f"{len(routed)} parameters (first {key}) are"
+    msg = (
+        f"{path}: {clip(what)} sharded on 'ep' ({format_placement(placement)}) in "
+        f"expert-parallel module {clip(module)!r}, which puts it on the expert mesh; give "
+        "that mesh with --expert-mesh AXIS=N,..., over the same ranks as --mesh (e.g. "
+        "--expert-mesh dp_shard=2,ep=4), or mark the module expert_parallel false in the plan"
+    )
+    raise Problem(msg)
+
+
+def _plan_table(
+    plan: ShardingPlan,
+    path: str,
+    args: argparse.Namespace,
+    err: TextIO | None,
+    *,
+    fqns: list[str] | None = None,
+    complete: bool = False,
+) -> ParamLayoutTable:
+    """The table of ``plan`` (read from ``path``) on ``--mesh`` / ``--expert-mesh``; with
+    ``complete``, every FQN of ``fqns`` no key matches a plain tensor (``table_from_plan``).
+
+    Raises:
+        Reported: the plan has problems, each said on ``err``.
+    """
+    expert: Mesh | None = args.expert_mesh
+    if expert is None:
+        _need_expert_mesh(plan, path)
+    try:
+        if complete and fqns is not None:
+            return table_from_plan(
+                plan, fqns, mesh_axes=args.mesh, expert_axes=expert, owned=owned_axes(args)
+            )
+        return build_table(plan, args.mesh, expert_axes=expert, owned=owned_axes(args), fqns=fqns)
+    except PlanError as e:
+        _say_problems(err, f"{escape(path)}: the plan has", e.problems)
+        raise Reported from None
+
+
+def _mesh_summary(role: str, mesh: Mesh, count: int, owned: frozenset[str]) -> str:
+    source = [a for a in mesh if a not in owned]
+    fsdp = [a for a in mesh if a in owned]
+    return (
+        f"  {role} mesh {mesh_str(mesh)}: {plural(count, 'parameter')}; "
+        f"source axes {', '.join(source) or '(none)'}; "
+        f"FSDP/pipeline axes {', '.join(fsdp) or '(none)'}"
+    )
+
+
+def _drops_lines(table: ParamLayoutTable) -> list[str]:
+    """The placements ``build_table`` dropped, counted per axis and mesh role."""
+    drops = table.dropped
+    if not drops:
+        return ["  no placement dropped"]
+    by: dict[tuple[str, str], list[str]] = {}
+    for d in drops:
+        by.setdefault((d.axis.name, d.mesh), []).append(
+            f"{escape(d.fqn)}: {format_placement(d.placement)}"
+        )
+    lines = [
+        f"  {plural(len(drops), 'placement')} dropped on axes their mesh lacks "
+        "(the axis has size 1 there; check the mesh if that is not meant):"
+    ]
+    for (axis, mesh), items in by.items():
+        example = items[0] if len(items) == 1 else f"{items[0]}, ..."
+        lines.append(f"    {axis} on the {escape(mesh)} mesh: {len(items)} ({example})")
+    return lines
+
+
+def check_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """A summary of the plan's table, the placements dropped, and the table."""
+    fqns = None if args.fqns is None else load_fqns(args.fqns)
+    dense: Mesh = args.mesh
+    expert: Mesh | None = args.expert_mesh
+    owned = owned_axes(args)
+    table = _plan_table(load_plan(args.plan), args.plan, args, err, fqns=fqns)
+    roles = [layout.mesh for layout in table.values()]
+    out.write(f"{escape(args.plan)}: OK, {plural(len(table), 'parameter')}\n")
+    out.write(_mesh_summary("dense", dense, roles.count("dense"), owned) + "\n")
+    if expert is not None:
+        out.write(_mesh_summary("expert", expert, roles.count("expert"), owned) + "\n")
+    out.write(f"  {plural(len(table.tied), 'tied group')}\n")
+    if fqns is not None:
+        unmatched = [fqn for fqn in fqns if fqn not in table]
+        out.write(
+            f"  {len(fqns) - len(unmatched)} of {plural(len(fqns), 'FQN')} of "
+            f"{escape(args.fqns)} matched by the plan"
+            + (
+                f"; {len(unmatched)} no key matches (first {escape(clip(unmatched[0]))}) "
+                "are not in the table: complete_default completes them"
+                if unmatched
+                else ""
+            )
+            + "\n"
+        )
+    for line in _drops_lines(table):
+        out.write(line + "\n")
+    out.write(f"\n{table}\n")
+    return 0
+
+
+def table_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """The plan's table as JSON; with ``--fqns``, complete (``table_from_plan``)."""
+    fqns = None if args.fqns is None else load_fqns(args.fqns)
+    made = _plan_table(load_plan(args.plan), args.plan, args, err, fqns=fqns, complete=True)
+    out.write(to_json(made) + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# draw
+
+
+def _table_layout(table: ParamLayoutTable, fqn: str) -> SourceLayout:
+    layout = table.get(fqn)
+    if layout is None:
+        hint = did_you_mean(fqn, table) or "; `show` lists the table's FQNs"
+        msg = f"{escape(clip(fqn))}: no such parameter in the table{hint}"
+        raise LayoutError(msg, fqn=fqn)
+    return layout
+
+
+def draw_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """Which rank holds which block of one parameter."""
+    del err
+    layout = _table_layout(load_table(args.table), args.fqn)
+    mesh: Mesh = args.mesh
+    out.write(draw(layout, args.shape, mesh, fqn=args.fqn, fsdp=args.fsdp) + "\n")
+    owned = owned_axes(args)
+    unused = [a for a in mesh if a in owned and a not in {x.name for x in layout.axes}]
+    if args.fsdp is None and unused:
+        out.write(
+            f"\nnot composed with FSDP: {', '.join(unused)} "
+            f"{'is an FSDP axis' if len(unused) == 1 else 'are FSDP axes'} of --mesh; give "
+            f"--fsdp {unused[0]} to see the shards fully_shard makes\n"
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# reshard
+
+
+def _side(
+    table: ParamLayoutTable,
+    dense: Mesh,
+    expert: Mesh | None,
+    fsdp: str | None,
+    expert_fsdp: str | None,
+    *,
+    prefix: str,
+) -> tuple[ParamLayoutTable, dict[str, Mesh]]:
+    """One run's layouts as saved or loaded, and its meshes by role."""
+    meshes = _roles(dense, expert)
+    for role in dict.fromkeys(layout.mesh for layout in table.values()):
+        if role not in meshes:
+            fqn = next(f for f, layout in table.items() if layout.mesh == role)
+            option = f"--{prefix}expert-mesh" if role == "expert" else f"--{prefix}mesh"
+            msg = (
+                f"{escape(clip(fqn))} is on the 'expert' mesh; give its sizes with "
+                f"{option} AXIS=N,..."
+                if role == "expert"
+                else f"{escape(clip(fqn))} is on the {escape(clip(role))!r} mesh; the command "
+                "line knows the 'dense' and 'expert' meshes only"
+            )
+            raise Problem(msg)
+    if expert is not None and expert.size != dense.size:
+        msg = (
+            f"--{prefix}mesh {mesh_str(dense)} has {dense.size} ranks but "
+            f"--{prefix}expert-mesh {mesh_str(expert)} has {expert.size}; an "
+            "expert mesh lays out the same ranks"
+        )
+        raise Problem(msg)
+    axes: dict[str, str] = {}
+    if fsdp is not None:
+        axes["dense"] = fsdp
+    if expert is not None and (expert_fsdp or fsdp) is not None:
+        axes["expert"] = expert_fsdp or fsdp or ""
+    if axes:
+        table = compose_table(table, fsdp=axes, mesh_sizes=meshes)
+    return table, meshes
+
+
+def reshard_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """What loading a checkpoint saved under one table costs each rank under another."""
+    saved, loaded = load_table(args.src), load_table(args.dst)
+    shapes = load_shapes(args.shapes)
+    try:
+        src, src_meshes = _side(
+            saved, args.mesh, args.expert_mesh, args.fsdp, args.expert_fsdp, prefix=""
+        )
+        dst, dst_meshes = _side(
+            loaded,
+            args.to_mesh,
+            args.to_expert_mesh,
+            args.to_fsdp,
+            args.to_expert_fsdp,
+            prefix="to-",
+        )
+        plan = reshard_plan(src, dst, shapes, src_sizes=src_meshes, dst_sizes=dst_meshes)
+    except PlanError as e:
+        _say_problems(err, "the reshard has", e.problems)
+        return 1
+    out.write(f"saved on {_meshes_str(src_meshes)}, loaded on {_meshes_str(dst_meshes)}\n")
+    out.write(plan.report(top=args.top) + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# lint
+
+
+def _lint_table(
+    path: str, shapes: Mapping[str, ParamShape], args: argparse.Namespace, err: TextIO | None
+) -> tuple[ParamLayoutTable, bool]:
+    """The table in ``path``, or the complete table of the plan in it for the parameters
+    of ``shapes`` (``table_from_plan``), and whether it was a plan."""
+    text = read(path)
+    if not is_plan(text):
+        return load_table(path, text), False
+    plan = load_plan(path, text)
+    return _plan_table(plan, path, args, err, fqns=list(shapes), complete=True), True
+
+
+def _fsdp_axes(
+    given: str | tuple[str, str] | None,
+    option: str,
+    mesh: Mesh,
+    mesh_option: str,
+    *,
+    guess: bool,
+    owned: frozenset[str],
+    remedy: str = "",
+) -> tuple[str | tuple[str, str] | None, bool]:
+    """FSDP's axes on one mesh, and whether they were found rather than given.
+
+    ``given`` must name axes of ``mesh``; without it (and with ``guess``, for a plan,
+    whose layouts are source layouts) the one FSDP-owned axis of ``mesh`` of size > 1 is
+    FSDP's axis, and several are ambiguous.
+
+    Raises:
+        Usage: ``given`` names an axis ``mesh`` lacks, or ``mesh`` has several FSDP axes.
+    """
+    if given is not None:
+        for axis in (given,) if isinstance(given, str) else given:
+            if axis not in mesh:
+                msg = (
+                    f"{option} {axis}: {mesh_option} {mesh_str(mesh)} has no axis {axis!r}"
+                    f"{did_you_mean(axis, mesh)}; name one of its axes ({', '.join(mesh)})"
+                    f"{remedy}"
+                )
+                raise Usage(msg)
+        return given, False
+    if not guess:
+        return None, False
+    found = [axis for axis, size in mesh.items() if axis in owned - _NOT_FSDP and size > 1]
+    if len(found) > 1:
+        msg = (
+            f"{mesh_option} {mesh_str(mesh)} has {len(found)} FSDP axes "
+            f"({', '.join(found)}); give the one FSDP shards over with {option} AXIS, or "
+            f"{option} REPLICATE,SHARD for HSDP (e.g. {option} {found[0]},{found[-1]})"
+        )
+        raise Usage(msg)
+    return (found[0], True) if found else (None, False)
+
+
+def _lint_fsdp(
+    args: argparse.Namespace, owned: frozenset[str], *, guess: bool
+) -> tuple[dict[str, str | tuple[str, str]] | None, list[str]]:
+    """FSDP's axes by mesh role (``None``: no FSDP), and the options found rather than
+    given (for a plan, ``guess``: its layouts are source layouts)."""
+    dense: Mesh = args.mesh
+    expert: Mesh | None = args.expert_mesh
+    found: list[str] = []
+    dense_fsdp, guessed = _fsdp_axes(args.fsdp, "--fsdp", dense, "--mesh", guess=guess, owned=owned)
+    if guessed:
+        found.append(f"--fsdp {dense_fsdp}")
+    expert_fsdp: str | tuple[str, str] | None = None
+    if expert is not None:
+        option = "--expert-fsdp" if args.expert_fsdp is not None or args.fsdp is None else "--fsdp"
+        expert_fsdp, guessed = _fsdp_axes(
+            args.expert_fsdp or args.fsdp,
+            option,
+            expert,
+            "--expert-mesh",
+            guess=guess,
+            owned=owned,
+            remedy=" with --expert-fsdp AXIS" if option == "--fsdp" else "",
+        )
+        if guessed:
+            found.append(f"--expert-fsdp {expert_fsdp}")
+    if guess and (dense_fsdp is None) != (expert is None or expert_fsdp is None):
+        # FSDP shards one mesh's parameters: it shards the other's over its FSDP axis of size 1
+        role_mesh, role_option = (
+            (dense, "--fsdp") if dense_fsdp is None else (expert, "--expert-fsdp")
+        )
+        single = [axis for axis in role_mesh or {} if axis in owned - _NOT_FSDP]
+        if len(single) == 1:
+            found.append(f"{role_option} {single[0]}")
+            if dense_fsdp is None:
+                dense_fsdp = single[0]
+            else:
+                expert_fsdp = single[0]
+    fsdp: dict[str, str | tuple[str, str]] = {}
+    if dense_fsdp is not None:
+        fsdp["dense"] = dense_fsdp
+    if expert_fsdp is not None:
+        fsdp["expert"] = expert_fsdp
+    return fsdp or None, found
+
+
+def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """The lint report of a table or plan; 1 when it has problems."""
+    expert: Mesh | None = args.expert_mesh
+    owned = owned_axes(args)
+    if args.expert_fsdp is not None and expert is None:
+        raise Usage("--expert-fsdp names an axis of --expert-mesh; give --expert-mesh too")
+    shapes = load_shapes(args.shapes)
+    table, from_plan = _lint_table(args.table, shapes, args, err)
+    meshes = _roles(args.mesh, expert)
+    fsdp, found = _lint_fsdp(args, owned, guess=from_plan)
+
+    def run(expert_dim: int | None) -> LintReport:
+        shard_dim: int | dict[str, int] = args.shard_dim
+        if fsdp is None:
+            shard_dim = 0
+        elif expert_dim is not None:
+            shard_dim = shard_dims_by_role(table, {"expert": expert_dim}, default=args.shard_dim)
+        return lint(table, shapes, mesh_sizes=meshes, fsdp=fsdp, shard_dim=shard_dim, owned=owned)
+
+    report = run(args.expert_shard_dim)
+    expert_dim = args.shard_dim if args.expert_shard_dim is None else args.expert_shard_dim
+    remedy = None
+    if fsdp is not None and "expert" in fsdp and expert_dim == 0:
+        remedy = functools.partial(run, 1)
+    if args.json:
+        out.write(json.dumps(report.to_dict(), indent=1) + "\n")
+    else:
+        if fsdp:
+            where = f"FSDP over {_fsdp_str(fsdp)}"
+            if found:
+                where += f" (the FSDP axis of its mesh: {', '.join(found)}; give it to change)"
+        elif from_plan:
+            where = "no FSDP (no FSDP axis of size > 1 in the mesh; --fsdp AXIS adds it)"
+        else:
+            where = "read as composed (no --fsdp)"
+        out.write(
+            f"{escape(clip(args.table))}: {plural(len(table), 'parameter')} on "
+            f"{_meshes_str(meshes)}; {where}\n"
+        )
+        for number, line in enumerate(str(report).splitlines()):
+            if number == 0:
+                line = "; ".join([line, *_summary_notes(report, remedy)])  # noqa: PLW2901
+            if fsdp is None and from_plan and line == "parameter bytes per rank after FSDP:":
+                line = "parameter bytes per rank (no FSDP):"  # noqa: PLW2901
+            out.write(escape(line) + "\n")
+    if report.problems:
+        count = len(report.problems)
+        say(err, f"{PROG}: {escape(clip(args.table))}: {plural(count, 'problem')} (see the report)")
+        return 1
+    return 0
+
+
+def _idle(report: LintReport, role: str) -> int:
+    """How many ranks hold none of ``role``'s parameters while others hold some."""
+    row = report.memory.by_role.get(role, ())
+    idle = sum(1 for held in row if held == 0)
+    return idle if idle < len(row) else 0
+
+
+def _padding(report: LintReport) -> int:
+    memory = report.memory
+    return sum(memory.padded_bytes_per_rank) - memory.total
+
+
+def _summary_notes(report: LintReport, remedy: Callable[[], LintReport] | None) -> list[str]:
+    """What the summary line must say beside the counts: ranks idle for a role, FSDP
+    padding above a tenth of the data, and, for the experts, what their dim 1 would give
+    (``remedy``: the lint with FSDP sharding the experts' dim 1)."""
+    notes: list[str] = []
+    for role in report.memory.by_role:
+        idle = _idle(report, role)
+        if idle:
+            notes.append(f"{plural(idle, 'rank')} hold{'s' if idle == 1 else ''} no {role} weights")
+    padded, total = _padding(report), report.memory.total
+    if total and padded * 10 > total:
+        notes.append(f"FSDP pads {human_bytes(padded)} ({padded / total:.0%} of the data)")
+    if notes and remedy is not None and (_idle(report, "expert") or padded * 10 > total):
+        other = remedy()  # only a better layout is worth naming
+        better = _idle(other, "expert") < _idle(report, "expert") or _padding(other) < padded
+        if better and len(other.problems) <= len(report.problems):
+            (_, least), (_, most) = other.memory.smallest, other.memory.largest
+            spread = (
+                f"{human_bytes(most)} on every rank"
+                if least == most
+                else (f"{human_bytes(least)} to {human_bytes(most)} a rank")
+            )
+            notes.append(f"--expert-shard-dim 1 (FSDP on the experts' dim 1) gives {spread}")
+    return notes
+
+
+def _fsdp_str(fsdp: Mapping[str, str | tuple[str, str]]) -> str:
+    return "; ".join(
+        f"{role} {axes if isinstance(axes, str) else ','.join(axes)}" for role, axes in fsdp.items()
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# demo
+
+
+def demo_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """The built-in model and plan on a simulated mesh (the one command that loads torch)."""
+    del err
+    try:
+        from layout_algebra._demo import run  # noqa: PLC0415 (torch stays unloaded for the others)
+    except ImportError as e:
+        if not (e.name or "").startswith("torch") and "needs torch" not in str(e):
+            raise  # not torch missing: a real fault, not the user's
+        msg = (
+            "demo runs a model on a simulated mesh and needs torch, which is not installed; "
+            "pip install 'layout_algebra[torch]'"
+        )
+        raise Problem(msg) from None
+    return run(rank=args.rank, verify=args.verify, as_json=args.json, out=out)
+
+
+COMMANDS: Final[Mapping[str, Command]] = {
+    "demo": demo_command,
+    "show": show_command,
+    "diff": diff_command,
+    "check": check_command,
+    "table": table_command,
+    "draw": draw_command,
+    "reshard": reshard_command,
+    "lint": lint_command,
+}
+"""Every command by name."""

@@ -1,0 +1,202 @@
+"""The command line's input files: read bounded, never waiting on a FIFO, each read into
+the package's own values by the package's own readers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from layout_algebra._files import open_regular
+from layout_algebra._text import clip
+from layout_algebra.cli._output import PROG, Problem, Usage
+from layout_algebra.errors import LayoutError
+from layout_algebra.layout import ParamLayoutTable
+from layout_algebra.plan import ShardingPlan
+from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json
+from layout_algebra.shapes import ParamShape, shapes_from_safetensors
+
+__all__ = [
+    "MAX_INPUT_BYTES",
+    "is_plan",
+    "load_fqns",
+    "load_plan",
+    "load_shapes",
+    "load_table",
+    "read",
+]
+
+MAX_INPUT_BYTES: Final = 256 << 20
+"""The largest input file read (256 MiB: a table of two million parameters); beyond it
+the command refuses the file rather than exhaust memory (``show /dev/zero``)."""
+
+_READ_CHUNK: Final = 1 << 20
+_INDEX: Final = "model.safetensors.index.json"
+_SINGLE: Final = "model.safetensors"
+
+
+def read(path: str) -> bytes:
+    """The file's bytes, at most ``MAX_INPUT_BYTES`` of them (``-``: stdin).
+
+    Raises:
+        Problem: the file cannot be read, or is larger than ``MAX_INPUT_BYTES``.
+    """
+    try:
+        if path == "-":
+            if sys.stdin is None:
+                msg = "-: cannot read stdin: it is closed; give the file's path instead"
+                raise Problem(msg)
+            return _read_bounded(path, sys.stdin.buffer.read)
+        with open_regular(path) as f:  # never waits on a FIFO
+            if os.fstat(f.fileno()).st_size > MAX_INPUT_BYTES:
+                raise Problem(_too_large(path))
+            return _read_bounded(path, f.read)
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        msg = f"{path}: cannot read the file: {reason}"
+        raise Problem(msg) from None
+    except UnicodeEncodeError as e:  # a lone surrogate, which only a caller in Python passes
+        msg = f"{path}: cannot be a file name on this system ({e.reason}); check the path"
+        raise Problem(msg) from None
+
+
+def _read_bounded(path: str, read_some: Callable[[int], bytes]) -> bytes:
+    data = bytearray()
+    while True:
+        chunk = read_some(_READ_CHUNK)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+        if len(data) > MAX_INPUT_BYTES:
+            raise Problem(_too_large(path))
+
+
+def _too_large(path: str) -> str:
+    return (
+        f"{path}: larger than {MAX_INPUT_BYTES} bytes, more than a table or plan file "
+        "holds; give the right file"
+    )
+
+
+def is_plan(text: bytes) -> bool:
+    """Whether ``text`` is a plan document (its ``modules``) rather than a table."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and "modules" in doc and "entries" not in doc
+
+
+def load_table(path: str, text: bytes | None = None) -> ParamLayoutTable:
+    """The table in the file ``path`` (``text``: its bytes, already read).
+
+    Raises:
+        Problem: not a table (a plan says how to make its table), naming the file.
+    """
+    if text is None:
+        text = read(path)
+    try:
+        return from_json(text)
+    except LayoutError as e:
+        if is_plan(text):
+            msg = (
+                f"{path} is a plan, not a table; make its table with "
+                f"`{PROG} table {path} --mesh AXIS=N,...`"
+            )
+            raise Problem(msg) from None
+        raise Problem(f"{path}: {e.message}") from None
+
+
+def load_plan(path: str, text: bytes | None = None) -> ShardingPlan:
+    """The plan in the file ``path`` (``text``: its bytes, already read).
+
+    Raises:
+        Problem: not a plan, naming the file.
+    """
+    try:
+        return plan_from_json(read(path) if text is None else text)
+    except LayoutError as e:
+        raise Problem(f"{path}: {e.message}") from None
+
+
+def _checkpoint_file(path: str, option: str) -> str:
+    """The file a checkpoint directory's shapes are read from: its index, else its
+    single ``model.safetensors`` (as ``save_pretrained`` writes them); other paths as
+    they are.
+
+    Raises:
+        Usage: a directory holding neither.
+    """
+    try:
+        is_dir = os.path.isdir(path)
+    except (OSError, ValueError):  # a name this system cannot hold: reading it says so
+        return path
+    if not is_dir:
+        return path
+    for name in (_INDEX, _SINGLE):
+        candidate = os.path.join(path, name)
+        if os.path.exists(candidate):
+            return candidate
+    msg = (
+        f"{option} {clip(path)}: the directory has no {_INDEX} nor {_SINGLE}; give a "
+        "checkpoint directory, its index, a .safetensors file or a shapes.json"
+    )
+    raise Usage(msg)
+
+
+def load_shapes(path: str, option: str = "--shapes") -> Mapping[str, ParamShape]:
+    """Parameter shapes from a ``shapes.json``, a ``.safetensors`` file, a sharded
+    checkpoint's ``model.safetensors.index.json`` (headers only) or the directory
+    holding one of the latter two.
+
+    Raises:
+        Problem: the file holds no shapes, naming it.
+        Usage: a directory holding no checkpoint.
+    """
+    path = _checkpoint_file(path, option)
+    try:
+        if path.endswith((".safetensors", ".safetensors.index.json")):
+            return shapes_from_safetensors(path)
+        return shapes_from_json(read(path))
+    except LayoutError as e:
+        raise Problem(f"{path}: {e.message}") from None
+
+
+def load_fqns(path: str) -> list[str]:
+    """The parameter FQNs a file names: one a line, or the parameters of a shapes file
+    or of a checkpoint (its directory too).
+
+    Raises:
+        Problem: not UTF-8 text, or an FQN named twice, naming the file and the line.
+    """
+    path = _checkpoint_file(path, "--fqns")
+    if path.endswith((".safetensors", ".json")):
+        return list(load_shapes(path, "--fqns"))
+    data = read(path)
+    if data.lstrip()[:1] == b"{":
+        try:
+            return list(shapes_from_json(data))
+        except LayoutError as e:
+            raise Problem(f"{path}: {e.message}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        msg = f"{path}: byte {e.start} is not UTF-8; give one FQN a line, as UTF-8 text"
+        raise Problem(msg) from None
+    fqns: list[str] = []
+    where: dict[str, int] = {}
+    for number, line in enumerate(text.split("\n"), start=1):
+        fqn = line.strip()
+        if not fqn:
+            continue
+        if fqn in where:
+            msg = (
+                f"{path}: line {number}: {clip(fqn)!r} is also on line {where[fqn]}; "
+                "name each parameter once"
+            )
+            raise Problem(msg)
+        where[fqn] = number
+        fqns.append(fqn)
+    return fqns

@@ -1,0 +1,123 @@
+"""Robust output: every problem one line on stderr, output written whole or not at all.
+
+A terminal that cannot encode a name, a closed or full stdout and a reader that went
+away (``show t.json | head``) each end in one line and an exit status, never in a
+traceback or a second failure at the interpreter's last flush.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from typing import Final, TextIO
+
+from layout_algebra._text import clip, escape
+
+__all__ = [
+    "MAX_USAGE_CHARS",
+    "PROG",
+    "Problem",
+    "Reported",
+    "Usage",
+    "deliver",
+    "plural",
+    "refuse",
+    "say",
+    "silence_stdout",
+    "tolerant",
+    "unwritten",
+]
+
+PROG: Final = "layout-algebra"
+"""The program's name in messages (the console script's name)."""
+
+MAX_USAGE_CHARS: Final = 500
+"""The longest usage error shown: argparse quotes the arguments it did not expect."""
+
+_REMEDY: Final = "give the command somewhere to write"
+"""What to do about output that cannot be written."""
+
+
+class Problem(Exception):
+    """A layout problem found by the command line itself: exit 1 with this message."""
+
+
+class Reported(Problem):
+    """A layout problem already said on stderr: exit 1."""
+
+
+class Usage(Problem):
+    """A usage error found once the input is read: exit 2 with this message, one line."""
+
+
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, in the plural unless ``n`` is 1: ``3 parameters``."""
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def say(stream: TextIO | None, line: str) -> None:
+    """One line on ``stream`` (stderr); a stream that cannot take it is left alone."""
+    if stream is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(line + "\n")
+        stream.flush()
+
+
+def tolerant(stream: TextIO | None) -> None:
+    """Characters the terminal cannot encode are written as ``\\uXXXX``, not refused."""
+    if isinstance(stream, io.TextIOWrapper):
+        with contextlib.suppress(OSError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def silence_stdout() -> None:
+    """Point stdout's descriptor at devnull, so the interpreter's last flush of what could
+    not be written does not fail again (after a broken pipe or a full disk)."""
+    with contextlib.suppress(OSError, ValueError):
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+
+def unwritten(error: OSError | ValueError) -> str:
+    """Stdout silenced after ``error`` failed a write to it, and the message saying so."""
+    reason = (error.strerror if isinstance(error, OSError) else None) or str(error)
+    silence_stdout()
+    return f"cannot write the output: {reason}; {_REMEDY}"
+
+
+def deliver(text: str) -> None:
+    """Write the command's output to stdout, all at once.
+
+    Raises:
+        Problem: stdout is closed or cannot take the output (a full disk).
+        BrokenPipeError: the reader went away (``show t.json | head``).
+    """
+    if not text:
+        return
+    out = sys.stdout
+    if out is None:
+        msg = f"cannot write the output: stdout is closed; {_REMEDY}"
+        raise Problem(msg)
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:
+        raise Problem(unwritten(e)) from None
+
+
+def refuse(err: TextIO | None, problem: Problem, command: str) -> int:
+    """Say ``problem`` on ``err`` in one line; its exit status (2 for a usage error)."""
+    if isinstance(problem, Usage):  # as argparse's own usage errors read
+        prog = f"{PROG} {command}"
+        say(err, f"{prog}: {escape(clip(str(problem), MAX_USAGE_CHARS))}; see {prog} --help")
+        return 2
+    if not isinstance(problem, Reported):
+        say(err, f"{PROG}: {escape(str(problem))}")
+    return 1

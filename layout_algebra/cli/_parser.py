@@ -1,0 +1,294 @@
+"""The command line's parser: every command, its arguments and its help."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Final
+
+from layout_algebra._args import MAX_NDIM
+from layout_algebra.cli._output import PROG
+from layout_algebra.cli._types import (
+    Parser,
+    add_owned_arguments,
+    axis_arg,
+    bounded_int,
+    fsdp_arg,
+    mesh_arg,
+    rank_arg,
+    shape_arg,
+)
+
+__all__ = ["build_parser"]
+
+_RESHARD_HELP: Final = (
+    "what loading a checkpoint saved under one table costs each rank under another"
+)
+_RESHARD_DESCRIPTION: Final = (
+    "Plan the load of a torch distributed checkpoint saved under SRC.json (on --mesh, "
+    "--expert-mesh) by a run laid out by DST.json (on --to-mesh, --to-expert-mesh): "
+    "the bytes and reads of every destination rank (rank = row-major index over the "
+    "mesh's axes, in order), the total, the largest, the parameters that move most. "
+    "Both tables are source tables; --fsdp / --to-fsdp compose a side with FSDP2 "
+    "sharding over that axis (its expert mesh too, unless --expert-fsdp / "
+    "--to-expert-fsdp name another)."
+)
+
+_LINT_HELP: Final = "check a table or plan against the model's shapes; each rank's bytes"
+_LINT_DESCRIPTION: Final = (
+    "Lint TABLE_OR_PLAN.json against the parameters' shapes on the world of --mesh "
+    "(and --expert-mesh, over the same ranks; rank = row-major index over a mesh's "
+    "axes, in order): shard dims a parameter lacks, FQNs in one but not the other, "
+    "FSDP2's uneven shards on a dim > 0 (which torch refuses), layouts whose DTensor "
+    "metadata differs from the rows FSDP2 keeps (checkpoints break), the padding "
+    "uneven shards cost, and the parameter bytes of every rank. With --fsdp the "
+    "layouts are composed with FSDP2 first; without it a table is read as composed. "
+    "A plan's parameters that no module names stay plain tensors until FSDP; its "
+    "patterns (layers.*.attn) are matched against the FQNs of --shapes. "
+    "Exit 1 when there are problems."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: every command and its arguments."""
+    parser: argparse.ArgumentParser = Parser(
+        prog=PROG,
+        description=(
+            "Source layouts for DTensor / FSDP2 planners: show, compare, check and draw "
+            "layout tables and plans. Exit 0 on success, 1 on a layout problem, 2 on a "
+            "usage error."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="a built-in MoE transformer and its plan on a simulated 8-rank mesh",
+        description=(
+            "Build a small MoE transformer, its sharding plan and layout table, bind the "
+            "table onto the model on a simulated 8-rank mesh (dp_shard=2, ep=2, tp=2; "
+            "torch's fake process group) and print, per parameter, its source layout, "
+            "the layout FSDP2 composes and the local shape on one rank."
+        ),
+    )
+    demo.add_argument(
+        "--rank", type=rank_arg, default=0, help="the rank whose local shapes to show (0-7)"
+    )
+    demo.add_argument(
+        "--verify",
+        action="store_true",
+        help="apply distribute and fully_shard and compare every prediction with torch",
+    )
+    demo.add_argument("--json", action="store_true", help="print the table as JSON instead")
+
+    show = sub.add_parser("show", help="print a table, aligned, with its tied groups")
+    show.add_argument("table", metavar="TABLE.json", help="a table file ('-' for stdin)")
+
+    dif = sub.add_parser(
+        "diff", help="what changed from table A to table B (exit 1 when they differ)"
+    )
+    dif.add_argument("a", metavar="A.json", help="the old table")
+    dif.add_argument("b", metavar="B.json", help="the new table")
+
+    check = sub.add_parser(
+        "check",
+        help="build the table of a plan on a mesh; report every problem and every drop",
+        description=(
+            "Build the layout table of a plan: dense parameters on --mesh, expert "
+            "parameters on --expert-mesh (axis names in mesh order, FSDP-owned axes "
+            "included). Prints a summary, the placements dropped on axes a mesh lacks, "
+            "and the table; or every problem with its FQN."
+        ),
+    )
+    _add_plan_arguments(check)
+    table = sub.add_parser(
+        "table",
+        help="the table of a plan on a mesh, as JSON (for show, draw, diff, reshard, lint)",
+        description=(
+            "Build the layout table of a plan as check does and print it as JSON on stdout "
+            "(`layout-algebra table plan.json --mesh dp_shard=2,tp=4 > table.json`). With "
+            "--fqns, the FQNs no key of the plan matches are added with the plain layout: "
+            "plain tensors until FSDP, as lint reads a plan. Exit 1 with every problem of "
+            "the plan on stderr."
+        ),
+    )
+    _add_plan_arguments(table)
+
+    drw = sub.add_parser(
+        "draw",
+        help="which rank holds which block of one parameter",
+        description=(
+            "Draw the blocks of one parameter and the ranks holding each, for every "
+            "coordinate of --mesh (rank = row-major index over the --mesh axes, in order). "
+            "With --fsdp AXIS, the layout is first composed with FSDP2 sharding over AXIS. "
+            "A parameter of more than two dims is pictured by its sharded dims."
+        ),
+    )
+    drw.add_argument("table", metavar="TABLE.json", help="a table file ('-' for stdin)")
+    drw.add_argument("fqn", metavar="FQN", help="the parameter to draw")
+    drw.add_argument(
+        "--shape", type=shape_arg, required=True, metavar="N,M,...", help="its global shape"
+    )
+    drw.add_argument(
+        "--mesh",
+        type=mesh_arg,
+        required=True,
+        metavar="AXIS=N,...",
+        help="the world mesh, every axis of the layout included, e.g. dp_shard=2,tp=4",
+    )
+    drw.add_argument(
+        "--fsdp",
+        type=axis_arg,
+        default=None,
+        metavar="AXIS",
+        help="the mesh axis FSDP2 shards over (shows the strided shards it makes)",
+    )
+    add_owned_arguments(drw)
+    _add_reshard(sub.add_parser("reshard", help=_RESHARD_HELP, description=_RESHARD_DESCRIPTION))
+    _add_lint(sub.add_parser("lint", help=_LINT_HELP, description=_LINT_DESCRIPTION))
+    return parser
+
+
+def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a command that builds the table of a plan (``check``, ``table``)."""
+    parser.add_argument("plan", metavar="PLAN.json", help="a plan file ('-' for stdin)")
+    parser.add_argument(
+        "--mesh",
+        type=mesh_arg,
+        required=True,
+        metavar="AXIS=N,...",
+        help="the dense mesh, e.g. dp_shard=2,tp=4",
+    )
+    parser.add_argument(
+        "--expert-mesh",
+        type=mesh_arg,
+        default=None,
+        metavar="AXIS=N,...",
+        help="the expert mesh, e.g. dp_shard=2,ep=4",
+    )
+    parser.add_argument(
+        "--fqns",
+        default=None,
+        metavar="FILE",
+        help=(
+            "the model's parameter FQNs, for a plan whose keys hold patterns "
+            "(layers.*.attention): one FQN a line, a shapes.json or a .safetensors file"
+        ),
+    )
+    add_owned_arguments(parser)
+
+
+def _add_reshard(rsh: argparse.ArgumentParser) -> None:
+    """The arguments of ``reshard``."""
+    rsh.add_argument("src", metavar="SRC.json", help="the table the checkpoint was saved under")
+    rsh.add_argument("dst", metavar="DST.json", help="the table it is loaded under")
+    rsh.add_argument(
+        "--shapes",
+        required=True,
+        metavar="FILE",
+        help=(
+            "shapes.json, a .safetensors file, a model.safetensors.index.json or the "
+            "checkpoint directory holding one"
+        ),
+    )
+    for side, run in (("", "saving"), ("to-", "loading")):
+        rsh.add_argument(
+            f"--{side}mesh",
+            type=mesh_arg,
+            required=True,
+            metavar="AXIS=N,...",
+            help=f"the {run} run's dense mesh, e.g. dp_shard=2,tp=4",
+        )
+        rsh.add_argument(
+            f"--{side}expert-mesh",
+            type=mesh_arg,
+            default=None,
+            metavar="AXIS=N,...",
+            help=f"the {run} run's expert mesh, over the same ranks",
+        )
+        rsh.add_argument(
+            f"--{side}fsdp",
+            type=axis_arg,
+            default=None,
+            metavar="AXIS",
+            help=f"the axis FSDP2 shards over in the {run} run",
+        )
+        rsh.add_argument(
+            f"--{side}expert-fsdp",
+            type=axis_arg,
+            default=None,
+            metavar="AXIS",
+            help=f"the axis FSDP2 shards the experts over in the {run} run (default: --{side}fsdp)",
+        )
+    rsh.add_argument(
+        "--top",
+        type=lambda text: bounded_int(text, 1_000_000, "--top"),
+        default=10,
+        metavar="N",
+        help="how many parameters to name (default 10)",
+    )
+
+
+def _add_lint(lnt: argparse.ArgumentParser) -> None:
+    """The arguments of ``lint``."""
+    lnt.add_argument(
+        "table", metavar="TABLE_OR_PLAN.json", help="a table or a plan file ('-' for stdin)"
+    )
+    lnt.add_argument(
+        "--shapes",
+        required=True,
+        metavar="FILE",
+        help=(
+            "shapes.json, a .safetensors file, a model.safetensors.index.json or the "
+            "checkpoint directory holding one"
+        ),
+    )
+    lnt.add_argument(
+        "--mesh",
+        type=mesh_arg,
+        required=True,
+        metavar="AXIS=N,...",
+        help="the dense mesh, FSDP's axes included, e.g. dp_shard=8,tp=4",
+    )
+    lnt.add_argument(
+        "--expert-mesh",
+        type=mesh_arg,
+        default=None,
+        metavar="AXIS=N,...",
+        help="the expert mesh, over the same ranks, e.g. dp_shard=4,ep=8",
+    )
+    lnt.add_argument(
+        "--fsdp",
+        type=fsdp_arg,
+        default=None,
+        metavar="AXIS",
+        help=(
+            "the axis FSDP2 shards over (REPLICATE,SHARD for HSDP); for a plan, default: "
+            "the one FSDP-owned axis of --mesh of size > 1"
+        ),
+    )
+    lnt.add_argument(
+        "--expert-fsdp",
+        type=fsdp_arg,
+        default=None,
+        metavar="AXIS",
+        help=(
+            "the axis FSDP2 shards the experts over (default: --fsdp; for a plan without "
+            "--fsdp, the one FSDP-owned axis of --expert-mesh of size > 1)"
+        ),
+    )
+    lnt.add_argument(
+        "--shard-dim",
+        type=lambda text: bounded_int(text, MAX_NDIM - 1, "--shard-dim"),
+        default=0,
+        metavar="N",
+        help="the dim FSDP2 shards (shard_placement_fn), default 0",
+    )
+    lnt.add_argument(
+        "--expert-shard-dim",
+        type=lambda text: bounded_int(text, MAX_NDIM - 1, "--expert-shard-dim"),
+        default=None,
+        metavar="N",
+        help="the dim FSDP2 shards of expert parameters (default: --shard-dim)",
+    )
+    lnt.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_owned_arguments(lnt)
