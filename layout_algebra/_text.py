@@ -11,15 +11,41 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Final, TypeVar
 
-__all__ = ["MAX_QUOTED", "clip", "columns", "did_you_mean", "escape", "quote", "suggest"]
+__all__ = [
+    "MAX_LISTED",
+    "MAX_QUOTED",
+    "clip",
+    "columns",
+    "did_you_mean",
+    "escape",
+    "exact_bytes",
+    "human_bytes",
+    "listed",
+    "quote",
+    "rank_groups",
+    "ranks_str",
+    "ranks_text",
+    "suggest",
+]
 
 MAX_QUOTED: Final = 200
 """At most this many characters of any one input value appear in a message."""
 
+MAX_LISTED: Final = 50
+"""How many problems (or other items) a report or a message spells out; the value that
+carries them holds them all."""
+
+_MAX_RANK_RUNS: Final = 12
+"""How many runs of ranks a message spells out."""
+
+_BYTE_UNITS: Final = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
 _MAX_INT_BITS: Final = 256
 _MAX_CANDIDATES: Final = 1000
+
+T = TypeVar("T")
 
 
 def clip(text: str, limit: int = MAX_QUOTED) -> str:
@@ -110,3 +136,83 @@ def escape(text: str, encoding: str | None = None) -> str:
         return shown.encode(encoding, "backslashreplace").decode(encoding)
     except (LookupError, UnicodeError):  # an encoding Python does not know, or not text
         return shown
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes for a person, the one spelling of every report: exact below 1 KiB,
+    else two decimals in the largest binary unit that keeps the figure below 1024.
+
+    >>> human_bytes(12), human_bytes(1536), human_bytes(3 * 2**50)
+    ('12 B', '1.50 KiB', '3.00 PiB')
+    """
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    unit = _BYTE_UNITS[0]
+    for unit in _BYTE_UNITS:  # noqa: B007  # the unit the loop stops at is the one shown
+        value /= 1024
+        if round(value, 2) < 1024:
+            break
+    return f"{value:.2f} {unit}"
+
+
+def exact_bytes(n: int) -> str:
+    """``human_bytes(n)`` with the exact count beside it once they differ.
+
+    >>> exact_bytes(1572864), exact_bytes(12)
+    ('1.50 MiB (1,572,864 B)', '12 B')
+    """
+    shown = human_bytes(n)
+    return shown if n < 1024 else f"{shown} ({n:,} B)"
+
+
+def listed(items: Sequence[str], limit: int = MAX_LISTED, *, where: str = "") -> list[str]:
+    """The one problem list of every report and message: ``  - item`` lines, the first
+    ``limit`` of them, then ``  ... and N more`` (and ``where`` to find them all).
+
+    >>> listed(["a", "b", "c"], 2, where="see .problems")
+    ['  - a', '  - b', '  ... and 1 more (see .problems)']
+    """
+    lines = [f"  - {item}" for item in items[:limit]]
+    if len(items) > limit:
+        lines.append(f"  ... and {len(items) - limit} more" + (f" ({where})" if where else ""))
+    return lines
+
+
+def rank_groups(rows: Sequence[T]) -> list[tuple[range, T]]:
+    """Consecutive ranks with equal rows, as ``(ranks, row)``.
+
+    >>> rank_groups([5, 5, 7])
+    [(range(0, 2), 5), (range(2, 3), 7)]
+    """
+    out: list[tuple[range, T]] = []
+    for rank, row in enumerate(rows):
+        if out and out[-1][1] == row:
+            out[-1] = (range(out[-1][0].start, rank + 1), row)
+        else:
+            out.append((range(rank, rank + 1), row))
+    return out
+
+
+def ranks_str(ranks: range) -> str:
+    """A run of ranks: ``3`` or ``0-1023``."""
+    return str(ranks.start) if len(ranks) == 1 else f"{ranks.start}-{ranks.stop - 1}"
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Ascending ranks for a message, runs of consecutive ranks as ranges.
+
+    >>> ranks_text([0, 1, 2, 3, 8]), ranks_text([5])
+    ('ranks 0-3, 8', 'rank 5')
+    """
+    runs: list[range] = []
+    for rank in ranks:
+        if runs and runs[-1].stop == rank:
+            runs[-1] = range(runs[-1].start, rank + 1)
+        else:
+            runs.append(range(rank, rank + 1))
+    shown = ", ".join(ranks_str(r) for r in runs[:_MAX_RANK_RUNS])
+    if len(runs) > _MAX_RANK_RUNS:
+        rest = sum(map(len, runs[_MAX_RANK_RUNS:]))
+        shown += f" and {rest} more"
+    return f"rank{'s' if len(ranks) != 1 else ''} {shown}"

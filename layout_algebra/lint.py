@@ -21,37 +21,58 @@ Every role's mesh spans the whole world, its ranks laid out row-major in the axi
 
 from __future__ import annotations
 
-import itertools
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, TypeAlias
 
 import attrs
 
 from layout_algebra._args import as_instances, as_items, mapping_items, plain_str
-from layout_algebra._text import clip, quote
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
-from layout_algebra.errors import LayoutError
-from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, getter, read_once
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
+from layout_algebra._ranks import (
+    Chain,
+    DimRead,
+    Factor,
+    RankSum,
+    chain_of,
+    check_table,
+    chunk_bounds,
+    fsdp_runs_differ,
+    index_vector,
+    read_dim,
+)
+from layout_algebra._text import (
+    MAX_LISTED,
+    clip,
+    exact_bytes,
+    listed,
+    quote,
+    rank_groups,
+    ranks_str,
+    ranks_text,
+)
+from layout_algebra._text import human_bytes as human_bytes  # noqa: PLC0414  # the CLI reads it here
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName, axis_name_set
+from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.geometry import (
     FsdpAxes,
     FsdpParts,
     Runs,
-    _compose_entry,
-    _fsdp_chunk,
-    _owned_names,
     as_fsdp_axes,
     as_role_sizes,
     as_shard_dims,
-    local_runs,
+    compose_table,
     plan_error,
     split_fsdp,
     world_size,
 )
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn
+from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Partial, Replicate, Shard, StridedShard, format_placement
 from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
 
 __all__ = [
+    "Coverage",
     "LintNote",
     "LintProblem",
     "LintReport",
@@ -59,14 +80,12 @@ __all__ = [
     "lint",
 ]
 
-_MAX_LISTED: Final = 50
-"""How many problems and notes ``str(report)`` spells out (the report holds them all)."""
-
 _MAX_RANKS_SHOWN: Final = 4
 """How many ranks' rows a storage problem spells out."""
 
 _MAX_RANK_ROWS: Final = 16
-"""Above this many distinct rows, the memory table groups ranks with equal bytes."""
+"""Above this many ranks, the memory table groups ranks with equal bytes (and shows this
+many groups)."""
 
 
 def _text(value: object, arg: str) -> str:
@@ -298,49 +317,6 @@ class RankMemory:
         return sum(self.bytes_per_rank)
 
 
-def human_bytes(n: int) -> str:
-    """``n`` bytes for a person: ``1.50 MiB``; exact below 1 KiB.
-
-    >>> human_bytes(1572864), human_bytes(12)
-    ('1.50 MiB', '12 B')
-    """
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
-            break
-    return f"{value:.2f} {unit}"
-
-
-def exact_bytes(n: int) -> str:
-    """``human_bytes(n)`` with the exact count beside it once they differ.
-
-    >>> exact_bytes(1572864), exact_bytes(12)
-    ('1.50 MiB (1,572,864 B)', '12 B')
-    """
-    shown = human_bytes(n)
-    return shown if n < 1024 else f"{shown} ({n:,} B)"
-
-
-def _rank_groups(values: Sequence[tuple[int, ...]]) -> list[tuple[range, tuple[int, ...]]]:
-    """Consecutive ranks with equal rows, as (ranks, row)."""
-    out: list[tuple[range, tuple[int, ...]]] = []
-    for rank, row in enumerate(values):
-        if out and out[-1][1] == row:
-            out[-1] = (range(out[-1][0].start, rank + 1), row)
-        else:
-            out.append((range(rank, rank + 1), row))
-    return out
-
-
-def _ranks_str(ranks: range) -> str:
-    if len(ranks) == 1:
-        return str(ranks.start)
-    return f"{ranks.start}-{ranks.stop - 1}"
-
-
 def _as_problems(value: Iterable[LintProblem]) -> tuple[LintProblem, ...]:
     return as_instances(value, LintProblem, "LintReport(problems)", "(LintProblem(...),)")
 
@@ -355,22 +331,76 @@ def _check_memory(_: object, __: attrs.Attribute[RankMemory], value: object) -> 
         raise LayoutError(msg)
 
 
+def _check_cover_layout(_: object, __: attrs.Attribute[SourceLayout], value: object) -> None:
+    if not isinstance(value, SourceLayout):
+        msg = f"Coverage(layout) must be a SourceLayout, got {quote(value)}"
+        raise LayoutError(msg)
+
+
+def _check_cover_shape(_: object, __: attrs.Attribute[ParamShape], value: object) -> None:
+    if not isinstance(value, ParamShape):
+        msg = f"Coverage(shape) must be a ParamShape, got {quote(value)}"
+        raise LayoutError(msg)
+
+
+def _check_tensors(_: object, __: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int or value < 0:
+        msg = f"Coverage(tensors) must be an int >= 0, got {quote(value)}"
+        raise LayoutError(msg)
+
+
+def _optional_problem(value: str | None) -> str | None:
+    return _optional_text(value, "Coverage(problem)")
+
+
+@attrs.frozen
+class Coverage:
+    """Whether the chunks a distributed checkpoint saves of one kind of parameter cover
+    every element exactly once per replica: what Megatron's ``validate_sharding_integrity``
+    checks at run time, known here from the layout.
+
+    ``layout`` is the composed layout, ``shape`` the parameter's, ``tensors`` how many
+    storages share them, ``problem`` ``None`` when the chunks cover it exactly once, else
+    which elements are saved twice or by none.
+    """
+
+    layout: SourceLayout = attrs.field(validator=_check_cover_layout)
+    shape: ParamShape = attrs.field(validator=_check_cover_shape)
+    tensors: int = attrs.field(validator=_check_tensors)
+    problem: str | None = attrs.field(default=None, converter=_optional_problem)
+
+    @property
+    def exact(self) -> bool:
+        """Whether every element is saved exactly once per replica."""
+        return self.problem is None
+
+
+def _as_coverage(value: Iterable[Coverage]) -> tuple[Coverage, ...]:
+    return as_instances(value, Coverage, "LintReport(coverage)", "(Coverage(...),)")
+
+
 @attrs.frozen
 class LintReport:
-    """Everything ``lint`` found: problems (torch refuses or misreads), notes, memory.
+    """Everything ``lint`` found: problems (torch refuses or misreads), notes, memory, and
+    the checkpoint coverage of each distinct (composed layout, shape).
 
-    A value: reports with equal problems, notes and memory are equal and hash alike,
-    pickled and copied ones included (see ``LintProblem``).
+    A value: reports with equal problems, notes, memory and coverage are equal and hash
+    alike, pickled and copied ones included (see ``LintProblem``).
     """
 
     problems: tuple[LintProblem, ...] = attrs.field(converter=_as_problems, **REQUIRED)
     notes: tuple[LintNote, ...] = attrs.field(converter=_as_notes, **REQUIRED)
     memory: RankMemory = attrs.field(validator=_check_memory, **REQUIRED)
+    coverage: tuple[Coverage, ...] = attrs.field(default=(), converter=_as_coverage)
 
     def __attrs_pre_init__(
-        self, problems: Iterable[LintProblem], notes: Iterable[LintNote], memory: RankMemory
+        self,
+        problems: Iterable[LintProblem],
+        notes: Iterable[LintNote],
+        memory: RankMemory,
+        coverage: Iterable[Coverage] = (),
     ) -> None:
-        check_init(self, "problems", (problems, notes, memory))
+        check_init(self, "problems", (problems, notes, memory, coverage))
 
     @property
     def ok(self) -> bool:
@@ -399,11 +429,23 @@ class LintReport:
         ):
             if items:
                 lines.append(f"{title}:")
-                lines.extend(f"  - {item}" for item in items[:_MAX_LISTED])
-                if len(items) > _MAX_LISTED:
-                    lines.append(f"  ... and {len(items) - _MAX_LISTED} more")
+                lines.extend(listed(items, MAX_LISTED))
         lines.extend(self._memory_lines())
+        lines.extend(self._coverage_lines())
         return "\n".join(lines)
+
+    def _coverage_lines(self) -> list[str]:
+        if not self.coverage:
+            return []
+        bad = [c for c in self.coverage if not c.exact]
+        n = len(self.coverage)
+        tensors = sum(c.tensors for c in self.coverage)
+        kinds = f"{n} kind{'s' if n != 1 else ''} of parameter ({tensors:,} storages)"
+        if not bad:
+            return [f"checkpoint coverage: {kinds}, each element saved exactly once per replica"]
+        lines = [f"checkpoint coverage: {len(bad)} of {kinds} not saved exactly once:"]
+        lines.extend(listed([f"{c.shape} under {c.layout}: {c.problem}" for c in bad]))
+        return lines
 
     def _memory_lines(self) -> list[str]:
         memory = self.memory
@@ -413,15 +455,12 @@ class LintReport:
             (*(memory.by_role[role][rank] for role in roles), total)
             for rank, total in enumerate(memory.bytes_per_rank)
         ]
-        groups = _rank_groups(rows)
-        if len(groups) > _MAX_RANK_ROWS or len(rows) <= _MAX_RANK_ROWS:
-            shown = [(range(r, r + 1), row) for r, row in enumerate(rows)]
-            if len(shown) > _MAX_RANK_ROWS:
-                shown = shown[:_MAX_RANK_ROWS]
-        else:
-            shown = groups
+        groups = rank_groups(rows)
+        if len(rows) <= _MAX_RANK_ROWS:  # a small world: every rank its own row
+            groups = [(range(r, r + 1), row) for r, row in enumerate(rows)]
+        shown = groups[:_MAX_RANK_ROWS]
         table = [header] + [
-            [_ranks_str(ranks), *(human_bytes(b) for b in row)] for ranks, row in shown
+            [ranks_str(ranks), *(human_bytes(b) for b in row)] for ranks, row in shown
         ]
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
         lines = ["parameter bytes per rank after FSDP:"]
@@ -471,6 +510,16 @@ class LintReport:
                 "smallest": list(memory.smallest),
                 "total": memory.total,
             },
+            "coverage": [
+                {
+                    "layout": str(c.layout),
+                    "shape": list(c.shape.shape),
+                    "dtype": c.shape.dtype,
+                    "tensors": c.tensors,
+                    "problem": c.problem,
+                }
+                for c in self.coverage
+            ],
         }
 
 
@@ -489,56 +538,30 @@ def runs_str(runs: Runs) -> str:
     return ", ".join(str(r.start) if len(r) == 1 else f"{r.start}-{r.stop - 1}" for r in runs)
 
 
-def _numel(runs: tuple[Runs, ...]) -> int:
-    n = 1
-    for dim_runs in runs:
-        n *= sum(map(len, dim_runs))
-    return n
+_Problem: TypeAlias = tuple[str, str, tuple[int, ...], str | None, str | None]
+"""A problem without its FQN: kind, message tail, ranks, axis, placement."""
 
 
 @attrs.frozen
 class _Found:
-    """What one (layout, shape) costs and breaks, rank by rank; FQN-free, so shared."""
+    """What one (layout, shape) costs and breaks; FQN-free, so shared.
 
-    bytes_per_rank: tuple[int, ...]
-    padded_per_rank: tuple[int, ...]
-    problems: tuple[tuple[str, str, tuple[int, ...], str | None, str | None], ...]
+    A rank's bytes are ``itemsize`` times the product, over the dims, of the rows it keeps
+    of each (``kept``, each by index on the axes sharding that dim); ``padded`` likewise
+    for what FSDP2 allocates.
+    """
+
+    role: str
+    itemsize: int
+    kept: tuple[Factor, ...]
+    padded: tuple[Factor, ...]
+    problems: tuple[_Problem, ...]
     note: tuple[str, int] | None
+    cover: str | None
 
 
-class _World:
-    """Global ranks and their coordinates on every role's mesh (row-major)."""
-
-    def __init__(self, sizes: Mapping[str, Mapping[str, int]]) -> None:
-        self.sizes = sizes
-        first = next(iter(sizes.values()), {})
-        n = 1
-        for size in first.values():
-            n *= size
-        self.size = n
-        self._index: dict[tuple[str, tuple[str, ...]], tuple[int, ...]] = {}
-
-    def coordinate(self, role: str, rank: int) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for axis, size in reversed(list(self.sizes[role].items())):
-            rank, out[axis] = divmod(rank, size)
-        return out
-
-    def index_of(self, role: str, axes: tuple[str, ...]) -> tuple[int, ...]:
-        """For each global rank, the row-major index of its coordinate over ``axes``."""
-        key = (role, axes)
-        found = self._index.get(key)
-        if found is None:
-            sizes = self.sizes[role]
-            out = []
-            for rank in range(self.size):
-                where = self.coordinate(role, rank)
-                i = 0
-                for axis in axes:
-                    i = i * sizes[axis] + where[axis]
-                out.append(i)
-            found = self._index[key] = tuple(out)
-        return found
+def _failed(role: str, problem: _Problem) -> _Found:
+    return _Found(role, 0, (), (), (problem,), None, None)
 
 
 def _placement_dims(layout: SourceLayout) -> Iterator[tuple[str, str, int]]:
@@ -550,159 +573,190 @@ def _placement_dims(layout: SourceLayout) -> Iterator[tuple[str, str, int]]:
                 pass
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
-    shown = ", ".join(map(str, ranks[:12]))
-    more = f" and {len(ranks) - 12} more" if len(ranks) > 12 else ""
-    return f"rank{'s' if len(ranks) != 1 else ''} {shown}{more}"
+class _Examiner:
+    """Each distinct (composed layout, shape) followed over every rank of its mesh, by
+    dim (``read_dim``): the rows ranks keep, FSDP's refusals, the storage hazard."""
 
+    def __init__(self, meshes: Mapping[str, Mesh], owned: frozenset[str]) -> None:
+        self.meshes, self.owned = meshes, owned
+        self.reads: dict[tuple[int, Chain], DimRead] = {}
+        self.indices: dict[tuple[str, tuple[str, ...]], list[int]] = {}
 
-def _examine(
-    layout: SourceLayout,
-    shape: ParamShape,
-    world: _World,
-    owned: frozenset[str],
-) -> _Found:
-    zeros = (0,) * world.size
-    role_sizes = world.sizes.get(layout.mesh)
-    if role_sizes is None:
-        msg = (
-            f"no sizes for mesh role {layout.mesh!r} of {layout} (mesh_sizes has "
-            f"{sorted(world.sizes)}); give mesh_sizes={{{layout.mesh!r}: {{axis: n, ...}}}}"
-        )
-        return _Found(zeros, zeros, (("layout", msg, (), None, None),), None)
-    problems: list[tuple[str, str, tuple[int, ...], str | None, str | None]] = []
-    for axis, shown, dim in _placement_dims(layout):
-        if dim >= shape.ndim:
+    def read(self, n: int, chain: Chain) -> DimRead:
+        found = self.reads.get((n, chain))
+        if found is None:
+            found = self.reads[n, chain] = read_dim(n, chain)
+        return found
+
+    def index(self, role: str, axes: tuple[str, ...]) -> list[int]:
+        found = self.indices.get((role, axes))
+        if found is None:
+            found = self.indices[role, axes] = index_vector(self.meshes[role], axes)
+        return found
+
+    def examine(self, layout: SourceLayout, shape: ParamShape) -> _Found:
+        mesh = self.meshes.get(layout.mesh)
+        if mesh is None:
             msg = (
-                f"{shown} on axis {axis!r} of {layout} shards dim {dim}, but the parameter "
-                f"is {shape} ({shape.ndim} dim{'s' if shape.ndim != 1 else ''}); shard a "
-                f"dim below {shape.ndim}"
+                f"no sizes for mesh role {layout.mesh!r} of {layout} (mesh_sizes has "
+                f"{sorted(self.meshes)}); give mesh_sizes={{{layout.mesh!r}: {{axis: n, ...}}}}"
             )
-            problems.append(("shard-dim", msg, (), axis, shown))
-    if problems:
-        return _Found(zeros, zeros, tuple(problems), None)
-    try:
-        parts = split_fsdp(layout, role_sizes, owned=owned)
-        for name in layout.axes:
-            if name.name not in role_sizes:
+            return _failed(layout.mesh, ("layout", msg, (), None, None))
+        problems: list[_Problem] = []
+        for axis, shown, dim in _placement_dims(layout):
+            if dim >= shape.ndim:
                 msg = (
-                    f"{layout}: axis {name.name!r} is not an axis of the {layout.mesh} mesh "
-                    f"{list(role_sizes)}; give its size in mesh_sizes[{layout.mesh!r}]"
+                    f"{shown} on axis {axis!r} of {layout} shards dim {dim}, but the parameter "
+                    f"is {shape} ({shape.ndim} dim{'s' if shape.ndim != 1 else ''}); shard a "
+                    f"dim below {shape.ndim}"
                 )
-                raise LayoutError(msg, axis=name.name)
-    except LayoutError as e:
-        return _Found(zeros, zeros, (("layout", e.message, (), e.axis, e.placement),), None)
-    return _walk(layout, parts, shape, world, role_sizes)
+                problems.append(("shard-dim", msg, (), axis, shown))
+        if problems:
+            return _Found(layout.mesh, 0, (), (), tuple(problems), None, None)
+        try:
+            parts = split_fsdp(layout, mesh, owned=self.owned)
+            for name in layout.axes:
+                if name.name not in mesh:
+                    msg = (
+                        f"{layout}: axis {name.name!r} is not an axis of the {layout.mesh} mesh "
+                        f"{list(mesh)}; give its size in mesh_sizes[{layout.mesh!r}]"
+                    )
+                    raise LayoutError(msg, axis=name.name)
+        except LayoutError as e:
+            return _failed(layout.mesh, ("layout", e.message, (), e.axis, e.placement))
+        return self._measure(layout, parts, shape, mesh)
 
-
-def _walk(
-    layout: SourceLayout,
-    parts: FsdpParts,
-    shape: ParamShape,
-    world: _World,
-    sizes: Mapping[str, int],
-) -> _Found:
-    axes = tuple(a.name for a in layout.axes)
-    dim = parts.shard_dim
-    fsdp_size = sizes[parts.shard.name] if parts.shard is not None else 1
-    kept_bytes: list[int] = []
-    padded_bytes: list[int] = []
-    uneven: list[int] = []  # coordinate indices where torch refuses FSDP on dim > 0
-    differ: list[tuple[int, Runs, Runs]] = []
-    differ_dim = dim
-    for i, index in enumerate(itertools.product(*(range(sizes[a]) for a in axes))):
-        where = dict(zip(axes, index, strict=True))
-        source = local_runs(shape.shape, parts.source, sizes, where)
-        kept = _fsdp_chunk(source, parts, sizes, where)
-        n = _numel(kept)
-        kept_bytes.append(n * shape.itemsize)
-        if parts.shard is None:
-            padded_bytes.append(n * shape.itemsize)
-            continue
-        held = sum(map(len, source[dim]))
-        rest = _numel(source) // held if held else _numel(source[:dim] + source[dim + 1 :])
-        padded_bytes.append(-(-held // fsdp_size) * rest * shape.itemsize)
-        if dim > 0 and held % fsdp_size:
-            uneven.append(i)
-        read = local_runs(shape.shape, layout, sizes, where)
-        if read != kept and (n or _numel(read)):  # two empty blocks hold the same: nothing
-            d = next(d for d in range(shape.ndim) if read[d] != kept[d])
-            differ_dim = d
-            differ.append((i, kept[d], read[d]))
-    by_rank = world.index_of(layout.mesh, axes)
-    per_rank = tuple(kept_bytes[i] for i in by_rank)
-    padded = tuple(padded_bytes[i] for i in by_rank)
-    problems: list[tuple[str, str, tuple[int, ...], str | None, str | None]] = []
-    fsdp_placement = (
-        format_placement(layout.placement_on(parts.shard)) if parts.shard is not None else None
-    )
-    fsdp_axis = parts.shard.name if parts.shard is not None else None
-    if uneven:
-        bad = set(uneven)
-        ranks = tuple(r for r, i in enumerate(by_rank) if i in bad)
-        msg = (
-            f"FSDP over {fsdp_axis!r} ({fsdp_size} ranks) shards dim {dim} of {shape} under "
-            f"{layout} unevenly on {_ranks_text(ranks)}, and torch refuses that there "
-            f"(NotImplementedError: FSDP does not support uneven sharding on dim {dim}); "
-            f"make each rank's source-local dim {dim} a multiple of {fsdp_size}, or let FSDP "
-            "shard dim 0"
-        )
-        problems.append(("fsdp-uneven", msg, ranks, fsdp_axis, fsdp_placement))
-    if differ:
-        problems.append(
-            _storage_problem(
-                layout, parts, shape, by_rank=by_rank, differ=differ, dim=differ_dim, sizes=sizes
+    def _measure(
+        self, layout: SourceLayout, parts: FsdpParts, shape: ParamShape, mesh: Mesh
+    ) -> _Found:
+        role = layout.mesh
+        reads = [self.read(n, chain_of(layout, e, mesh)) for e, n in enumerate(shape.shape)]
+        kept: list[Factor] = [(r.axes, r.lengths) for r in reads]
+        padded = list(kept)
+        problems: list[_Problem] = []
+        if parts.shard is not None:
+            dim, fsdp = parts.shard_dim, mesh[parts.shard.name]
+            chain = reads[dim].chain  # FSDP's axis first, then the source axes on its dim
+            held = self.read(shape.shape[dim], chain[1:]).lengths
+            # FSDP2 chunks each rank's source rows (torch.chunk), padding to the first chunk
+            cuts = [
+                [hi - lo for lo, hi in (chunk_bounds(h, fsdp, f) for f in range(fsdp))]
+                for h in held
+            ]
+            kept[dim] = (
+                reads[dim].axes,
+                [cuts[s][f] for f in range(fsdp) for s in range(len(held))],
             )
+            padded[dim] = (reads[dim].axes, [-(-h // fsdp) for _ in range(fsdp) for h in held])
+            placement = format_placement(layout.placement_on(parts.shard))
+            if dim > 0 and any(h % fsdp for h in held):
+                flags = [h % fsdp != 0 for h in held]
+                index = self.index(role, tuple(a for a, _, _ in chain[1:]))
+                ranks = tuple(r for r, i in enumerate(index) if flags[i])
+                msg = (
+                    f"FSDP over {parts.shard.name!r} ({fsdp} ranks) shards dim {dim} of {shape} "
+                    f"under {layout} unevenly on {ranks_text(ranks)}, and torch refuses that "
+                    f"there (NotImplementedError: FSDP does not support uneven sharding on dim "
+                    f"{dim}); make each rank's source-local dim {dim} a multiple of {fsdp}, or "
+                    "let FSDP shard dim 0"
+                )
+                problems.append(("fsdp-uneven", msg, ranks, parts.shard.name, placement))
+            storage = self._storage(layout, parts, shape, kept, reads)
+            if storage is not None:
+                problems.append(storage)
+        cover = next((r.cover for r in reads if r.cover is not None), None)
+        if not shape.numel:
+            cover = None
+        # FSDP's misread rows are one problem ("storage", which names the checkpoint's
+        # overlap); the certificate records it, and stands alone for any other layout.
+        if cover is not None and not any(p[0] == "storage" for p in problems):
+            bad = next(e for e, r in enumerate(reads) if r.cover is not None)
+            msg = (
+                f"the chunks a distributed checkpoint saves of {shape} under {layout} do not "
+                f"cover it exactly once per replica: on dim {bad}, {cover}; it cannot be loaded "
+                "back whole: shard that dim with Shard placements, or with the layout "
+                "compose_fsdp gives"
+            )
+            problems.append(("coverage", msg, (), None, None))
+        note = _uneven_note(kept, padded, shape, mesh.size)
+        return _Found(
+            role, shape.itemsize, tuple(kept), tuple(padded), tuple(problems), note, cover
         )
-    note = _uneven_note(per_rank, padded, shape)
-    return _Found(per_rank, padded, tuple(problems), note)
 
-
-def _storage_problem(
-    layout: SourceLayout,
-    parts: FsdpParts,
-    shape: ParamShape,
-    *,
-    by_rank: tuple[int, ...],
-    differ: list[tuple[int, Runs, Runs]],
-    dim: int,
-    sizes: Mapping[str, int],
-) -> tuple[str, str, tuple[int, ...], str | None, str | None]:
-    where = {i: (kept, read) for i, kept, read in differ}
-    ranks = tuple(r for r, i in enumerate(by_rank) if i in where)
-    detail = []
-    for rank in ranks[:_MAX_RANKS_SHOWN]:
-        kept, read = where[by_rank[rank]]
-        detail.append(f"rank {rank} keeps {runs_str(kept)}, DTensor reads {runs_str(read)}")
-    if len(ranks) > _MAX_RANKS_SHOWN:
-        detail.append(f"{len(ranks) - _MAX_RANKS_SHOWN} more")
-    assert parts.shard is not None
-    placement = layout.placement_on(parts.shard)
-    split = placement.split_factor if isinstance(placement, StridedShard) else 1
-    multiple = split * sizes[parts.shard.name]
-    msg = (
-        f"FSDP2 keeps other indices of dim {dim} than DTensor's reading of {layout} says, "
-        f"on {_ranks_text(ranks)} ({'; '.join(detail)}): full_tensor() is right, but a "
-        "distributed checkpoint of it overlaps or cannot be loaded back; make dim "
-        f"{dim} (size {shape.shape[dim]}) a multiple of {multiple} (the source shards times "
-        "FSDP's), shard it on fewer source axes, or let FSDP shard another dim"
-    )
-    return ("storage", msg, ranks, parts.shard.name, format_placement(placement))
+    def _storage(
+        self,
+        layout: SourceLayout,
+        parts: FsdpParts,
+        shape: ParamShape,
+        kept: Sequence[Factor],
+        reads: Sequence[DimRead],
+    ) -> _Problem | None:
+        """Where DTensor's reading differs from the rows FSDP2 keeps, as a problem."""
+        assert parts.shard is not None
+        dim = parts.shard_dim
+        differ = fsdp_runs_differ(shape.shape[dim], reads[dim].chain, self.owned)
+        flags = [
+            d is not None and (k > 0 or r > 0)
+            for d, k, r in zip(differ, kept[dim][1], reads[dim].lengths, strict=True)
+        ]
+        if not any(flags):
+            return None
+        role = layout.mesh
+        index = self.index(role, reads[dim].axes)
+        others = [
+            (self.index(role, axes), lengths)
+            for e, (axes, lengths) in enumerate(kept)
+            if e != dim and not all(lengths)
+        ]
+        ranks = tuple(
+            r
+            for r, i in enumerate(index)
+            if flags[i] and all(lengths[at[r]] for at, lengths in others)
+        )
+        if not ranks:
+            return None
+        detail = []
+        for rank in ranks[:_MAX_RANKS_SHOWN]:
+            found = differ[index[rank]]
+            assert found is not None
+            detail.append(
+                f"rank {rank} keeps {runs_str(found[0])}, DTensor reads {runs_str(found[1])}"
+            )
+        if len(ranks) > _MAX_RANKS_SHOWN:
+            detail.append(f"{len(ranks) - _MAX_RANKS_SHOWN} more")
+        placement = layout.placement_on(parts.shard)
+        split = placement.split_factor if isinstance(placement, StridedShard) else 1
+        multiple = split * self.meshes[role][parts.shard.name]
+        msg = (
+            f"FSDP2 keeps other indices of dim {dim} than DTensor's reading of {layout} says, "
+            f"on {ranks_text(ranks)} ({'; '.join(detail)}): full_tensor() is right, but a "
+            "distributed checkpoint of it overlaps or cannot be loaded back; make dim "
+            f"{dim} (size {shape.shape[dim]}) a multiple of {multiple} (the source shards "
+            "times FSDP's), shard it on fewer source axes, or let FSDP shard another dim"
+        )
+        return ("storage", msg, ranks, parts.shard.name, format_placement(placement))
 
 
 def _uneven_note(
-    per_rank: tuple[int, ...], padded: tuple[int, ...], shape: ParamShape
+    kept: Sequence[Factor], padded: Sequence[Factor], shape: ParamShape, world: int
 ) -> tuple[str, int] | None:
-    padding = sum(padded) - sum(per_rank)
-    holders = [b for b in per_rank if b]
-    if not padding and len(set(per_rank)) <= 1:
+    """Uneven shards and FSDP's padding, from the rows by dim: a rank's bytes are a
+    product over the dims, so their least, most and sum are products too."""
+    size = math.prod(len(v) for _, v in kept)
+    copies = world // size  # ranks that hold the same rows (the layout's replicas)
+    least = shape.itemsize * math.prod(min(v) for _, v in kept)
+    most = shape.itemsize * math.prod(max(v) for _, v in kept)
+    total = shape.itemsize * math.prod(sum(v) for _, v in kept) * copies
+    allocated = shape.itemsize * math.prod(sum(v) for _, v in padded) * copies
+    padding = allocated - total
+    if not padding and least == most:
         return None
     parts = []
-    if len(set(per_rank)) > 1:
-        empty = len(per_rank) - len(holders)
+    if least != most:
+        empty = (size - math.prod(sum(1 for x in v if x) for _, v in kept)) * copies
         parts.append(
-            f"uneven shards of {shape}: ranks hold {human_bytes(min(per_rank))} to "
-            f"{human_bytes(max(per_rank))} of it"
+            f"uneven shards of {shape}: ranks hold {human_bytes(least)} to "
+            f"{human_bytes(most)} of it"
             + (f" ({empty} rank{'s hold' if empty != 1 else ' holds'} nothing)" if empty else "")
         )
     if padding:
@@ -755,31 +809,8 @@ def _owners(table: ParamLayoutTable) -> dict[str, str]:
     return owner
 
 
-_Key: TypeAlias = tuple[int, int, int]
-"""A parameter's (layout, shape, shard dim), the first two by identity: see ``_Tally``."""
-
-
-class _Tally:
-    """Parameters counted by (layout, shape, shard dim), each distinct one examined once.
-
-    Tables repeat a few layouts and shapes a million times, so the per-parameter work is
-    one count keyed by the *identity* of its layout and shape objects; the objects are
-    kept here for as long as the counts are, so an identity is never reused by another.
-    """
-
-    def __init__(self) -> None:
-        self.counts: dict[_Key, int] = {}
-        self.values: dict[_Key, tuple[SourceLayout, ParamShape, int]] = {}
-
-    def add(self, layout: SourceLayout, shape: ParamShape, dim: int, storage: int) -> _Key:
-        key = (id(layout), id(shape), dim)
-        count = self.counts.get(key)
-        if count is None:
-            self.values[key] = (layout, shape, dim)
-            self.counts[key] = storage
-        else:
-            self.counts[key] = count + storage
-        return key
+_Key: TypeAlias = tuple[SourceLayout, ParamShape, int]
+"""A parameter's signature: its layout, its shape and dtype, and FSDP's shard dim."""
 
 
 def _shape_of(
@@ -839,16 +870,13 @@ def lint(
         LayoutError: arguments of the wrong form (``table`` not a table, ``shapes`` not
             ParamShapes by FQN, ``mesh_sizes``/``fsdp``/``shard_dim`` malformed).
     """
-    raw: object = table
-    if not isinstance(raw, ParamLayoutTable):
-        msg = f"table must be a ParamLayoutTable, got {quote(raw)}"
-        raise LayoutError(msg)
+    check_table(table, "table")
     shapes = _check_shapes(shapes)
     sizes = as_role_sizes(mesh_sizes)
     if not sizes:
         msg = "mesh_sizes names no mesh role; give {'dense': {'dp_shard': 8}, ...}"
         raise LayoutError(msg)
-    world_size(sizes, "mesh_sizes")  # each rank is examined
+    world_size(sizes, "mesh_sizes")  # the bound on the world
     roles: dict[str, tuple[tuple[AxisName, ...], AxisName]] | None = None
     default_dim, dims = 0, dict[str, int]()
     if fsdp is not None:
@@ -860,121 +888,91 @@ def lint(
             "dims in its layouts"
         )
         raise LayoutError(msg)
+    meshes = {role: Mesh(role_sizes) for role, role_sizes in sizes.items()}
     run = _Run(
         table,
         shapes,
-        _World(sizes),
+        meshes,
         roles=roles,
-        owned=_owned_names(owned),
+        owned=axis_name_set(owned, "owned"),
         default_dim=default_dim,
         dims=dims,
     )
     run.count()
     run.examine()
     problems, notes = run.report()
-    return LintReport(tuple(problems), tuple(notes), run.memory())
+    return LintReport(tuple(problems), tuple(notes), run.memory(), run.coverage())
 
 
 class _Run:
-    """One lint: count the parameters, examine each distinct kind once, then report."""
+    """One lint: count the parameters by signature, examine each signature once, report."""
 
     def __init__(
         self,
         table: ParamLayoutTable,
         shapes: Mapping[str, ParamShape],
-        world: _World,
+        meshes: Mapping[str, Mesh],
         *,
         roles: Mapping[str, tuple[tuple[AxisName, ...], AxisName]] | None,
         owned: frozenset[str],
         default_dim: int,
         dims: Mapping[str, int],
     ) -> None:
-        self.table, self.shapes, self.world = table, shapes, world
+        self.table, self.shapes, self.meshes = table, shapes, meshes
         self.roles, self.owned = roles, owned
         self.default_dim, self.dims = default_dim, dims
         self.owner = _owners(table)
-        self.tally = _Tally()
-        self.key_of: dict[str, _Key] = {}
+        self.counts: dict[_Key, int] = {}
         self.no_shape = False
         self.hits = 0
         self.found: dict[_Key, _Found] = {}
+        self.composed: dict[_Key, SourceLayout] = {}
 
-    def _shape(self, fqn: str) -> ParamShape | None:
-        return _shape_of(fqn, self.table, self.shapes, self.owner)
+    def _key(self, fqn: str, layout: SourceLayout) -> _Key | None:
+        shape = _shape_of(fqn, self.table, self.shapes, self.owner)
+        if shape is None:
+            return None
+        return (layout, _check_shape(fqn, shape), self.dims.get(fqn, self.default_dim))
 
     def count(self) -> None:
-        """One pass over the parameters: count each (layout, shape, dim)."""
-        shapes_get, dims, default_dim, owner = (
-            getter(self.shapes),
-            self.dims,
-            self.default_dim,
-            self.owner,
-        )
-        add, key_of = self.tally.add, self.key_of
+        """One pass over the parameters: count the storages of each signature."""
+        counts, owner = self.counts, self.owner
         for fqn, layout in self.table.items():
-            shape = shapes_get(fqn)
-            if shape is None:
-                shape = self._shape(fqn)
-                if shape is None:
-                    self.no_shape = True
-                    continue
-            else:
+            key = self._key(fqn, layout)
+            if key is None:
+                self.no_shape = True
+                continue
+            if fqn in self.shapes:
                 self.hits += 1
-            dim = dims.get(fqn, default_dim) if dims else default_dim
-            storage = 0 if owner and owner.get(fqn, fqn) != fqn else 1
-            key = add(layout, shape, dim, storage)
-            if storage == 0 or fqn in dims:
-                key_of[fqn] = key
+            storage = 0 if owner.get(fqn, fqn) != fqn else 1  # a tied alias is no storage
+            counts[key] = counts.get(key, 0) + storage
 
     def examine(self) -> None:
-        """Each distinct (layout, shape, dim) composed and followed on every rank, once."""
-        composed_of: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
+        """Each signature composed and followed over every rank, once."""
+        done: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
+        examiner = _Examiner(self.meshes, self.owned)
         examined: dict[tuple[SourceLayout, ParamShape], _Found] = {}
-        zeros = (0,) * self.world.size
-        for key, (layout, shape, dim) in self.tally.values.items():
-            value: object = shape  # a mapping of anything may have been passed
-            if not isinstance(value, ParamShape):
-                _check_shape(next(self._fqns_of(key), "<a parameter>"), value)
+        for key in self.counts:
+            layout, shape, dim = key
             composed: SourceLayout | LayoutError = layout
             if self.roles is not None:
-                got = composed_of.get((layout, dim))
+                got = done.get((layout, dim))
                 if got is None:
                     try:
-                        got = _compose_entry(layout, dim, self.roles, self.world.sizes, self.owned)
+                        got = _compose(layout, dim, self.roles, self.meshes, self.owned)
                     except LayoutError as e:
                         got = e
-                    composed_of[(layout, dim)] = got
+                    done[layout, dim] = got
                 composed = got
             if isinstance(composed, LayoutError):
                 problem = ("layout", composed.message, (), composed.axis, composed.placement)
-                self.found[key] = _Found(zeros, zeros, (problem,), None)
+                self.found[key] = _failed(layout.mesh, problem)
                 continue
+            self.composed[key] = composed
             result = examined.get((composed, shape))
             if result is None:
-                result = _examine(composed, shape, self.world, self.owned)
-                examined[(composed, shape)] = result
+                result = examined[composed, shape] = examiner.examine(composed, shape)
             self.found[key] = result
-
-    def _fqns_of(self, key: _Key) -> Iterator[str]:
-        """The FQNs counted under ``key`` (a slow scan, for messages only)."""
-        layout, shape, dim = self.tally.values[key]
-        for fqn, value in self.table.items():
-            same = value is layout and self.dims.get(fqn, self.default_dim) == dim
-            if same and (self.shapes.get(fqn) is shape or self.key_of.get(fqn) == key):
-                yield fqn
-
-    def _result(self, fqn: str, layout: SourceLayout) -> _Found | None:
-        key = self.key_of.get(fqn)
-        if key is None:
-            shape = self.shapes.get(fqn)
-            if shape is None:
-                shape = self._shape(fqn)
-            if shape is None:
-                return None
-            key = (id(layout), id(shape), self.default_dim)
-            if key not in self.found:  # a mapping that builds its values afresh
-                key = next(k for k, v in self.tally.values.items() if v == (layout, shape, key[2]))
-        return self.found[key]
 
     def report(self) -> tuple[list[LintProblem], list[LintNote]]:
         """The problems and notes, parameter by parameter in table order."""
@@ -984,8 +982,8 @@ class _Run:
         if self.no_shape or any(f.problems or f.note for f in self.found.values()):
             fused = fused_experts(self.table, self.shapes) if self.no_shape else {}
             for fqn, layout in self.table.items():
-                result = self._result(fqn, layout)
-                if result is None:
+                key = self._key(fqn, layout)
+                if key is None:
                     if fqn not in fused:
                         msg = (
                             f"{fqn}: in the table but not in the shapes; check the FQN against "
@@ -999,6 +997,7 @@ class _Run:
                         )
                     per_expert.update(fused.get(fqn, ()))
                     continue
+                result = self.found[key]
                 problems.extend(
                     LintProblem(
                         f"{fqn}: {tail}",
@@ -1026,32 +1025,73 @@ class _Run:
         return problems, notes
 
     def memory(self) -> RankMemory:
-        """The bytes of every storage on every rank, by role."""
-        found = {key: (v[0].mesh, self.found[key]) for key, v in self.tally.values.items()}
-        return _memory(found, self.tally.counts, self.world)
+        """The bytes of every storage on every rank, by role: each signature's rows by dim,
+        times its count, summed where they live and spread over the ranks once."""
+        kept, padded = RankSum(self.meshes), RankSum(self.meshes)
+        for key, count in self.counts.items():
+            found = self.found[key]
+            if count and found.itemsize:
+                kept.add(found.role, found.kept, count * found.itemsize)
+                padded.add(found.role, found.padded, count * found.itemsize)
+        world = next(iter(self.meshes.values())).size
+        by_role = {role: kept.per_rank(role) for role in self.meshes}
+        for found in self.found.values():  # a role no mesh has holds nothing
+            by_role.setdefault(found.role, [0] * world)
+        total = [0] * world
+        for row in by_role.values():
+            total = [a + b for a, b in zip(total, row, strict=True)]
+        allocated = [0] * world
+        for role in self.meshes:
+            allocated = [a + b for a, b in zip(allocated, padded.per_rank(role), strict=True)]
+        return RankMemory(
+            tuple(total), FrozenMap({r: tuple(v) for r, v in by_role.items()}), tuple(allocated)
+        )
+
+    def coverage(self) -> tuple[Coverage, ...]:
+        """Per signature examined, whether a checkpoint's chunks cover it exactly once."""
+        tensors: dict[tuple[SourceLayout, ParamShape], int] = {}
+        cover: dict[tuple[SourceLayout, ParamShape], str | None] = {}
+        for key, count in self.counts.items():
+            composed = self.composed.get(key, key[0] if self.roles is None else None)
+            found = self.found[key]
+            if composed is None or not found.itemsize:
+                continue
+            pair = (composed, key[1])
+            tensors[pair] = tensors.get(pair, 0) + count
+            cover[pair] = found.cover
+        return tuple(
+            Coverage(layout, shape, n, cover[layout, shape])
+            for (layout, shape), n in tensors.items()
+        )
 
 
-def _memory(
-    found: Mapping[_Key, tuple[str, _Found]],
-    counts: Mapping[_Key, int],
-    world: _World,
-) -> RankMemory:
-    total = [0] * world.size
-    padded = [0] * world.size
-    by_role: dict[str, list[int]] = {role: [0] * world.size for role in world.sizes}
-    for key, count in counts.items():
-        if not count:
-            continue
-        role_name, result = found[key]
-        role = by_role.setdefault(role_name, [0] * world.size)
-        for rank, (b, p) in enumerate(
-            zip(result.bytes_per_rank, result.padded_per_rank, strict=True)
-        ):
-            total[rank] += b * count
-            padded[rank] += p * count
-            role[rank] += b * count
-    return RankMemory(
-        tuple(total),
-        FrozenMap({role: tuple(v) for role, v in by_role.items()}),
-        tuple(padded),
-    )
+def _compose(
+    layout: SourceLayout,
+    shard_dim: int,
+    fsdp: Mapping[str, tuple[tuple[AxisName, ...], AxisName]],
+    meshes: Mapping[str, Mesh],
+    owned: frozenset[str],
+) -> SourceLayout:
+    """``layout`` through ``compose_fsdp`` on its role: ``compose_table`` of one entry."""
+    role = layout.mesh
+    sizes = meshes.get(role)
+    if sizes is None:
+        msg = (
+            f"{layout}: no sizes for mesh role {role!r} (mesh_sizes has {sorted(meshes)}); "
+            f"give mesh_sizes={{{role!r}: {{axis: n, ...}}, ...}}"
+        )
+        raise LayoutError(msg)
+    table = ParamLayoutTable({"p": layout})
+    try:
+        composed = compose_table(
+            table,
+            fsdp={r: (rep[0], shard) if rep else shard for r, (rep, shard) in fsdp.items()},
+            mesh_sizes={role: sizes},
+            shard_dim=shard_dim,
+            owned=owned,
+        )
+    except PlanError as e:
+        first = e.problems[0]
+        message = first.message.removeprefix("p: ")
+        raise LayoutError(message, axis=first.axis, placement=first.placement) from None
+    return composed["p"]

@@ -1,0 +1,291 @@
+"""Per-rank answers for a whole world, one tensor dim at a time.
+
+Each mesh axis of a layout shards at most one tensor dim, so what a rank holds of a tensor
+is the product, over the dims, of what the axes sharding each dim give it. A dim's
+*chain* is those axes in layout order; a rank's index on the chain is the row-major index
+of its coordinate on them. ``read_dim`` gives, for every index on a chain, the box DTensor
+(and so a distributed checkpoint) reads on that dim, by arithmetic for the layouts torch
+makes and by following the rows for any other. ``RankSum`` adds values that each depend
+on a few axes and spreads them over the world's ranks once, so a world of a million ranks
+costs a few passes over its ranks, not one per tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeAlias
+
+import attrs
+
+from layout_algebra._text import quote
+from layout_algebra.errors import LayoutError
+from layout_algebra.geometry import fsdp_storage_runs, local_runs
+from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.mesh import Mesh
+from layout_algebra.placements import Partial, Placement, Replicate, Shard, StridedShard
+
+__all__ = [
+    "Chain",
+    "DimRead",
+    "RankSum",
+    "chain_of",
+    "check_table",
+    "chunk_bounds",
+    "cover_problem",
+    "fsdp_runs_differ",
+    "index_vector",
+    "read_dim",
+    "source_runs",
+]
+
+Chain: TypeAlias = tuple[tuple[str, int, int], ...]
+"""The axes sharding one dim, in layout order: ``(axis, size, split)``, ``split`` the
+``StridedShard`` split factor (1 for a ``Shard``)."""
+
+
+def check_table(value: object, arg: str) -> ParamLayoutTable:
+    """``value`` checked to be a table: the one "must be a table" message.
+
+    Raises:
+        LayoutError: naming ``arg``.
+    """
+    if not isinstance(value, ParamLayoutTable):
+        msg = f"{arg} must be a ParamLayoutTable, got {type(value).__name__} {quote(value)}"
+        raise LayoutError(msg)
+    return value
+
+
+def chunk_bounds(n: int, chunks: int, index: int) -> tuple[int, int]:
+    """Bounds of chunk ``index`` when ``torch.chunk`` cuts ``n`` items into ``chunks``:
+    10 over 4 → 0:3, 3:6, 6:9, 9:10; 2 over 4 → 0:1, 1:2, 2:2, 2:2."""
+    size = -(-n // chunks)
+    return min(size * index, n), min(size * (index + 1), n)
+
+
+def _split(p: Placement) -> tuple[int, int] | None:
+    """The dim ``p`` shards and its split factor (1 for ``Shard``), or ``None``."""
+    match p:
+        case Shard(dim):
+            return dim, 1
+        case StridedShard(dim, split_factor=k):
+            return dim, k
+        case Replicate() | Partial():
+            return None
+    raise AssertionError(p)  # pragma: no cover - the union is closed
+
+
+def chain_of(layout: SourceLayout, dim: int, sizes: Mapping[str, int]) -> Chain:
+    """The axes of ``layout`` sharding ``dim``, with their sizes, in layout order."""
+    out: list[tuple[str, int, int]] = []
+    for axis, p in zip(layout.axes, layout.placements, strict=True):
+        got = _split(p)
+        if got is not None and got[0] == dim:
+            out.append((axis.name, sizes[axis.name], got[1]))
+    return tuple(out)
+
+
+def _one_dim(chain: Chain) -> tuple[SourceLayout, dict[str, int]]:
+    """``chain`` as a layout of a 1-D tensor, and its sizes."""
+    placements: list[Placement] = [
+        Shard(0) if k == 1 else StridedShard(0, split_factor=k) for _, _, k in chain
+    ]
+    layout = SourceLayout("dense", [a for a, _, _ in chain], placements)
+    return layout, {a: n for a, n, _ in chain}
+
+
+def _coordinates(chain: Chain) -> list[dict[str, int]]:
+    """Every index on ``chain`` as a coordinate, row-major."""
+    out: list[dict[str, int]] = [{}]
+    for axis, size, _ in chain:
+        out = [{**c, axis: i} for c in out for i in range(size)]
+    return out
+
+
+def source_runs(n: int, chain: Chain) -> list[tuple[range, ...]]:
+    """The rows DTensor gives each index on ``chain`` of a dim of ``n`` rows (slow: by rank)."""
+    layout, sizes = _one_dim(chain)
+    return [local_runs((n,), layout, sizes, c)[0] for c in _coordinates(chain)]
+
+
+@attrs.frozen
+class DimRead:
+    """One dim's boxes over its chain: DTensor's offset and length for each index.
+
+    ``offsets[i]`` is the dim's size for an empty box, as DTensor reports it. ``cover`` is
+    ``None`` when the boxes cover every row exactly once, else what goes wrong.
+    """
+
+    chain: Chain
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    cover: str | None
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(a for a, _, _ in self.chain)
+
+
+def _shard_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:
+    """Offsets and lengths of a chain of ``Shard``s: each cuts the block it is given."""
+    states = [(0, n)]
+    for _, size, _ in chain:
+        cuts: dict[int, list[tuple[int, int]]] = {}
+        for _, h in states:
+            if h not in cuts:
+                cuts[h] = [
+                    (lo, hi - lo) for lo, hi in (chunk_bounds(h, size, i) for i in range(size))
+                ]
+        states = [(s + lo, m) for s, h in states for lo, m in cuts[h]]
+    return [s if m else n for s, m in states], [m for _, m in states]
+
+
+def _canonical(n: int, chain: Chain) -> bool:
+    """Whether ``chain`` is FSDP's ``_S(d, k)`` over source shards cutting ``k`` equal pieces."""
+    if len(chain) < 2 or chain[0][2] == 1 or any(k != 1 for _, _, k in chain[1:]):
+        return False
+    split = chain[0][2]
+    return math.prod(size for _, size, _ in chain[1:]) == split and n % split == 0
+
+
+def _canonical_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:
+    """Offsets and lengths of a ``_canonical`` chain: 8 rows ``_S(0, 2)`` over 2 then
+    ``S(0)`` over 2: pieces 0:4 and 4:8, FSDP index f takes its chunk of the source's piece."""
+    split, fsdp = chain[0][2], chain[0][1]
+    piece = n // split
+    offsets: list[int] = []
+    lengths: list[int] = []
+    for f in range(fsdp):
+        lo, hi = chunk_bounds(piece, fsdp, f)
+        for p in range(split):
+            offsets.append(p * piece + lo if hi > lo else n)
+            lengths.append(hi - lo)
+    return offsets, lengths
+
+
+def cover_problem(n: int, boxes: Iterable[tuple[int, int]]) -> str | None:
+    """``None`` when the boxes ``(offset, length)`` cover rows ``0:n`` exactly once, else
+    which rows are covered twice or by none.
+
+    >>> cover_problem(4, [(0, 2), (2, 2)]), cover_problem(4, [(0, 3), (2, 2)])
+    (None, 'rows 2:3 are saved twice')
+    >>> cover_problem(4, [(0, 2), (4, 0)])
+    'rows 2:4 are in no chunk'
+    """
+    at = 0
+    for offset, length in sorted(b for b in boxes if b[1]):
+        if offset > at:
+            return f"rows {at}:{offset} are in no chunk"
+        if offset < at:
+            return f"rows {offset}:{min(at, offset + length)} are saved twice"
+        at = offset + length
+    return f"rows {at}:{n} are in no chunk" if at < n else None
+
+
+def read_dim(n: int, chain: Chain) -> DimRead:
+    """The boxes DTensor reads for every index on ``chain`` of a dim of ``n`` rows.
+
+    A chain of ``Shard``s and FSDP's ``_S(d, k)`` over ``k`` equal source pieces are worked
+    out per index by arithmetic and cover the dim exactly once; any other chain is followed
+    rank by rank (``local_runs``) and checked.
+    """
+    if all(k == 1 for _, _, k in chain):
+        offsets, lengths = _shard_chain(n, chain)
+        return DimRead(chain, tuple(offsets), tuple(lengths), None)
+    if _canonical(n, chain):
+        offsets, lengths = _canonical_chain(n, chain)
+        return DimRead(chain, tuple(offsets), tuple(lengths), None)
+    runs = source_runs(n, chain)
+    offsets = [r[0].start if r else n for r in runs]
+    lengths = [sum(map(len, r)) for r in runs]
+    cover = cover_problem(n, zip(offsets, lengths, strict=True))
+    return DimRead(chain, tuple(offsets), tuple(lengths), cover)
+
+
+def fsdp_runs_differ(
+    n: int, chain: Chain, owned: frozenset[str]
+) -> list[tuple[tuple[range, ...], tuple[range, ...]] | None]:
+    """For each index on FSDP's ``chain`` (its axis first), the rows FSDP2 keeps and the
+    rows DTensor reads where they differ, else ``None``.
+
+    They can differ only where source axes cut the dim into unequal pieces: FSDP2 chunks
+    each rank's source piece, DTensor chunks every piece and then applies the source.
+    """
+    if chain[0][2] == 1 or _canonical(n, chain):
+        return [None] * math.prod(size for _, size, _ in chain)
+    layout, sizes = _one_dim(chain)
+    out: list[tuple[tuple[range, ...], tuple[range, ...]] | None] = []
+    fsdp_owned = owned | {chain[0][0]}
+    for c in _coordinates(chain):
+        read = local_runs((n,), layout, sizes, c)[0]
+        kept = fsdp_storage_runs((n,), layout, sizes, c, owned=fsdp_owned)[0]
+        out.append(None if read == kept else (kept, read))
+    return out
+
+
+def index_vector(mesh: Mesh, axes: Sequence[str]) -> list[int]:
+    """For each global rank of ``mesh``, the row-major index of its coordinate on ``axes``
+    (in the order given): ``Mesh({"a": 2, "b": 2})`` on ``("b",)`` is ``[0, 1, 0, 1]``."""
+    stride: dict[str, int] = {}
+    step = 1
+    for axis in reversed(axes):
+        stride[axis] = step
+        step *= mesh[axis]
+    out = [0]
+    for name, size in mesh.axes:
+        w = stride.get(name, 0)
+        if w:
+            out = [x + w * i for x in out for i in range(size)]
+        else:
+            out = [x for x in out for _ in range(size)]
+    return out
+
+
+Factor: TypeAlias = tuple[tuple[str, ...], Sequence[int]]
+"""A value by index on some axes (row-major over them): one dim's lengths on its chain."""
+
+
+class RankSum:
+    """Per-rank sums of values that each depend on a few axes, spread over the world once.
+
+    ``add(role, factors, scale)`` adds ``scale`` times the product of the factors to every
+    rank of ``role``'s mesh; values that depend on the same axes are summed where they
+    live (an even shard is one number for all ranks), and ``per_rank`` spreads each sum
+    over the ranks once.
+    """
+
+    def __init__(self, meshes: Mapping[str, Mesh]) -> None:
+        self.meshes = meshes
+        self.sums: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+
+    def add(self, role: str, factors: Iterable[Factor], scale: int) -> None:
+        axes: tuple[str, ...] = ()
+        values: list[int] = [scale]
+        for on, got in factors:
+            first = got[0]
+            if all(v == first for v in got):
+                values = [v * first for v in values]
+            else:
+                axes += on
+                values = [v * g for v in values for g in got]
+        if not any(values):
+            return
+        key = (role, axes)
+        held = self.sums.get(key)
+        if held is None:
+            self.sums[key] = values
+        else:
+            self.sums[key] = [a + b for a, b in zip(held, values, strict=True)]
+
+    def per_rank(self, role: str) -> list[int]:
+        """The sums on every global rank of ``role``'s mesh."""
+        mesh = self.meshes[role]
+        out = [0] * mesh.size
+        for (r, axes), values in self.sums.items():
+            if r != role:
+                continue
+            if not axes:
+                out = [x + values[0] for x in out]
+            else:
+                out = [x + values[i] for x, i in zip(out, index_vector(mesh, axes), strict=True)]
+        return out
