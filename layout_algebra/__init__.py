@@ -28,7 +28,8 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
-from layout_algebra.geometry import compose_fsdp, compose_table, local_runs, local_shape_and_offset
+from layout_algebra.fsdp import compose_fsdp, compose_table
+from layout_algebra.geometry import local_runs, local_shape_and_offset
 from layout_algebra.jax_bridge import from_partition_spec, to_partition_spec
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout
 from layout_algebra.lint import LintNote, LintProblem, LintReport, RankMemory, lint

@@ -17,12 +17,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from itertools import islice
 from typing import Final, TypeVar
 
-from layout_algebra._text import quote
+from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
 
 __all__ = [
     "MAX_NDIM",
     "MAX_TENSOR_SIZE",
+    "as_dim",
     "as_instances",
     "as_items",
     "as_shape",
@@ -149,6 +150,21 @@ MAX_NDIM: Final = 64
 
 MAX_TENSOR_SIZE: Final = 2**63 - 1
 """The largest size or offset along a dim: torch counts elements in int64."""
+
+
+def as_dim(value: int, arg: str, *, fqn: str | None = None) -> int:
+    """``value`` as a tensor dim: an int from 0 to ``MAX_NDIM - 1`` (never a bool), the one
+    check of a dim given as an argument. ``arg`` names it, ``fqn`` the parameter.
+
+    Raises:
+        LayoutError: not such an int, naming ``arg`` (and ``fqn``).
+    """
+    raw: object = value
+    if type(raw) is not int or not 0 <= raw < MAX_NDIM:
+        who = f"{clip(fqn)}: " if fqn else ""
+        msg = f"{who}{arg} must be an int from 0 to {MAX_NDIM - 1}, got {quote(raw)}"
+        raise LayoutError(msg, fqn=fqn)
+    return raw
 
 
 def as_shape(

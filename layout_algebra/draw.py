@@ -7,42 +7,29 @@ pure (no torch, no I/O), so a notebook can print it as well as the command line.
 
 The work is bounded by what is printed: a mesh of more ranks, a picture of more cells,
 or strided shards of more pieces than a page can show are refused up front with a
-``LayoutError``. The module also holds the text helpers the command line shares: the
-mesh's coordinates in rank order (``mesh_coordinates``), a mesh's spelling
-(``mesh_str``), left-aligned columns (``columns``) and names shown escaped (``escape``).
+``LayoutError``. The module also holds the mesh's spelling in a picture (``mesh_str``),
+which the command line shares.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE, as_shape, plain_str
+from layout_algebra._args import MAX_NDIM, as_shape, plain_str
+from layout_algebra._shards import Runs, check_dims, shape_and_offset, shard_dim_of
 from layout_algebra._text import clip, columns, escape, quote
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import (
-    Runs,
-    as_sizes,
-    check_dims,
-    compose_fsdp,
-    fsdp_storage_runs,
-    local_runs,
-    split_fsdp,
-)
+from layout_algebra.fsdp import compose_fsdp, fsdp_storage_runs, split_fsdp
+from layout_algebra.geometry import local_runs
 from layout_algebra.layout import SourceLayout
-from layout_algebra.placements import Shard, StridedShard, format_placement
+from layout_algebra.mesh import Mesh, as_mesh, coordinates
+from layout_algebra.placements import StridedShard, format_placement
 
-__all__ = [
-    "MAX_DRAW_CELLS",
-    "MAX_DRAW_DIMS",
-    "MAX_DRAW_RANKS",
-    "MAX_DRAW_WORK",
-    "MAX_SIZE",
-    "draw",
-]
+__all__ = ["draw"]
 
 MAX_DRAW_RANKS: Final = 4096
 """``draw`` lists every rank of the mesh (64 x 64 ranks at most); beyond it refuses."""
@@ -54,12 +41,6 @@ MAX_DRAW_WORK: Final = 2**18
 """The most pieces strided shards may cut a parameter into, over all ranks: a strided
 shard cuts its dim into ``split_factor`` pieces on every rank."""
 
-MAX_DRAW_DIMS: Final = MAX_NDIM
-"""A parameter has at most this many dims (as a torch tensor)."""
-
-MAX_SIZE: Final = MAX_TENSOR_SIZE
-"""The largest size of a dim (torch sizes are int64)."""
-
 _PICTURE_DIMS: Final = 2
 
 
@@ -68,15 +49,9 @@ def mesh_str(sizes: Mapping[str, int]) -> str:
     return "(" + ", ".join(f"{a}={n}" for a, n in sizes.items()) + ")"
 
 
-def mesh_coordinates(sizes: Mapping[str, int]) -> Iterator[dict[str, int]]:
-    """Every coordinate of a mesh in rank order: row-major over its axes as given.
-
-    ``{"dp": 2, "tp": 2}`` gives ranks 0-3 at ``dp=0, tp=0``, ``dp=0, tp=1``,
-    ``dp=1, tp=0``, ``dp=1, tp=1``.
-    """
-    names = list(sizes)
-    for index in itertools.product(*(range(n) for n in sizes.values())):
-        yield dict(zip(names, index, strict=True))
+def mesh_coordinates(sizes: Mesh | Mapping[str, int]) -> list[dict[str, int]]:
+    """Every coordinate of a mesh in rank order (``mesh.coordinates``), kept for its callers."""
+    return list(coordinates(as_mesh(sizes)))
 
 
 def _ranks_str(ranks: Sequence[int]) -> str:
@@ -151,7 +126,7 @@ def _grid(
 
 def _check_args(
     layout: object, global_shape: object, mesh_sizes: object, fqn: object, fsdp: object
-) -> tuple[tuple[int, ...], dict[str, int], str, str | None]:
+) -> tuple[tuple[int, ...], Mesh, str, str | None]:
     """The arguments checked: the shape, the sizes, and ``fqn`` and ``fsdp`` as plain text
     (a ``str`` subclass's own methods never run)."""
     if not isinstance(layout, SourceLayout):
@@ -168,40 +143,34 @@ def _check_args(
     if not shape:
         msg = (
             f"{clip(escape(name))}: shape {quote(shape)} has 0 dims; a parameter has 1 to "
-            f"{MAX_DRAW_DIMS}, give its real shape"
+            f"{MAX_NDIM}, give its real shape"
         )
         raise LayoutError(msg, fqn=name)
-    if not isinstance(mesh_sizes, Mapping):
-        msg = f"draw: mesh_sizes must map axis names to sizes, got {quote(mesh_sizes)}"
-        raise LayoutError(msg)
-    sizes = as_sizes(mesh_sizes, "mesh_sizes")
-    ranks = math.prod(sizes.values())
-    if ranks > MAX_DRAW_RANKS:
+    mesh = as_mesh(mesh_sizes)  # type: ignore[arg-type]  # checked
+    if mesh.size > MAX_DRAW_RANKS:
         msg = (
-            f"--mesh {clip(mesh_str(sizes))} has {ranks} ranks; draw lists every rank and "
+            f"--mesh {clip(mesh_str(mesh))} has {mesh.size} ranks; draw lists every rank and "
             f"prints at most {MAX_DRAW_RANKS}: draw the parameter on a smaller mesh"
         )
         raise LayoutError(msg)
-    return shape, sizes, name, None if fsdp is None else plain_str(fsdp)
+    return shape, mesh, name, None if fsdp is None else plain_str(fsdp)
 
 
-def _composed(
-    layout: SourceLayout, fqn: str, mesh_sizes: Mapping[str, int], fsdp: str | None
-) -> SourceLayout:
+def _composed(layout: SourceLayout, fqn: str, mesh: Mesh, fsdp: str | None) -> SourceLayout:
     drawn = layout
     if fsdp is not None:
-        if fsdp not in mesh_sizes:
+        if fsdp not in mesh:
             msg = (
-                f"--fsdp {clip(escape(fsdp))}: no such axis in --mesh "
-                f"{clip(mesh_str(mesh_sizes))}; name one of its axes"
+                f"--fsdp {clip(escape(fsdp))}: no such axis in --mesh {clip(mesh_str(mesh))}; "
+                "name one of its axes"
             )
             raise LayoutError(msg, axis=fsdp)
-        drawn = compose_fsdp(layout, shard_axis=fsdp, mesh_sizes=mesh_sizes)
-    missing = [a.name for a in drawn.axes if a.name not in mesh_sizes]
+        drawn = compose_fsdp(layout, shard_axis=fsdp, mesh_sizes=mesh)
+    missing = [a.name for a in drawn.axes if a.name not in mesh]
     if missing:
         msg = (
             f"{clip(escape(fqn))}: {clip(str(drawn))} uses axis {clip(missing[0])!r}, which "
-            f"--mesh {clip(mesh_str(mesh_sizes))} lacks; add {clip(missing[0])}=N to --mesh"
+            f"--mesh {clip(mesh_str(mesh))} lacks; add {clip(missing[0])}=N to --mesh"
         )
         raise LayoutError(msg, fqn=fqn, axis=missing[0])
     return drawn
@@ -215,7 +184,7 @@ def _pictured_dims(layout: SourceLayout, shape: tuple[int, ...], fqn: str) -> tu
     except LayoutError as e:
         msg = f"{clip(escape(fqn))}: {e.message}"
         raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
-    sharded = sorted({p.dim for p in layout.placements if isinstance(p, Shard | StridedShard)})
+    sharded = sorted({d for p in layout.placements if (d := shard_dim_of(p)) is not None})
     if len(shape) <= _PICTURE_DIMS:
         return tuple(range(len(shape)))
     if len(sharded) > _PICTURE_DIMS:
@@ -228,10 +197,10 @@ def _pictured_dims(layout: SourceLayout, shape: tuple[int, ...], fqn: str) -> tu
     return tuple(sharded) or (0,)
 
 
-def _check_pieces(layout: SourceLayout, sizes: Mapping[str, int], fqn: str) -> None:
+def _check_pieces(layout: SourceLayout, mesh: Mesh, fqn: str) -> None:
     """Each strided shard cuts its dim into ``split_factor`` pieces on every rank: refuse
     a layout whose pieces, over all ranks, are more than ``MAX_DRAW_WORK``."""
-    pieces = math.prod(sizes.values())
+    pieces = mesh.size
     for axis, p in zip(layout.axes, layout.placements, strict=True):
         if isinstance(p, StridedShard):
             pieces *= p.split_factor
@@ -240,7 +209,7 @@ def _check_pieces(layout: SourceLayout, sizes: Mapping[str, int], fqn: str) -> N
                     f"{clip(escape(fqn))}: {format_placement(p)} on axis {clip(axis.name)!r} in "
                     f"{clip(str(layout))} "
                     f"cuts dim {p.dim} into {p.split_factor} pieces on each of "
-                    f"{math.prod(sizes.values())} ranks; draw prints at most {MAX_DRAW_WORK} "
+                    f"{mesh.size} ranks; draw prints at most {MAX_DRAW_WORK} "
                     "pieces: draw it on a smaller mesh or with a smaller split factor"
                 )
                 raise LayoutError(msg, fqn=fqn, axis=axis.name, placement=format_placement(p))
@@ -253,7 +222,7 @@ def _check_pieces(layout: SourceLayout, sizes: Mapping[str, int], fqn: str) -> N
 def draw(
     layout: SourceLayout,
     global_shape: Iterable[int],
-    mesh_sizes: Mapping[str, int],
+    mesh_sizes: Mesh | Mapping[str, int],
     *,
     fqn: str = "<param>",
     fsdp: str | None = None,
@@ -268,7 +237,7 @@ def draw(
     picture (2 rows ``S(0)`` over 4 ranks: ranks 2 and 3 hold nothing), followed by every
     rank's local shape, offset and the runs it holds of every dim, as DTensor reads the
     layout. Where FSDP2 really keeps other indices (source axes sharding FSDP's dim
-    unevenly, ``geometry.fsdp_storage_runs``), those ranks follow, marked, with what it keeps.
+    unevenly, ``fsdp.fsdp_storage_runs``), those ranks follow, marked, with what it keeps.
 
     >>> from layout_algebra import Shard
     >>> print(draw(SourceLayout("dense", ["tp"], [Shard(0)]), (4,), {"tp": 2}, fqn="w"))
@@ -304,21 +273,14 @@ def draw(
             dims, or a picture too large to print: more than ``MAX_DRAW_RANKS`` ranks,
             ``MAX_DRAW_CELLS`` cells or ``MAX_DRAW_WORK`` pieces.
     """
-    shape, sizes, fqn, fsdp = _check_args(layout, global_shape, mesh_sizes, fqn, fsdp)
-    drawn = _composed(layout, fqn, sizes, fsdp)
+    shape, mesh, fqn, fsdp = _check_args(layout, global_shape, mesh_sizes, fqn, fsdp)
+    drawn = _composed(layout, fqn, mesh, fsdp)
     dims = _pictured_dims(drawn, shape, fqn)
-    _check_pieces(drawn, sizes, fqn)
+    _check_pieces(drawn, mesh, fqn)
 
-    coords = list(mesh_coordinates(sizes))
-    held = [local_runs(shape, drawn, sizes, c) for c in coords]
-    # each rank's local shape and offset, read off its runs as local_shape_and_offset does
-    placed = [
-        (
-            tuple(sum(map(len, runs)) for runs in rank_runs),
-            tuple(runs[0].start if runs else n for runs, n in zip(rank_runs, shape, strict=True)),
-        )
-        for rank_runs in held
-    ]
+    coords = list(coordinates(mesh))
+    held = [local_runs(shape, drawn, mesh, c) for c in coords]
+    placed = [shape_and_offset(rank_runs, shape) for rank_runs in held]
     present = [r for r, (local, _) in enumerate(placed) if all(local)]
     empty = [r for r, (local, _) in enumerate(placed) if not all(local)]
 
@@ -328,7 +290,7 @@ def draw(
         shown = " x ".join(str(len(s)) for s in segments)
         msg = (
             f"{clip(escape(fqn))}: the picture of {clip(str(drawn))} on --mesh "
-            f"{clip(mesh_str(sizes))} would have "
+            f"{clip(mesh_str(mesh))} would have "
             f"{shown} cells; draw prints at most {MAX_DRAW_CELLS}: draw it on a smaller mesh"
         )
         raise LayoutError(msg, fqn=fqn)
@@ -342,13 +304,13 @@ def draw(
         for cell in itertools.product(*covered):
             holders.setdefault(cell, []).append(r)
 
-    lines = [f"{escape(fqn)}: shape {shape} on mesh {mesh_str(sizes)}"]
+    lines = [f"{escape(fqn)}: shape {shape} on mesh {mesh_str(mesh)}"]
     if fsdp is not None:
         lines.append(f"  source layout {layout}, with FSDP over {fsdp!r}: {drawn}")
     else:
         lines.append(f"  layout {drawn}")
     lines.append(
-        f"  rank = row-major index over ({', '.join(sizes)}); cells list the ranks holding them"
+        f"  rank = row-major index over ({', '.join(mesh)}); cells list the ranks holding them"
     )
     if len(shape) > _PICTURE_DIMS:
         whole = [d for d in range(len(shape)) if d not in dims]
@@ -372,11 +334,11 @@ def draw(
                 f"hold{'s' if len(empty) == 1 else ''} an empty shard (local shape {local})"
             )
     lines.append("")
-    header = ["rank", *sizes, "local shape", "offset", "holds"]
+    header = ["rank", *mesh, "local shape", "offset", "holds"]
     table_rows = [
         [
             str(r),
-            *(str(c[a]) for a in sizes),
+            *(str(c[a]) for a in mesh),
             str(placed[r][0]),
             str(placed[r][1]),
             " x ".join(_runs_str(runs) or "[]" for runs in held[r]),
@@ -384,7 +346,7 @@ def draw(
         for r, c in enumerate(coords)
     ]
     lines.extend(columns([header, *table_rows]))
-    lines.extend(_storage_lines(_fsdp_kept(drawn, shape, sizes, coords, fsdp), held))
+    lines.extend(_storage_lines(_fsdp_kept(drawn, shape, mesh, coords, fsdp), held))
     return "\n".join(lines)
 
 
@@ -412,7 +374,7 @@ def _storage_lines(
 def _fsdp_kept(
     drawn: SourceLayout,
     shape: tuple[int, ...],
-    sizes: Mapping[str, int],
+    mesh: Mesh,
     coords: Sequence[Mapping[str, int]],
     fsdp: str | None,
 ) -> list[tuple[Runs, ...]] | None:
@@ -420,9 +382,9 @@ def _fsdp_kept(
     FSDP does not shard the drawn layout (or it is not one ``fully_shard`` makes)."""
     owned = FSDP_OWNED_AXES if fsdp is None else FSDP_OWNED_AXES | {fsdp}
     try:
-        if split_fsdp(drawn, sizes, owned=owned).shard is None:
+        if split_fsdp(drawn, mesh, owned=owned).shard is None:
             return None
-        return [fsdp_storage_runs(shape, drawn, sizes, c, owned=owned) for c in coords]
+        return [fsdp_storage_runs(shape, drawn, mesh, c, owned=owned) for c in coords]
     except LayoutError:
         return None
 

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Final, TypeAlias, assert_never
+from typing import Final, TypeAlias
 
 from layout_algebra._args import MAX_NDIM, as_items, as_shape
+from layout_algebra._shards import check_dims, check_layout, shard_dim_of, size_of
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import as_sizes, check_dims, check_layout, size_of
 from layout_algebra.layout import SourceLayout
+from layout_algebra.mesh import Mesh, as_mesh
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -49,27 +50,8 @@ def _check_ndim(ndim: int) -> None:
         raise LayoutError(msg)
 
 
-def _sizes(mesh_sizes: Mapping[str, int] | None, what: str) -> dict[str, int] | None:
-    return None if mesh_sizes is None else as_sizes(mesh_sizes, what)
-
-
 # ---------------------------------------------------------------------------------------
 # layout -> spec
-
-
-def _split(p: Placement) -> tuple[int, int] | None:
-    """``(dim, split factor)`` of a placement that splits a dim; 1 for a plain ``Shard``."""
-    match p:
-        case Shard(dim):
-            return dim, 1
-        case StridedShard(dim, split_factor=k):
-            return dim, k
-        case Replicate():
-            return None
-        case Partial():
-            raise AssertionError(p)  # refused before
-        case _:
-            assert_never(p)
 
 
 def _prefix_with_product(
@@ -131,7 +113,7 @@ def to_partition_spec(
     layout: SourceLayout,
     ndim: int,
     *,
-    mesh_sizes: Mapping[str, int] | None = None,
+    mesh_sizes: Mesh | Mapping[str, int] | None = None,
     shape: Iterable[int] | None = None,
 ) -> tuple[SpecEntry, ...]:
     """The ``PartitionSpec`` entries of ``layout`` for a tensor of ``ndim`` dims.
@@ -150,7 +132,7 @@ def to_partition_spec(
     Args:
         layout: the layout; its axes are the JAX mesh's axes (or some of them).
         ndim: the tensor's number of dims.
-        mesh_sizes: the size of each axis, by name; needed to check ``shape``, and for
+        mesh_sizes: the mesh (a ``Mesh`` or sizes by axis); needed to check ``shape``, and for
             every ``StridedShard`` (its split factor is checked against them).
         shape: the tensor's shape, to check that every split is even as JAX needs.
 
@@ -161,8 +143,8 @@ def to_partition_spec(
     """
     check_layout(layout)
     _check_ndim(ndim)
-    sizes = _sizes(mesh_sizes, "mesh_sizes")
-    checked = None if shape is None else _check_shape(shape, ndim)
+    sizes = None if mesh_sizes is None else as_mesh(mesh_sizes)
+    checked = None if shape is None else _shape_of_ndim(shape, ndim)
     for axis, p in zip(layout.axes, layout.placements, strict=True):
         if isinstance(p, Partial):
             shown = format_placement(p)
@@ -175,9 +157,9 @@ def to_partition_spec(
     check_dims(layout, ndim)
     by_dim: dict[int, list[tuple[AxisName, int]]] = {}
     for axis, p in zip(layout.axes, layout.placements, strict=True):
-        split = _split(p)
-        if split is not None:
-            dim, k = split
+        dim = shard_dim_of(p)
+        if dim is not None:
+            k = p.split_factor if isinstance(p, StridedShard) else 1
             by_dim.setdefault(dim, []).append((axis, k))
     entries: list[SpecEntry] = []
     for dim in range(ndim):
@@ -192,7 +174,8 @@ def to_partition_spec(
     return tuple(entries)
 
 
-def _check_shape(shape: Iterable[int], ndim: int) -> tuple[int, ...]:
+def _shape_of_ndim(shape: Iterable[int], ndim: int) -> tuple[int, ...]:
+    """``shape``, checked by ``as_shape``, of ``ndim`` dims."""
     checked = as_shape(shape, "shape")
     if len(checked) != ndim:
         msg = (
@@ -271,7 +254,7 @@ def from_partition_spec(
     *,
     mesh: str,
     axes: Iterable[AxisLike],
-    mesh_sizes: Mapping[str, int],
+    mesh_sizes: Mesh | Mapping[str, int],
 ) -> SourceLayout:
     """The layout JAX's ``PartitionSpec`` entries describe, on mesh role ``mesh``.
 
@@ -287,7 +270,7 @@ def from_partition_spec(
         spec: one entry per dim: ``None``, an axis name, or axis names major first.
         mesh: the mesh role of the result, such as ``"dense"``.
         axes: the layout's axes, in mesh order.
-        mesh_sizes: the size of each axis the spec names, by name.
+        mesh_sizes: the mesh (a ``Mesh`` or sizes by axis name): every axis the spec names.
 
     Raises:
         LayoutError: an entry that names no axes (``UNCONSTRAINED``), an axis named twice
@@ -303,10 +286,7 @@ def from_partition_spec(
         raise LayoutError(msg)
     _check_reductions(spec)
     layout_axes = as_axes(axes)
-    sizes = _sizes(mesh_sizes, "mesh_sizes")
-    if sizes is None:
-        msg = "mesh_sizes must map axis name to int, such as {'tp': 2}, got None"
-        raise LayoutError(msg)
+    sizes = as_mesh(mesh_sizes)
     entries = as_items(spec, "spec", "('tp', None)", limit=MAX_NDIM)  # read once
     if len(entries) > MAX_NDIM:
         msg = f"spec has more than {MAX_NDIM} entries, one per dim; a tensor has at most {MAX_NDIM}"

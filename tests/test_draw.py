@@ -19,7 +19,9 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from layout_algebra import LayoutError, Replicate, Shard, SourceLayout, StridedShard
 from layout_algebra._text import columns, escape
-from layout_algebra.draw import draw, mesh_coordinates
+from layout_algebra.draw import draw
+from layout_algebra.mesh import Mesh
+from layout_algebra.mesh import coordinates as rank_coordinates
 from layout_algebra.torch_bridge import to_torch
 from tests.torch_oracle import (
     MeshFactory,
@@ -223,10 +225,18 @@ def test_draw_refuses_what_it_cannot_draw(
 def test_mesh_coordinates_are_row_major_like_torchs_mesh(world_mesh: MeshFactory) -> None:
     sizes = {"a": 2, "b": 1, "c": 4}
     mesh = world_mesh(sizes)
-    coords = list(mesh_coordinates(sizes))
+    coords = list(rank_coordinates(Mesh(sizes)))
     assert len(coords) == mesh.size()
     for rank, coord in enumerate(coords):
         assert [int(i) for i in (mesh.mesh == rank).nonzero()[0]] == list(coord.values())
+        assert tuple(coord.values()) == Mesh(sizes).coordinate(rank)
+
+
+def test_draw_takes_a_mesh_as_it_takes_sizes() -> None:
+    sizes = {"dp_shard": 2, "tp": 2}
+    assert draw(WO, (4, 4), Mesh(sizes), fsdp="dp_shard") == draw(
+        WO, (4, 4), sizes, fsdp="dp_shard"
+    )
 
 
 def test_columns_align_left_and_strip_the_right() -> None:
@@ -372,7 +382,8 @@ class _BrokenShape(Sequence[int]):
         ((EMB, (), {"tp": 2}), "has 0 dims"),
         ((EMB, (1,) * 65, {"tp": 2}), "has more than 64 dims"),
         ((EMB, _BrokenShape(), {"tp": 2}), "global_shape could not be read"),
-        ((EMB, (4,), ["tp"]), "mesh_sizes must map"),
+        ((EMB, (4,), ["tp"]), "mesh_sizes must map axis name to int"),
+        ((EMB, (4,), {"tp": 2, "dp": 2**21}), "mesh_sizes['dp'] must be an int from 1"),
         ((EMB, (4,), {"tp": 0}), "mesh_sizes['tp'] must be an int from 1"),
         ((EMB, (4,), {"tp": True}), "mesh_sizes['tp'] must be an int from 1"),
     ],

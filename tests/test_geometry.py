@@ -7,6 +7,7 @@ and the index blocks torch's placements cut when they split a tensor.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from typing import NamedTuple
@@ -21,7 +22,9 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from layout_algebra import (
     AxisName,
     LayoutError,
+    Mesh,
     ModulePlan,
+    ParamLayoutTable,
     Partial,
     Placement,
     Replicate,
@@ -31,9 +34,11 @@ from layout_algebra import (
     StridedShard,
     build_table,
     compose_fsdp,
+    compose_table,
     local_shape_and_offset,
 )
-from layout_algebra.geometry import MAX_FSDP_SOURCE_AXES, local_runs
+from layout_algebra.fsdp import MAX_FSDP_SOURCE_AXES
+from layout_algebra.geometry import local_runs
 from layout_algebra.torch_bridge import distribute
 from tests.models import TiedTP
 from tests.torch_oracle import (
@@ -134,35 +139,40 @@ def test_more_source_axes_than_fsdp_supports() -> None:
     assert (info.value.axis, info.value.placement) == ("sp", "R")
 
 
-@pytest.mark.parametrize("shard_axes", [(), ("dp_shard", "cp")])
-def test_fsdp_shards_over_exactly_one_axis(shard_axes: tuple[str, ...]) -> None:
-    layout = SourceLayout("dense", ["tp"], [S0])
-    sizes = {"dp_shard": 2, "cp": 2, "tp": 2}
-    with (
-        pytest.warns(DeprecationWarning, match=r"pass it as shard_axis='dp_shard'"),
-        pytest.raises(LayoutError, match="exactly one mesh axis") as info,
-    ):
-        compose_fsdp(layout, shard_axes=shard_axes, mesh_sizes=sizes)
-    assert "flatten" in info.value.message
-
-
-def test_shard_axes_is_the_deprecated_spelling_of_shard_axis() -> None:
+def test_fsdp_takes_its_one_shard_axis_by_name() -> None:
+    """``shard_axis`` is one axis, required; the old ``shard_axes`` list is gone."""
+    params = inspect.signature(compose_fsdp).parameters
+    assert "shard_axes" not in params
+    assert params["shard_axis"].default is inspect.Parameter.empty
     layout = SourceLayout("dense", ["tp"], [S0])
     sizes = {"dp_shard": 2, "tp": 2}
-    with pytest.warns(DeprecationWarning, match=r"compose_fsdp\(shard_axes=\.\.\.\) is deprecated"):
-        old = compose_fsdp(layout, shard_axes=["dp_shard"], mesh_sizes=sizes)
-    assert old == compose_fsdp(layout, shard_axis="dp_shard", mesh_sizes=sizes)
-    with pytest.raises(LayoutError, match="compose_fsdp needs shard_axis"):
-        compose_fsdp(layout, mesh_sizes=sizes)
-    with (
-        pytest.warns(DeprecationWarning),
-        pytest.raises(LayoutError, match="not both"),
-    ):
-        compose_fsdp(layout, shard_axis="dp_shard", shard_axes=["dp_shard"], mesh_sizes=sizes)
     with pytest.raises(
         LayoutError, match=r"shard_axis: an axis name must be a str .* \['dp_shard'\]"
     ):
         compose_fsdp(layout, shard_axis=["dp_shard"], mesh_sizes=sizes)  # type: ignore[arg-type]
+
+
+def test_compose_takes_a_mesh_as_it_takes_sizes() -> None:
+    layout = SourceLayout("dense", ["tp"], [S0])
+    sizes = {"dp_replicate": 2, "dp_shard": 2, "tp": 2}
+    by_mapping = compose_fsdp(
+        layout, shard_axis="dp_shard", replicate_axes=["dp_replicate"], mesh_sizes=sizes
+    )
+    by_mesh = compose_fsdp(
+        layout, shard_axis="dp_shard", replicate_axes=["dp_replicate"], mesh_sizes=Mesh(sizes)
+    )
+    assert by_mesh == by_mapping
+    assert str(by_mesh) == "dense[dp_replicate=R, dp_shard=_S(0, 2), tp=S(0)]"
+    table = ParamLayoutTable({"w": layout, "e": SourceLayout("expert", ["ep"], [S0])})
+    fsdp = {"dense": "dp_shard", "expert": "efsdp"}
+    meshes = {"dense": Mesh({"dp_shard": 4, "tp": 2}), "expert": Mesh({"efsdp": 2, "ep": 4})}
+    plain = {role: dict(mesh) for role, mesh in meshes.items()}
+    mixed = {"dense": meshes["dense"], "expert": plain["expert"]}
+    expected = compose_table(table, fsdp=fsdp, mesh_sizes=plain)
+    assert compose_table(table, fsdp=fsdp, mesh_sizes=meshes) == expected
+    assert compose_table(table, fsdp=fsdp, mesh_sizes=mixed) == expected
+    with pytest.raises(LayoutError, match=r"every role's mesh spans the whole world"):
+        compose_table(table, fsdp=fsdp, mesh_sizes={**meshes, "expert": Mesh({"ep": 2})})
 
 
 def test_hsdp_replicates_over_at_most_one_axis() -> None:
@@ -467,9 +477,11 @@ def test_local_shape_and_offset_match_dtensor_on_every_rank(
     geometry: tuple[tuple[int, ...], SourceLayout, dict[str, int]],
 ) -> None:
     shape, layout, sizes = geometry
+    mesh = Mesh(sizes)
     for coordinate in coordinates(names(layout), sizes):
         expected = dtensor_shape_and_offset(shape, layout, sizes, coordinate)
         assert local_shape_and_offset(shape, layout, sizes, coordinate) == expected
+        assert local_shape_and_offset(shape, layout, mesh, coordinate) == expected
 
 
 @given(geometry=geometries())

@@ -14,7 +14,26 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from layout_algebra import LayoutError, Mesh, Shard, SourceLayout, local_shape_and_offset
+import layout_algebra
+from layout_algebra import (
+    LayoutError,
+    Mesh,
+    ParamLayoutTable,
+    ParamShape,
+    Shard,
+    SourceLayout,
+    StridedShard,
+    compose_fsdp,
+    compose_table,
+    dcp_chunks,
+    from_partition_spec,
+    local_runs,
+    local_shape_and_offset,
+    reshard_plan,
+    to_partition_spec,
+)
+from layout_algebra.draw import draw
+from layout_algebra.mesh import as_mesh, as_role_sizes, coordinates
 
 NAMES = st.sampled_from(["dp", "dp_shard", "tp", "ep", "cp", "pp", "x_1"])
 MESHES = st.lists(st.tuples(NAMES, st.integers(1, 6)), max_size=4, unique_by=lambda p: p[0]).map(
@@ -63,11 +82,74 @@ def test_a_mesh_is_a_mapping_of_sizes_in_order() -> None:
     assert Mesh({"tp": 4, "dp_shard": 8}) != mesh
 
 
-def test_a_mesh_is_taken_wherever_sizes_by_axis_are() -> None:
-    layout = SourceLayout("dense", ["tp"], [Shard(0)])
-    mesh = Mesh({"dp_shard": 2, "tp": 4})
-    by_dict = local_shape_and_offset((16, 8), layout, {"dp_shard": 2, "tp": 4}, {"tp": 3})
-    assert local_shape_and_offset((16, 8), layout, mesh, {"tp": 3}) == by_dict
+SIZES = {"dp_shard": 2, "tp": 4}
+LAYOUT = SourceLayout("dense", ["tp"], [Shard(0)])
+STRIDED = SourceLayout("dense", ["dp_shard", "tp"], [StridedShard(0, split_factor=4), Shard(0)])
+TABLE = ParamLayoutTable({"w": LAYOUT})
+SHAPES = {"w": ParamShape((16, 8), "float32")}
+
+BY_AXIS: dict[str, object] = {
+    "compose_fsdp": lambda m: compose_fsdp(LAYOUT, shard_axis="dp_shard", mesh_sizes=m),
+    "local_shape_and_offset": lambda m: local_shape_and_offset((16, 8), LAYOUT, m, {"tp": 3}),
+    "local_runs": lambda m: local_runs((16, 8), STRIDED, m, {"dp_shard": 1, "tp": 3}),
+    "dcp_chunks": lambda m: dcp_chunks(LAYOUT, (16, 8), m),
+    "draw": lambda m: draw(STRIDED, (16, 8), m),
+    "to_partition_spec": lambda m: to_partition_spec(STRIDED, 2, mesh_sizes=m, shape=(16, 8)),
+    "from_partition_spec": lambda m: from_partition_spec(
+        (("tp", "dp_shard"), None), mesh="dense", axes=["dp_shard", "tp"], mesh_sizes=m
+    ),
+}
+"""Every argument that takes sizes by axis, given sizes ``m``."""
+
+BY_ROLE: dict[str, object] = {
+    "compose_table": lambda m: compose_table(TABLE, fsdp={"dense": "dp_shard"}, mesh_sizes=m),
+    "lint": lambda m: layout_algebra.lint(TABLE, SHAPES, mesh_sizes=m),
+    "reshard_plan": lambda m: reshard_plan(TABLE, TABLE, SHAPES, src_sizes=m, dst_sizes=m),
+}
+"""Every argument that takes sizes by mesh role, given sizes ``m`` by role."""
+
+
+@pytest.mark.parametrize("name", sorted(BY_AXIS))
+def test_a_mesh_is_taken_wherever_sizes_by_axis_are(name: str) -> None:
+    call = BY_AXIS[name]
+    assert callable(call)
+    assert call(Mesh(SIZES)) == call(SIZES)
+    # the same check, in the same words, for a mesh given as a mapping
+    with pytest.raises(LayoutError, match=r"mesh_sizes\['tp'\] must be an int from 1 to 1,048,576"):
+        call({"dp_shard": 2, "tp": 0})
+
+
+@pytest.mark.parametrize("name", sorted(BY_ROLE))
+def test_a_mesh_by_role_is_taken_wherever_sizes_by_role_are(name: str) -> None:
+    call = BY_ROLE[name]
+    assert callable(call)
+    assert call({"dense": Mesh(SIZES)}) == call({"dense": SIZES})
+    with pytest.raises(LayoutError, match=r"mesh_sizes\['dense'\]\['tp'\] must be an int from 1"):
+        call({"dense": {"dp_shard": 2, "tp": 0}})
+
+
+def test_sizes_are_checked_once_in_the_same_words_for_a_mesh_and_a_mapping() -> None:
+    with pytest.raises(LayoutError) as made:
+        Mesh({"dp": 2, "tp": 0})
+    with pytest.raises(LayoutError) as given:
+        as_mesh({"dp": 2, "tp": 0}, "mesh_sizes")
+    assert made.value.message == "Mesh['tp'] must be an int from 1 to 1,048,576, got 0"
+    assert given.value.message == "mesh_sizes['tp'] must be an int from 1 to 1,048,576, got 0"
+    assert made.value.axis == given.value.axis == "tp"
+    with pytest.raises(LayoutError, match="mesh_sizes names axis 'tp' twice"):
+        as_mesh({"tp": 2, layout_algebra.AxisName("tp"): 2})  # type: ignore[dict-item]
+    mesh = Mesh(SIZES)
+    assert as_mesh(mesh) is mesh
+    assert as_role_sizes({"dense": SIZES}) == {"dense": mesh}
+
+
+@given(MESHES)
+def test_coordinates_list_every_rank_in_order(mesh: Mesh) -> None:
+    listed = list(coordinates(mesh))
+    assert len(listed) == mesh.size
+    for rank, coordinate in enumerate(listed):
+        assert list(coordinate) == list(mesh.names)
+        assert tuple(coordinate.values()) == mesh.coordinate(rank)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,9 @@ Adding a public name is a decision: whoever adds one adds it here (and a case to
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -103,6 +105,7 @@ CORE_MODULES = (
     "layout",
     "plan",
     "algebra",
+    "fsdp",
     "geometry",
     "mesh",
     "errors",
@@ -154,14 +157,7 @@ COMMAND_LINE_SURFACES = {
         "shapes_to_json",
         "to_json",
     },
-    "draw": {
-        "MAX_DRAW_CELLS",
-        "MAX_DRAW_DIMS",
-        "MAX_DRAW_RANKS",
-        "MAX_DRAW_WORK",
-        "MAX_SIZE",
-        "draw",
-    },
+    "draw": {"draw"},
     "cli": {"main"},
 }
 """The serialization, draw and command-line modules' own surfaces (not re-exported)."""
@@ -178,3 +174,74 @@ def test_the_demo_is_private() -> None:
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("layout_algebra.demo")
     assert not any(name.startswith("demo") for name in layout_algebra.__all__)
+
+
+MODULE_SURFACES = {
+    "mesh": {"Mesh"},
+    "geometry": {"Runs", "local_runs", "local_shape_and_offset"},
+    "fsdp": {
+        "FsdpAxes",
+        "FsdpParts",
+        "compose_fsdp",
+        "compose_table",
+        "fsdp_storage_runs",
+        "split_fsdp",
+    },
+}
+"""The mesh value, the shard geometry and FSDP composition: one module each."""
+
+
+@pytest.mark.parametrize("module", sorted(MODULE_SURFACES))
+def test_the_mesh_geometry_and_fsdp_surfaces_are_pinned(module: str) -> None:
+    mod = importlib.import_module(f"layout_algebra.{module}")
+    assert set(mod.__all__) == MODULE_SURFACES[module]
+
+
+PUBLIC_MODULES = (
+    *CORE_MODULES,
+    "shapes",
+    "lint",
+    "checkpoint",
+    "jax_bridge",
+    "draw",
+    "serialization",
+    "cli",
+    "torch_bridge",
+)
+
+
+@pytest.mark.parametrize("module", ["", *PUBLIC_MODULES])
+def test_no_bound_is_exported(module: str) -> None:
+    """Bounds such as ``MAX_NDIM`` are the package's own limits, named in its messages and
+    docs, never part of a surface a caller codes against."""
+    mod = importlib.import_module(f"layout_algebra.{module}" if module else "layout_algebra")
+    assert not [n for n in mod.__all__ if n.startswith("MAX_")]
+
+
+PACKAGE = Path(layout_algebra.__file__).parent
+
+
+def _private_imports(path: Path) -> list[str]:
+    """``from layout_algebra.x import _name`` in ``path``: a private name taken from another
+    module (a private module, or its public names, are fine)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("layout_algebra")
+        for alias in node.names
+        if alias.name.startswith("_") and not _is_module(f"{node.module}.{alias.name}")
+    ]
+
+
+def _is_module(dotted: str) -> bool:
+    """Whether ``dotted`` names a module of the package (a private module, imported whole)."""
+    where = PACKAGE.parent.joinpath(*dotted.split("."))
+    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+
+@pytest.mark.parametrize(
+    "path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_no_private_name_is_imported_from_another_module(path: Path) -> None:
+    assert not _private_imports(path)
