@@ -16,6 +16,8 @@ This package is the only part of layout_algebra that imports torch (install it w
 - ``models``: ``distribute`` turns the parameters into DTensors (plain parameters stay
   plain tensors), ``table_from_module`` reads the table back off such a model, and
   ``tied_pairs_from_module`` lists the FQN pairs that name one parameter;
+- ``dcp``: ``table_from_dcp`` reads the layouts, shapes and meshes a distributed
+  checkpoint was saved under from its metadata alone (``DcpLayouts``);
 - ``checkpoints``: ``shapes_from_checkpoint`` maps a transformers checkpoint's headers onto
   the model's runtime parameters as transformers' own loading renames and fuses them;
 - ``shapes``: ``shapes_from_module`` reads every parameter's global shape and dtype
@@ -39,6 +41,7 @@ require("torch", "torch", "layout_algebra.torch_bridge")  # first: a clear messa
 from layout_algebra.torch_bridge.binding import bind, default_binding, managed_bindings
 from layout_algebra.torch_bridge.checkpoints import shapes_from_checkpoint
 from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch, to_torch
+from layout_algebra.torch_bridge.dcp import DcpLayouts, table_from_dcp
 from layout_algebra.torch_bridge.models import (
     distribute,
     table_from_module,
@@ -57,6 +60,7 @@ from layout_algebra.torch_bridge.transformers import plan_from_hf
 
 __all__ = [
     "Binding",
+    "DcpLayouts",
     "ParamBindings",
     "TorchPlacement",
     "bind",
@@ -71,6 +75,7 @@ __all__ = [
     "shapes_from_module",
     "shard_dims_from_torchtitan",
     "state_dict_fqn",
+    "table_from_dcp",
     "table_from_hf",
     "table_from_module",
     "table_from_parallelize",
