@@ -23,6 +23,7 @@ from torch.distributed.tensor import distribute_tensor
 from layout_algebra import (
     Chunk,
     LayoutError,
+    Mesh,
     ParamLayoutTable,
     ParamShape,
     PlanError,
@@ -31,6 +32,7 @@ from layout_algebra import (
     Shard,
     SourceLayout,
     StridedShard,
+    compose_fsdp,
     compose_table,
     dcp_chunks,
     from_partition_spec,
@@ -39,10 +41,11 @@ from layout_algebra import (
     to_partition_spec,
 )
 from layout_algebra._args import MAX_NDIM
+from layout_algebra._frozen import FrozenMap
 from layout_algebra.axes import AxisName
 from layout_algebra.draw import draw
-from layout_algebra._frozen import FrozenMap
-from layout_algebra.geometry import FsdpParts, fsdp_storage_runs, local_runs
+from layout_algebra.fsdp import FsdpParts, fsdp_storage_runs, split_fsdp
+from layout_algebra.geometry import local_runs
 from tests.torch_oracle import MeshFactory
 
 S0, S1 = Shard(0), Shard(1)
@@ -51,6 +54,9 @@ TP1: Final = SourceLayout("dense", ["tp"], [S1])
 SIZES: Final = {"tp": 2}
 ROLES: Final = {"dense": {"tp": 2}}
 CHUNK: Final = Chunk((0, 0), (4, 8))
+FSDP_SIZES: Final = {"dp": 2, "tp": 2}
+FSDP_ROLES: Final = {"dense": FSDP_SIZES}
+COMPOSED: Final = SourceLayout("dense", ["dp", "tp"], [StridedShard(0, split_factor=2), S0])
 
 
 def _raises(make: Callable[[], object], *words: str) -> LayoutError:
@@ -151,6 +157,18 @@ TEXT_AS_SEQUENCE: Final[dict[str, Callable[[Any], object]]] = {
     "Read.storage_offsets": lambda t: Read("w", CHUNK, (0, 0), t, (4, 8)),
     "Read.lengths": lambda t: Read("w", CHUNK, (0, 0), (0, 0), t),
     "FsdpParts.replicate": lambda t: FsdpParts(TP0, t, None, 0),
+    "compose_fsdp(replicate_axes=)": lambda t: compose_fsdp(
+        TP0, shard_axis="dp", replicate_axes=t, mesh_sizes=FSDP_SIZES
+    ),
+    "compose_table(owned=)": lambda t: compose_table(
+        ParamLayoutTable({"w": TP0}), fsdp={"dense": "dp"}, mesh_sizes=FSDP_ROLES, owned=t
+    ),
+    "split_fsdp(owned=)": lambda t: split_fsdp(COMPOSED, FSDP_SIZES, owned=t),
+    "fsdp_storage_runs(owned=)": lambda t: fsdp_storage_runs(
+        (4, 8), COMPOSED, FSDP_SIZES, {"dp": 0, "tp": 0}, owned=t
+    ),
+    "Mesh(axes)": Mesh,
+    "Mesh.rank(coordinate)": lambda t: Mesh({"a": 2, "b": 2}).rank(t),
     "ReshardPlan.bytes_read": lambda t: ReshardPlan(
         t, FrozenMap({}), src=ParamLayoutTable({}), dst=ParamLayoutTable({}), fqns=(), kinds=()
     ),
@@ -170,6 +188,63 @@ def test_text_given_for_a_sequence_never_gives_a_result(name: str, text: str | b
     """``b"tp"`` is never the sizes 116 and 112, nor ``"tp"`` the axes ``t`` and ``p``."""
     with pytest.raises(LayoutError):
         TEXT_AS_SEQUENCE[name](text)
+
+
+TEXT_AS_MAPPING: Final[dict[str, Callable[[Any], object]]] = {
+    "compose_fsdp(mesh_sizes=)": lambda t: compose_fsdp(TP0, shard_axis="dp", mesh_sizes=t),
+    "compose_table(mesh_sizes=)": lambda t: compose_table(
+        ParamLayoutTable({"w": TP0}), fsdp={"dense": "dp"}, mesh_sizes=t
+    ),
+    "compose_table(mesh_sizes[role])": lambda t: compose_table(
+        ParamLayoutTable({"w": TP0}), fsdp={"dense": "dp"}, mesh_sizes={"dense": t}
+    ),
+    "local_runs(mesh_sizes)": lambda t: local_runs((4, 8), TP0, t, {"tp": 0}),
+    "local_runs(coordinate)": lambda t: local_runs((4, 8), TP0, SIZES, t),
+    "local_shape_and_offset(mesh_sizes)": lambda t: local_shape_and_offset(
+        (4, 8), TP0, t, {"tp": 0}
+    ),
+    "fsdp_storage_runs(mesh_sizes)": lambda t: fsdp_storage_runs(
+        (4, 8), COMPOSED, t, {"dp": 0, "tp": 0}
+    ),
+    "split_fsdp(mesh_sizes)": lambda t: split_fsdp(COMPOSED, t),
+    "draw(mesh_sizes)": lambda t: draw(TP0, (4, 8), t),
+    "to_partition_spec(mesh_sizes=)": lambda t: to_partition_spec(TP0, 2, mesh_sizes=t),
+    "from_partition_spec(mesh_sizes=)": lambda t: from_partition_spec(
+        ("tp",), mesh="dense", axes=["tp"], mesh_sizes=t
+    ),
+}
+
+
+@pytest.mark.parametrize("text", ["tp", b"tp", "tp=2", b"\x04\x08"], ids=repr)
+@pytest.mark.parametrize("name", sorted(TEXT_AS_MAPPING))
+def test_text_given_for_sizes_by_axis_never_gives_a_result(name: str, text: str | bytes) -> None:
+    """A mesh is a ``Mesh`` or a mapping; its text is read by ``Mesh.parse`` only."""
+    with pytest.raises(LayoutError):
+        TEXT_AS_MAPPING[name](text)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: local_runs((4,), TP0, m, {"tp": 0}),
+        lambda m: local_shape_and_offset((4,), TP0, m, {"tp": 0}),
+        lambda m: compose_fsdp(TP0, shard_axis="dp", mesh_sizes={"dp": 2, **m}),
+        lambda m: draw(TP0, (4,), m),
+        lambda m: dcp_chunks(TP0, (4,), m),
+        lambda m: to_partition_spec(TP0, 1, mesh_sizes=m, shape=(4,)),
+    ],
+    ids=["local_runs", "local_shape_and_offset", "compose_fsdp", "draw", "dcp_chunks", "jax"],
+)
+def test_an_axis_given_twice_is_never_one_of_its_sizes(call: Callable[[Any], object]) -> None:
+    """``'tp'`` and ``AxisName('tp')`` are one axis: two sizes for it are refused, not the
+    last one taken."""
+    error = _raises(lambda: call({"tp": 2, AxisName("tp"): 4}), "names axis 'tp' twice")
+    assert error.axis == "tp"
+
+
+def test_a_coordinate_given_twice_on_an_axis_is_refused() -> None:
+    where: Any = {"tp": 0, AxisName("tp"): 1}
+    _raises(lambda: local_runs((4,), TP0, SIZES, where), "coordinate names axis 'tp' twice")
 
 
 def test_dcp_chunks_of_bytes_is_no_checkpoint_of_a_116_by_112_tensor() -> None:
