@@ -16,25 +16,22 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from operator import attrgetter
-from typing import Final, Protocol, TypeAlias, assert_never
+from typing import Final, Protocol, TypeAlias
 
 import attrs
 
 from layout_algebra._args import (
     MAX_TENSOR_SIZE,
-    as_items,
     as_shape,
-    mapping_dict,
     mapping_items,
     plain_str,
 )
-from layout_algebra._text import clip, escape, quote
-from layout_algebra.axes import AxisName
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
+from layout_algebra._ranks import DimRead, Factor, RankSum, chain_of, check_table, read_dim
+from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.errors import LayoutError
-from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of, getter
 from layout_algebra.geometry import (
     MAX_WORLD,
     FsdpAxes,
@@ -43,20 +40,17 @@ from layout_algebra.geometry import (
     check_dims,
     check_layout,
     compose_table,
-    local_shape_and_offset,
     plan_error,
     size_of,
     world_size,
 )
 from layout_algebra.layout import (
-    ByModule,
     ParamLayoutTable,
     SourceLayout,
     check_fqn,
-    check_fqns,
     partial_error,
 )
-from layout_algebra.placements import Partial, Replicate, Shard, StridedShard
+from layout_algebra.mesh import Mesh
 from layout_algebra.shapes import DTYPE_BYTES, as_dtype, fused_experts, per_expert_message
 
 __all__ = [
@@ -232,71 +226,6 @@ def _check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
         raise LayoutError(msg, fqn=fqn, axis=error.axis, placement=error.placement)
 
 
-def _check_table(table: ParamLayoutTable, name: str) -> None:
-    raw: object = table
-    if not isinstance(raw, ParamLayoutTable):
-        msg = f"{name} must be a ParamLayoutTable, got {type(raw).__name__} {quote(table)}"
-        raise LayoutError(msg)
-
-
-def _sharded_dim(p: Shard | Replicate | Partial | StridedShard) -> int | None:
-    match p:
-        case Shard(dim) | StridedShard(dim):
-            return dim
-        case Replicate() | Partial():
-            return None
-        case _:
-            assert_never(p)
-
-
-# ---------------------------------------------------------------------------------------
-# the chunks DCP writes
-
-
-def _dim_extents(
-    shape: tuple[int, ...],
-    layout: SourceLayout,
-    sizes: Mapping[str, int],
-) -> list[list[tuple[int, int]]]:
-    """Per tensor dim, the distinct ``(offset, size)`` DTensor gives the ranks along it.
-
-    Each mesh axis shards at most one dim, so a rank's box is the product of what the axes
-    sharding each dim give it: 2 dims sharded over 2 and 4 ranks are 2 x 4 boxes, found
-    from 2 + 4 coordinates.
-    """
-    ranks = math.prod(sizes[a.name] for a in layout.axes)
-    if ranks > MAX_RANKS:
-        msg = (
-            f"{layout}: its mesh has {ranks:,} ranks, more than the {MAX_RANKS:,} a world has "
-            "here; check the mesh sizes"
-        )
-        raise LayoutError(msg)
-    by_dim: dict[int, list[AxisName]] = {}
-    for axis, p in zip(layout.axes, layout.placements, strict=True):
-        dim = _sharded_dim(p)
-        if dim is not None:
-            by_dim.setdefault(dim, []).append(axis)
-    out: list[list[tuple[int, int]]] = []
-    for dim, n in enumerate(shape):
-        axes = by_dim.get(dim)
-        if not axes:
-            out.append([(0, n)])
-            continue
-        keep = {a.name for a in axes}
-        sub = SourceLayout(
-            layout.mesh,
-            axes,
-            [p for a, p in zip(layout.axes, layout.placements, strict=True) if a.name in keep],
-        )
-        seen: dict[tuple[int, int], None] = {}
-        for index in itertools.product(*(range(sizes[a.name]) for a in axes)):
-            coordinate = {a.name: i for a, i in zip(axes, index, strict=True)}
-            local, offset = local_shape_and_offset(shape, sub, sizes, coordinate)
-            seen[offset[dim], local[dim]] = None
-        out.append(list(seen))
-    return out
-
-
 def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None) -> dict[str, int]:
     checked = as_sizes(sizes, "mesh_sizes")
     for axis in layout.axes:
@@ -304,17 +233,86 @@ def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None
     return checked
 
 
+# ---------------------------------------------------------------------------------------
+# the chunks DCP writes
+
+
+@attrs.frozen(eq=False)
+class _Boxes:
+    """One dim's distinct saved boxes, by offset, and their ends (for a search)."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    ends: tuple[int, ...]
+    sorted_ends: bool
+
+    def overlaps(self, offset: int, length: int) -> list[tuple[int, int, int, int, int]]:
+        """The boxes the local box ``offset``/``length`` reads: ``(saved offset, saved
+        size, storage offset, dest offset, length)`` each, by offset.
+
+        Boxes overlap when each starts before the other ends (so empty boxes never do), as
+        DCP's resharding decides; boxes that do not overlap one another end in order, so
+        the candidates are found by bisection.
+        """
+        stop = bisect_left(self.offsets, offset + length)
+        first = bisect_right(self.ends, offset) if self.sorted_ends else 0
+        out = []
+        for i in range(first, stop):
+            s_off, s_len = self.offsets[i], self.sizes[i]
+            if offset >= s_off + s_len:
+                continue
+            start = max(s_off, offset)
+            end = min(s_off + s_len, offset + length)
+            out.append((s_off, s_len, start - s_off, start - offset, end - start))
+        return out
+
+
+_Saved: TypeAlias = tuple[_Boxes, ...]
+"""Per tensor dim, the distinct saved boxes along it."""
+
+
+def _saved(layout: SourceLayout, shape: tuple[int, ...], sizes: Mapping[str, int]) -> _Saved:
+    """Per tensor dim, the boxes DTensor gives the ranks along it (``read_dim``).
+
+    Each mesh axis shards at most one dim, so the saved boxes are the product of these:
+    2 dims sharded over 2 and 4 ranks are 2 x 4 boxes. DCP keys a box by its offsets, so
+    of two boxes with one offset on a dim the first in rank order is kept.
+    """
+    check_dims(layout, len(shape), shape=shape)  # a dim the tensor lacks is no box of it
+    ranks = math.prod(sizes[a.name] for a in layout.axes)
+    if ranks > MAX_RANKS:
+        msg = (
+            f"{layout}: its mesh has {ranks:,} ranks, more than the {MAX_RANKS:,} a world has "
+            "here; check the mesh sizes"
+        )
+        raise LayoutError(msg)
+    out: list[_Boxes] = []
+    for dim, n in enumerate(shape):
+        got = read_dim(n, chain_of(layout, dim, sizes))
+        first: dict[int, int] = {}
+        for offset, length in zip(got.offsets, got.lengths, strict=True):
+            first.setdefault(offset, length)
+        boxes = sorted(first.items())
+        ends = tuple(o + n for o, n in boxes)
+        out.append(
+            _Boxes(
+                tuple(o for o, _ in boxes),
+                tuple(n for _, n in boxes),
+                ends,
+                all(a <= b for a, b in itertools.pairwise(ends)),
+            )
+        )
+    return tuple(out)
+
+
 def _chunks(
     layout: SourceLayout, shape: tuple[int, ...], sizes: Mapping[str, int]
 ) -> tuple[Chunk, ...]:
-    check_dims(layout, len(shape), shape=shape)  # a dim the tensor lacks is no box of it
-    extents = _dim_extents(shape, layout, sizes)
-    boxes: dict[tuple[int, ...], tuple[int, ...]] = {}
-    for combo in itertools.product(*extents):
-        offsets = tuple(o for o, _ in combo)
-        # DCP keys a saved box by its offsets: ranks with equal boxes write one copy.
-        boxes.setdefault(offsets, tuple(n for _, n in combo))
-    return tuple(Chunk(o, boxes[o]) for o in sorted(boxes))
+    per_dim = [zip(b.offsets, b.sizes, strict=True) for b in _saved(layout, shape, sizes)]
+    return tuple(
+        Chunk(tuple(o for o, _ in box), tuple(n for _, n in box))
+        for box in itertools.product(*per_dim)
+    )
 
 
 def dcp_chunks(
@@ -370,85 +368,92 @@ class _Piece:
     lengths: tuple[int, ...]
 
 
-def _overlap(saved: Chunk, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> _Piece | None:
-    """The box of ``saved`` that the local shard at ``offsets``/``sizes`` reads, if any.
-
-    Boxes overlap when on every dim each starts before the other ends (so a 0-d tensor's
-    boxes always overlap and empty boxes never do), as DCP's resharding decides.
-    """
-    storage: list[int] = []
-    dest: list[int] = []
-    lengths: list[int] = []
-    for s_off, s_len, d_off, d_len in zip(saved.offsets, saved.sizes, offsets, sizes, strict=True):
-        if s_off >= d_off + d_len or d_off >= s_off + s_len:
-            return None
-        start = max(s_off, d_off)
-        storage.append(start - s_off)
-        dest.append(start - d_off)
-        lengths.append(min(s_off + s_len, d_off + d_len) - start)
-    return _Piece(saved, tuple(dest), tuple(storage), tuple(lengths))
-
-
 @attrs.frozen(eq=False)
 class _Pattern:
-    """One parameter's reads on every destination rank; shared by parameters alike."""
+    """One (source layout, layout, shape, dtype)'s reads on every destination rank.
 
-    pieces: tuple[tuple[_Piece, ...], ...]
-    """By destination rank."""
-    bytes: tuple[int, ...]
-    """By destination rank."""
+    Per tensor dim, the saved boxes along it and, by index on the axes that shard it in the
+    destination layout, how many of them a rank reads and how many rows; a rank's reads
+    are the product over the dims, listed only for the rank asked (``pieces``).
+    """
+
+    role: str
+    mesh: Mesh
+    itemsize: int
+    saved: _Saved
+    dst: tuple[DimRead, ...]
+    reads: tuple[Factor, ...]
+    rows: tuple[Factor, ...]
     total: int
+    count: int
+
+    def pieces(self, rank: int) -> tuple[_Piece, ...]:
+        """Destination rank ``rank``'s reads, by the saved chunks' offsets."""
+        where = dict(zip(self.mesh.names, self.mesh.coordinate(rank), strict=True))
+        per_dim = []
+        for saved, read in zip(self.saved, self.dst, strict=True):
+            i = 0
+            for axis, size, _ in read.chain:
+                i = i * size + where[axis]
+            per_dim.append(saved.overlaps(read.offsets[i], read.lengths[i]))
+        return tuple(
+            _Piece(
+                Chunk(tuple(b[0] for b in box), tuple(b[1] for b in box)),
+                tuple(b[3] for b in box),
+                tuple(b[2] for b in box),
+                tuple(b[4] for b in box),
+            )
+            for box in itertools.product(*per_dim)
+        )
 
 
-class _World:
-    """A role's mesh: each global rank's coordinate, row-major in the mesh's axis order."""
+def _pattern(
+    saved: _Saved, layout: SourceLayout, shape: tuple[int, ...], itemsize: int, mesh: Mesh
+) -> _Pattern:
+    """The reads of a parameter saved as ``saved`` and loaded under ``layout``."""
+    dst = tuple(read_dim(n, chain_of(layout, dim, mesh)) for dim, n in enumerate(shape))
+    reads: list[Factor] = []
+    rows: list[Factor] = []
+    for boxes, read in zip(saved, dst, strict=True):
+        by_box: dict[tuple[int, int], tuple[int, int]] = {}
+        count, length = [], []
+        for box in zip(read.offsets, read.lengths, strict=True):
+            got = by_box.get(box)
+            if got is None:
+                found = boxes.overlaps(*box)
+                got = by_box[box] = (len(found), sum(f[4] for f in found))
+            count.append(got[0])
+            length.append(got[1])
+        reads.append((read.axes, count))
+        rows.append((read.axes, length))
+    copies = mesh.size // math.prod(len(v) for _, v in reads)
+    total = itemsize * copies * math.prod(sum(v) for _, v in rows)
+    count_all = copies * math.prod(sum(v) for _, v in reads)
+    return _Pattern(
+        layout.mesh, mesh, itemsize, saved, dst, tuple(reads), tuple(rows), total, count_all
+    )
 
-    def __init__(self, sizes: Mapping[str, int]) -> None:
-        self.sizes = sizes
-        self.names = list(sizes)
-        self.size = math.prod(sizes.values())
 
-    def keys(self, layout: SourceLayout) -> list[tuple[int, ...]]:
-        """Each rank's indices on ``layout``'s axes, by global rank."""
-        strides: dict[str, int] = {}
-        stride = 1
-        for name in reversed(self.names):
-            strides[name] = stride
-            stride *= self.sizes[name]
-        picked = [(strides[a.name], self.sizes[a.name]) for a in layout.axes]
-        return [tuple((rank // s) % n for s, n in picked) for rank in range(self.size)]
-
-
-def _role_sizes(
-    sizes: Mapping[str, Mapping[str, int]], layout: SourceLayout, fqn: str, which: str
-) -> Mapping[str, int]:
-    role = sizes.get(layout.mesh)
-    if role is None:
+def _role_mesh(meshes: Mapping[str, Mesh], layout: SourceLayout, fqn: str, which: str) -> Mesh:
+    mesh = meshes.get(layout.mesh)
+    if mesh is None:
         msg = (
             f"{clip(fqn)}: {layout} is on mesh role {quote(layout.mesh)}, which {which} has no "
-            f"sizes for (it has {quote(sorted(sizes))}); give "
+            f"sizes for (it has {quote(sorted(meshes))}); give "
             f"{which}={{{quote(layout.mesh)}: {{axis: n, ...}}, ...}}"
         )
         raise LayoutError(msg, fqn=fqn)
-    _check_sizes(layout, role, fqn)
-    return role
+    _check_sizes(layout, mesh, fqn)
+    return mesh
 
 
 class _Planner:
-    """Builds each distinct (source layout, destination layout, shape, itemsize) once."""
+    """Plans each distinct (source layout, destination layout, shape, itemsize) once, by
+    value, and counts the parameters sharing it."""
 
-    def __init__(
-        self,
-        src_sizes: Mapping[str, Mapping[str, int]],
-        dst_sizes: Mapping[str, Mapping[str, int]],
-        world_size: int,
-    ) -> None:
-        self.src_sizes = src_sizes
-        self.dst_sizes = dst_sizes
-        self.world_size = world_size
-        self.worlds = {role: _World(sizes) for role, sizes in dst_sizes.items()}
-        self.chunks: dict[tuple[SourceLayout, tuple[int, ...]], tuple[Chunk, ...]] = {}
-        self.keys: dict[tuple[str, tuple[AxisName, ...]], list[tuple[int, ...]]] = {}
+    def __init__(self, src: Mapping[str, Mesh], dst: Mapping[str, Mesh]) -> None:
+        self.src, self.dst = src, dst
+        self.saved: dict[tuple[SourceLayout, tuple[int, ...]], _Saved] = {}
         self.patterns: dict[tuple[SourceLayout, SourceLayout, tuple[int, ...], int], _Pattern] = {}
 
     def pattern(
@@ -457,155 +462,67 @@ class _Planner:
         key = (src, dst, shape, itemsize)
         found = self.patterns.get(key)
         if found is None:
-            found = self._build(fqn, src, dst, shape, itemsize)
-            self.patterns[key] = found
+            src_mesh = _role_mesh(self.src, src, fqn, "src_sizes")
+            dst_mesh = _role_mesh(self.dst, dst, fqn, "dst_sizes")
+            saved = self.saved.get((src, shape))
+            if saved is None:
+                saved = self.saved[src, shape] = _saved(src, shape, src_mesh)
+            check_dims(dst, len(shape), shape=shape)
+            found = self.patterns[key] = _pattern(saved, dst, shape, itemsize, dst_mesh)
         return found
-
-    def _build(
-        self, fqn: str, src: SourceLayout, dst: SourceLayout, shape: tuple[int, ...], itemsize: int
-    ) -> _Pattern:
-        src_role = _role_sizes(self.src_sizes, src, fqn, "src_sizes")
-        dst_role = _role_sizes(self.dst_sizes, dst, fqn, "dst_sizes")
-        saved = self.chunks.get((src, shape))
-        if saved is None:
-            saved = _chunks(src, shape, src_role)
-            self.chunks[src, shape] = saved
-        world = self.worlds[dst.mesh]
-        keys = self.keys.get((dst.mesh, dst.axes))
-        if keys is None:
-            keys = world.keys(dst)
-            self.keys[dst.mesh, dst.axes] = keys
-        by_key: dict[tuple[int, ...], tuple[tuple[_Piece, ...], int]] = {}
-        pieces: list[tuple[_Piece, ...]] = []
-        nbytes: list[int] = []
-        for key in keys:
-            got = by_key.get(key)
-            if got is None:
-                coordinate = {a.name: i for a, i in zip(dst.axes, key, strict=True)}
-                sizes, offsets = local_shape_and_offset(shape, dst, dst_role, coordinate)
-                found = tuple(
-                    piece
-                    for chunk in saved
-                    if (piece := _overlap(chunk, offsets, sizes)) is not None
-                )
-                got = found, itemsize * sum(math.prod(p.lengths) for p in found)
-                by_key[key] = got
-            pieces.append(got[0])
-            nbytes.append(got[1])
-        return _Pattern(tuple(pieces), tuple(nbytes), sum(nbytes))
-
-
-def _format_bytes(n: int) -> str:
-    """``n`` bytes for a person: ``512 B``, ``1.5 KiB``, ``2.0 GiB``."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError(n)  # pragma: no cover - the loop returns
 
 
 def _layout_str(layout: SourceLayout) -> str:
     return str(layout) if layout.axes else f"{layout.mesh} (plain tensor)"
 
 
-def _as_bytes_read(value: Iterable[int]) -> tuple[int, ...]:
-    out = as_items(value, "ReshardPlan.bytes_read", "(64, 64)", limit=MAX_RANKS)
-    if not 1 <= len(out) <= MAX_RANKS or any(type(n) is not int or n < 0 for n in out):
-        msg = (
-            f"ReshardPlan.bytes_read: expected 1 to {MAX_RANKS:,} ints >= 0 (the bytes of "
-            f"each destination rank), got {quote(value)}; make it with reshard_plan"
-        )
-        raise LayoutError(msg)
-    return out
-
-
-def _as_by_param(value: Mapping[str, int]) -> FrozenMap[str, int]:
-    raw: object = value
-    if not isinstance(raw, Mapping):
-        msg = f"ReshardPlan.by_param: expected a mapping of FQN to bytes, got {quote(raw)}"
-        raise LayoutError(msg)
-    frozen = (
-        value  # frozen already: not copied
-        if isinstance(value, FrozenMap) and type(value) is FrozenMap
-        else frozen_map_of(mapping_dict(value, "ReshardPlan.by_param", "{'w': 64}"))
-    )
-    if not set(map(type, frozen)) <= {str} or any(
-        type(n) is not int or n < 0 for n in frozen.values()
-    ):
-        msg = (
-            f"ReshardPlan.by_param: expected plain FQNs mapped to ints >= 0 (bytes), got "
-            f"{quote(raw)}; make it with reshard_plan"
-        )
-        raise LayoutError(msg)
-    return frozen
-
-
-def _check_plan_table(
-    _: object, attribute: attrs.Attribute[ParamLayoutTable], value: object
-) -> None:
-    if not isinstance(value, ParamLayoutTable):
-        name = attribute.alias or attribute.name
-        msg = f"ReshardPlan.{name}: expected a ParamLayoutTable, got {quote(value)}"
-        raise LayoutError(msg)
-
-
-_REPORT_RANKS: Final = 16
+_REPORT_GROUPS: Final = 16
 _REPORT_PARAMS: Final = 10
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, init=False)
 class ReshardPlan:
     """Every read a checkpoint's load makes, by destination rank, and what it costs.
 
-    ``bytes_read[rank]`` is what destination rank ``rank`` reads from the checkpoint;
-    ``by_param[fqn]`` what all ranks together read of one parameter. ``reads(rank)``
-    lists the rank's reads, parameters in the destination table's order, each one's by
-    the saved chunk's offsets (torch issues the same reads, in an order of its own).
-    ``str()`` is a report: bytes per rank, total, largest, the parameters that move most.
+    Made by ``reshard_plan`` only. ``bytes_read[rank]`` is what destination rank ``rank``
+    reads from the checkpoint; ``by_param[fqn]`` what all ranks together read of one
+    parameter. ``reads(rank)`` lists the rank's reads, parameters in the destination
+    table's order, each one's by the saved chunk's offsets (torch issues the same reads,
+    in an order of its own). ``str()`` is a report: bytes per rank, total, largest, the
+    parameters that move most.
     """
 
-    bytes_read: tuple[int, ...] = attrs.field(converter=_as_bytes_read, **REQUIRED)
-    by_param: FrozenMap[str, int] = attrs.field(converter=_as_by_param, **REQUIRED)
-    _src: ParamLayoutTable = attrs.field(alias="src", validator=_check_plan_table, **REQUIRED)
-    _dst: ParamLayoutTable = attrs.field(alias="dst", validator=_check_plan_table, **REQUIRED)
-    _fqns: tuple[str, ...] = attrs.field(alias="fqns", eq=False, **REQUIRED)
-    _kinds: tuple[_Pattern, ...] = attrs.field(alias="kinds", eq=False, **REQUIRED)
+    bytes_read: tuple[int, ...]
+    by_param: FrozenMap[str, int]
+    _src: ParamLayoutTable
+    _dst: ParamLayoutTable
+    _fqns: tuple[str, ...] = attrs.field(eq=False)
+    _kinds: tuple[_Pattern, ...] = attrs.field(eq=False)
     """Each parameter's reads (``_fqns[i]``'s are ``_kinds[i]``): a few shared patterns."""
+    _counts: tuple[int, ...] = attrs.field(eq=False)
+    """Reads by destination rank."""
 
-    def __attrs_pre_init__(self, *args: object) -> None:  # __init__'s six, in field order
-        check_init(self, "bytes_read", args)
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        msg = (
+            "ReshardPlan values are made by reshard_plan(src, dst, shapes, src_sizes=..., "
+            "dst_sizes=...), which plans every read; call it instead"
+        )
+        raise LayoutError(msg)
 
-    @_kinds.validator
-    def _check_kinds(self, _: attrs.Attribute[tuple[_Pattern, ...]], value: object) -> None:
-        fqns: object = self._fqns
-        if not isinstance(fqns, tuple) or not isinstance(value, tuple) or len(fqns) != len(value):
-            msg = (
-                "ReshardPlan(fqns=..., kinds=...): one kind of reads per FQN, both tuples; "
-                f"got {quote(fqns)} and {quote(value)}; make it with reshard_plan"
-            )
-            raise LayoutError(msg)
-        check_fqns(fqns, "ReshardPlan.fqns")
-        ranks = len(self.bytes_read)
-        # What reads(), chunks_read() and the report look up must be there; plain types
-        # first, so no caller's __hash__ or __eq__ runs.
-        if (
-            not set(map(type, fqns)) <= {str}
-            or not set(map(type, value)) <= {_Pattern}
-            or len(set(fqns)) != len(fqns)
-            or self.by_param.keys() != set(fqns)
-            or not all(map(self._dst.__contains__, fqns))
-            or not all(map(self._src.__contains__, fqns))
-            or any(len(k.pieces) != ranks for k in set(value))
-        ):
-            msg = (
-                "ReshardPlan(fqns=..., kinds=...): each FQN once, each in src, dst and by_param "
-                f"(and no other), each kind of reads for the {ranks} destination ranks; got "
-                f"fqns {quote(fqns)}; make it with reshard_plan"
-            )
-            raise LayoutError(msg)
+    @classmethod
+    def _planned(
+        cls,
+        *,
+        bytes_read: tuple[int, ...],
+        by_param: FrozenMap[str, int],
+        tables: tuple[ParamLayoutTable, ParamLayoutTable],
+        fqns: tuple[str, ...],
+        kinds: tuple[_Pattern, ...],
+        counts: tuple[int, ...],
+    ) -> ReshardPlan:
+        plan = cls.__new__(cls)
+        plan.__attrs_init__(bytes_read, by_param, *tables, fqns, kinds, counts)
+        return plan
 
     def __repr__(self) -> str:
         return (
@@ -629,8 +546,15 @@ class ReshardPlan:
         rank = max(range(len(self.bytes_read)), key=self.bytes_read.__getitem__)
         return rank, self.bytes_read[rank]
 
+    @property
+    def smallest(self) -> tuple[int, int]:
+        """``(rank, bytes)`` of the destination rank that reads least (the lowest such rank)."""
+        rank = min(range(len(self.bytes_read)), key=self.bytes_read.__getitem__)
+        return rank, self.bytes_read[rank]
+
     def reads(self, rank: int) -> tuple[Read, ...]:
-        """Destination rank ``rank``'s reads, in the destination table's order.
+        """Destination rank ``rank``'s reads, in the destination table's order; worked out
+        for that rank alone, each distinct kind of parameter once.
 
         Raises:
             LayoutError: ``rank`` is not a destination rank.
@@ -641,11 +565,16 @@ class ReshardPlan:
                 f"got {quote(rank)}"
             )
             raise LayoutError(msg)
-        return tuple(
-            Read(fqn, p.chunk, p.dest_offsets, p.storage_offsets, p.lengths)
-            for fqn, pattern in zip(self._fqns, self._kinds, strict=True)
-            for p in pattern.pieces[rank]
-        )
+        pieces: dict[_Pattern, tuple[_Piece, ...]] = {}
+        out: list[Read] = []
+        for fqn, pattern in zip(self._fqns, self._kinds, strict=True):
+            got = pieces.get(pattern)
+            if got is None:
+                got = pieces[pattern] = pattern.pieces(rank)
+            out.extend(
+                Read(fqn, p.chunk, p.dest_offsets, p.storage_offsets, p.lengths) for p in got
+            )
+        return tuple(out)
 
     def chunks_read(self, fqn: str) -> int:
         """How many reads all destination ranks make of parameter ``fqn``.
@@ -658,7 +587,7 @@ class ReshardPlan:
             fqn = plain_str(fqn)  # its own __eq__ never runs
         for name, pattern in zip(self._fqns, self._kinds, strict=True):
             if name == fqn:
-                return sum(map(len, pattern.pieces))
+                return pattern.count
         msg = f"{quote(fqn)} is not a parameter of the destination table; check the spelling"
         raise LayoutError(msg, fqn=str(fqn))
 
@@ -668,10 +597,11 @@ class ReshardPlan:
     def report(self, *, top: int = _REPORT_PARAMS) -> str:
         """The report ``str()`` gives, naming the ``top`` parameters read most.
 
-        Bytes and reads per destination rank (the first and last few of a large world),
-        the total, the rank that reads most, and the parameters all ranks read most of,
-        each with its number of reads and its layouts before and after. FQNs that are not
-        printable are shown escaped.
+        Bytes and reads per destination rank (consecutive ranks with equal figures as
+        one range, the first few ranges of a large world), the total, the ranks that read
+        most and least, and the parameters all ranks read most of, each with its number of
+        reads and its layouts before and after. FQNs that are not printable are shown
+        escaped.
 
         Raises:
             LayoutError: ``top`` is not an int >= 0.
@@ -682,35 +612,36 @@ class ReshardPlan:
         n = len(self.bytes_read)
         lines = [
             f"reshard: {len(self.by_param)} parameter{'s' if len(self.by_param) != 1 else ''}, "
-            f"{n} destination rank{'s' if n != 1 else ''} read {_format_bytes(self.total)} in all"
+            f"{n} destination rank{'s' if n != 1 else ''} read {human_bytes(self.total)} in all"
         ]
-        rank, most = self.largest
-        lines.append(f"largest: rank {rank} reads {_format_bytes(most)}")
+        (rank, most), (low, least) = self.largest, self.smallest
+        lines.append(
+            f"largest: rank {rank} reads {human_bytes(most)}; smallest: rank {low} reads "
+            f"{human_bytes(least)}"
+        )
         lines.append("bytes per destination rank:")
-        shown = range(n) if n <= _REPORT_RANKS else [*range(_REPORT_RANKS // 2), *range(n - 2, n)]
-        last = -1
-        width = len(str(n - 1))
-        for rank in shown:
-            if rank != last + 1:
-                lines.append(f"  ... {rank - last - 1} ranks more")
-            count = sum(len(pattern.pieces[rank]) for pattern in self._kinds)
+        groups = rank_groups(list(zip(self.bytes_read, self._counts, strict=True)))
+        shown = groups[:_REPORT_GROUPS]
+        width = max(len(ranks_str(ranks)) for ranks, _ in shown)
+        for ranks, (nbytes, count) in shown:
+            label = "ranks" if len(ranks) > 1 else "rank"
             lines.append(
-                f"  rank {rank:>{width}}  {_format_bytes(self.bytes_read[rank]):>10}  "
+                f"  {label:<5} {ranks_str(ranks):>{width}}  {human_bytes(nbytes):>10}  "
                 f"{count:>5} reads"
             )
-            last = rank
+        if len(shown) < len(groups):
+            lines.append(f"  ... {n - shown[-1][0].stop} more ranks")
         named = sorted(self.by_param, key=lambda f: (-self.by_param[f], f))[:top]
         if named:
             reads = {
-                name: sum(map(len, pattern.pieces))
-                for name, pattern in zip(self._fqns, self._kinds, strict=True)
+                name: pattern.count for name, pattern in zip(self._fqns, self._kinds, strict=True)
             }
             lines.append("parameters that move most (bytes read by all ranks):")
             shown_fqns = {fqn: escape(fqn) for fqn in named}
             fqn_width = max(map(len, shown_fqns.values()))
             for fqn in named:
                 lines.append(
-                    f"  {shown_fqns[fqn]:<{fqn_width}}  {_format_bytes(self.by_param[fqn]):>10}  "
+                    f"  {shown_fqns[fqn]:<{fqn_width}}  {human_bytes(self.by_param[fqn]):>10}  "
                     f"{reads[fqn]:>5} reads  {_layout_str(self._src[fqn])} -> "
                     f"{_layout_str(self._dst[fqn])}"
                 )
@@ -784,50 +715,25 @@ def _read_shape(fqn: str, found: HasShape) -> tuple[tuple[int, ...], int]:
     return checked, DTYPE_BYTES[name]
 
 
-_Paths: TypeAlias = list[
-    tuple[str, SourceLayout, SourceLayout | None, dict[int, tuple[object, "_Pattern"]]]
-]
-"""A module kind's paths: each with its layout, its source layout, and its reads by shape."""
-
-
-class _Reads:
-    """The reads of each parameter, planned once per distinct (source layout, layout,
-    shape) and shared: models repeat a few of them many times."""
-
-    def __init__(self, planner: _Planner, dst: ParamLayoutTable, shapes: ShapesLike) -> None:
-        self.planner, self.dst, self.shapes = planner, dst, shapes
-        self.problems: list[LayoutError] = []
-        # Keyed by id() of objects they keep alive (the tables hold the layouts, ``read``
-        # the shapes).
-        self.read: dict[int, tuple[HasShape, tuple[tuple[int, ...], int]]] = {}
-        self.known: dict[
-            tuple[int, int, int],
-            tuple[SourceLayout, SourceLayout, tuple[tuple[int, ...], int], _Pattern],
-        ] = {}
-
-    def pattern(self, fqn: str, layout: SourceLayout, old: SourceLayout | None) -> _Pattern | None:
-        """The reads of ``fqn``, or ``None`` with its problem recorded."""
+def _plan_all(
+    planner: _Planner, src: ParamLayoutTable, dst: ParamLayoutTable, shapes: ShapesLike
+) -> tuple[list[str], list[_Pattern], list[LayoutError]]:
+    """Every parameter of ``dst`` and its reads, in order, and every problem found on the
+    way; each distinct (source layout, layout, shape, dtype) planned once."""
+    fqns: list[str] = []
+    kinds: list[_Pattern] = []
+    problems: list[LayoutError] = []
+    for fqn, layout in dst.items():
         try:
+            old = src.get(fqn)
             if old is None:
                 msg = (
-                    f"{clip(fqn)}: loaded under {layout} but not in the checkpoint's table; torch "
-                    "refuses a missing key: add it to src, or leave it out of dst"
+                    f"{clip(fqn)}: loaded under {layout} but not in the checkpoint's table; "
+                    "torch refuses a missing key: add it to src, or leave it out of dst"
                 )
                 raise LayoutError(msg, fqn=fqn)
-            found = _find_shape(fqn, self.shapes, self.dst)
-            done = self.read.get(id(found))
-            if done is None or done[0] is not found:
-                done = found, _read_shape(fqn, found)
-                self.read[id(found)] = done
-            read = done[1]
-            key = (id(old), id(layout), id(read))
-            hit = self.known.get(key)  # the entry holds old, layout and read
-            if hit is not None and hit[0] is old and hit[1] is layout and hit[2] is read:
-                return hit[3]
-            (shape, itemsize) = read
-            pattern = self.planner.pattern(fqn, old, layout, shape, itemsize)
-            self.known[key] = (old, layout, read, pattern)
-            return pattern
+            shape, itemsize = _read_shape(fqn, _find_shape(fqn, shapes, dst))
+            pattern = planner.pattern(fqn, old, layout, shape, itemsize)
         except LayoutError as error:
             if error.fqn != fqn:
                 named = LayoutError(
@@ -838,64 +744,11 @@ class _Reads:
                 )
                 named.__cause__ = error.__cause__  # the caller's own exception, if any
                 error = named
-            self.problems.append(error)
-            return None
-
-
-def _plan_all(
-    planner: _Planner, src: ParamLayoutTable, dst: ParamLayoutTable, shapes: ShapesLike
-) -> tuple[list[str], list[_Pattern], list[LayoutError]]:
-    """Every parameter of ``dst`` and its reads, in order, and every problem found on the
-    way.
-
-    Tables kept by module are walked module by module: a parameter's source layout is
-    found in its module's inner map by its path (its FQN is looked up in ``src`` as a
-    whole only when that module has no such path there), and modules with the same
-    inner maps in both tables share what is known of each path's reads, so a parameter
-    costs its FQN, a lookup of its shape and a lookup of its reads by that shape.
-    """
-    reads = _Reads(planner, dst, shapes)
-    fqns: list[str] = []
-    kinds: list[_Pattern] = []
-    add_fqn, add_kind, shapes_get = fqns.append, kinds.append, getter(shapes)
-    src_entries, dst_entries = src._items, dst._items
-    src_get = getter(src)
-    if type(src_entries) is not ByModule or type(dst_entries) is not ByModule:
-        for fqn, layout in dst.items():
-            pattern = reads.pattern(fqn, layout, src_get(fqn))
-            if pattern is not None:
-                add_fqn(fqn)
-                add_kind(pattern)
-        return fqns, kinds, reads.problems
-    # (id of dst's inner map, id of src's) -> them, and per path its layouts and the reads
-    # of each shape object (by id; the entry holds the shape). The tables hold the maps.
-    modules: dict[tuple[int, int], tuple[object, object, _Paths]] = {}
-    for module, inner, there in dst_entries.by_module_with(src_entries):
-        kind = modules.get((id(inner), id(there)))
-        if kind is None or kind[0] is not inner or kind[1] is not there:
-            olds = there.get if there is not None else _nothing
-            paths: _Paths = [(path, layout, olds(path), {}) for path, layout in inner.items()]
-            kind = modules[id(inner), id(there)] = (inner, there, paths)
-        prefix = f"{module}." if module else ""
-        for path, layout, old, by_shape in kind[2]:
-            fqn = prefix + path
-            found = shapes_get(fqn)
-            hit = by_shape.get(id(found))
-            if hit is not None and hit[0] is found:
-                add_fqn(fqn)
-                add_kind(hit[1])
-                continue
-            pattern = reads.pattern(fqn, layout, src_get(fqn) if old is None else old)
-            if pattern is not None:
-                add_fqn(fqn)
-                add_kind(pattern)
-                if found is not None and old is not None:  # else its source is by FQN
-                    by_shape[id(found)] = (found, pattern)
-    return fqns, kinds, reads.problems
-
-
-def _nothing(_: str) -> None:
-    """No source layout for any path: the module is not in the source table."""
+            problems.append(error)
+            continue
+        fqns.append(fqn)
+        kinds.append(pattern)
+    return fqns, kinds, problems
 
 
 def reshard_plan(
@@ -949,8 +802,8 @@ def reshard_plan(
             that does not fit its shape or sizes.
         LayoutError: arguments of the wrong form, roles with different world sizes.
     """
-    _check_table(src, "src")
-    _check_table(dst, "dst")
+    check_table(src, "src")
+    check_table(dst, "dst")
     shapes = _shapes_by_fqn(shapes)  # looked up per FQN
     src_roles = as_role_sizes(src_sizes)
     dst_roles = as_role_sizes(dst_sizes)
@@ -960,8 +813,12 @@ def reshard_plan(
     if fsdp is not None:
         src = compose_table(src, fsdp=fsdp, mesh_sizes=src_roles, shard_dim=shard_dim)
         dst = compose_table(dst, fsdp=fsdp, mesh_sizes=dst_roles, shard_dim=shard_dim)
-    ranks = world_size(dst_roles, "dst_sizes")
-    planner = _Planner(src_roles, dst_roles, ranks)
+    world_size(dst_roles, "dst_sizes")  # the bound on the world
+    if src_roles:
+        world_size(src_roles, "src_sizes")
+    src_meshes = {role: Mesh(sizes) for role, sizes in src_roles.items()}
+    dst_meshes = {role: Mesh(sizes) for role, sizes in dst_roles.items()}
+    planner = _Planner(src_meshes, dst_meshes)
     fqns, kinds, problems = _plan_all(planner, src, dst, shapes)
     if problems:
         # Headers that keep experts one by one explain every fused parameter they lack.
@@ -974,18 +831,25 @@ def reshard_plan(
             for e in problems
         ]
         raise plan_error("the reshard", problems)
-    # Per parameter at C speed: a few patterns stand for a million parameters.
-    counts = Counter(map(id, kinds))
-    unique = dict(zip(map(id, kinds), kinds, strict=True))  # holds every pattern it names
-    bytes_read = [0] * ranks
-    for key, count in counts.items():
-        for rank, n in enumerate(unique[key].bytes):
-            bytes_read[rank] += count * n
-    return ReshardPlan(
-        tuple(bytes_read),
-        frozen_map_of(dict(zip(fqns, map(attrgetter("total"), kinds), strict=True))),
-        src=src,
-        dst=dst,
+    # Each pattern's bytes and reads counted once, for all the parameters sharing it.
+    uses: dict[_Pattern, int] = {}
+    for pattern in kinds:
+        uses[pattern] = uses.get(pattern, 0) + 1
+    nbytes, reads = RankSum(dst_meshes), RankSum(dst_meshes)
+    for pattern, count in uses.items():
+        role = pattern.role
+        nbytes.add(role, pattern.rows, count * pattern.itemsize)
+        reads.add(role, pattern.reads, count)
+    world = next(iter(dst_meshes.values())).size
+    bytes_read, counts = [0] * world, [0] * world
+    for role in dst_meshes:
+        bytes_read = [a + b for a, b in zip(bytes_read, nbytes.per_rank(role), strict=True)]
+        counts = [a + b for a, b in zip(counts, reads.per_rank(role), strict=True)]
+    return ReshardPlan._planned(
+        bytes_read=tuple(bytes_read),
+        by_param=frozen_map_of(dict(zip(fqns, (k.total for k in kinds), strict=True))),
+        tables=(src, dst),
         fqns=tuple(fqns),
         kinds=tuple(kinds),
+        counts=tuple(counts),
     )
