@@ -21,8 +21,6 @@ from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
 
 __all__ = [
-    "MAX_NDIM",
-    "MAX_TENSOR_SIZE",
     "as_dim",
     "as_instances",
     "as_items",

@@ -27,7 +27,6 @@ from layout_algebra.placements import (
 )
 
 __all__ = [
-    "MAX_PIECES",
     "Runs",
     "check_dims",
     "check_layout",
