@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from layout_algebra._args import MAX_NDIM, as_shape, plain_str
-from layout_algebra._shards import Runs, check_dims, shape_and_offset, shard_dim_of
+from layout_algebra._shards import Runs, check_dims, check_layout, shape_and_offset, shard_dim_of
 from layout_algebra._text import clip, columns, escape, quote
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.errors import LayoutError
@@ -129,9 +129,7 @@ def _check_args(
 ) -> tuple[tuple[int, ...], Mesh, str, str | None]:
     """The arguments checked: the shape, the sizes, and ``fqn`` and ``fsdp`` as plain text
     (a ``str`` subclass's own methods never run)."""
-    if not isinstance(layout, SourceLayout):
-        msg = f"draw: layout must be a SourceLayout, got {quote(layout)}"
-        raise LayoutError(msg)
+    check_layout(layout)  # type: ignore[arg-type]  # checked
     if not isinstance(fqn, str):
         msg = f"draw: fqn must be a string, got {quote(fqn)}"
         raise LayoutError(msg)

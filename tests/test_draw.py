@@ -375,7 +375,7 @@ class _BrokenShape(Sequence[int]):
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        ((None, (4,), {"tp": 2}), "layout must be a SourceLayout"),
+        ((None, (4,), {"tp": 2}), "layout: expected a SourceLayout"),
         ((EMB, "4", {"tp": 2}), "global_shape must be a sequence"),
         ((EMB, (4.0,), {"tp": 2}), "sizes from 0 to"),
         ((EMB, (2**63,), {"tp": 2}), "sizes from 0 to"),
