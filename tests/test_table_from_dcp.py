@@ -238,6 +238,14 @@ def test_non_tensor_entries_are_listed_apart(tmp_path: Path) -> None:
     assert got.skipped == ("step", "lr_scheduler.last_epoch")
 
 
+def test_a_damaged_entry_is_an_error_naming_it(tmp_path: Path) -> None:
+    damaged = TensorStorageMetadata(None, torch.Size([4]), [])  # type: ignore[arg-type]  # on purpose
+    entries: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {"w": damaged}
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata=entries)))
+    with pytest.raises(LayoutError, match="w: the checkpoint's metadata of it is damaged"):
+        table_from_dcp(tmp_path)
+
+
 def test_roles_are_tried_in_order(tmp_path: Path) -> None:
     dense, expert = Mesh({"tp": 4}), Mesh({"ep": 2, "tp": 2})
     emb = saved_by(on(dense, S0), (8, 4), dense)

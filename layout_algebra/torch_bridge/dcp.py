@@ -58,7 +58,7 @@ from layout_algebra._args import mapping_items
 from layout_algebra._frozen import FrozenMap, frozen_map_of
 from layout_algebra._text import clip, quote
 from layout_algebra.checkpoint import MAX_RANKS
-from layout_algebra.geometry import plan_error
+from layout_algebra.fsdp import plan_error
 from layout_algebra.shapes import as_dtype
 
 __all__ = ["DcpLayouts", "table_from_dcp"]
@@ -72,6 +72,8 @@ _MAX_LAYOUTS: Final = 1 << 16
 _MAX_INFERRED_AXES: Final = 4
 """Without ``mesh=``, the most axes an inferred mesh has."""
 _SHOWN: Final = 6
+_PAIRS_CHECKED: Final = 2048
+"""An error message looks for overlaps among this many boxes' pairs with the rest."""
 
 
 def _as_shapes(value: Mapping[str, ParamShape]) -> FrozenMap[str, ParamShape]:
@@ -168,9 +170,13 @@ def _writers(metadata: Metadata) -> dict[tuple[str, tuple[int, ...]], int]:
 def _saved(
     fqn: str, md: TensorStorageMetadata, writers: Mapping[tuple[str, tuple[int, ...]], int]
 ) -> _Saved:
+    """One tensor's entry, checked: a shape, a dtype, and boxes of the tensor's rank."""
     try:
         dtype = as_dtype(str(md.properties.dtype))
         shape = ParamShape(tuple(int(n) for n in md.size), dtype)
+        if len(md.chunks) > MAX_RANKS:
+            msg = f"{len(md.chunks):,} chunks, more than the {MAX_RANKS:,} ranks followed here"
+            raise LayoutError(msg)
         chunks = tuple(
             sorted(
                 Chunk(tuple(int(o) for o in c.offsets), tuple(int(n) for n in c.sizes))
@@ -178,8 +184,11 @@ def _saved(
             )
         )
     except LayoutError as e:
-        msg = f"{clip(fqn)}: the checkpoint's metadata of it is not a tensor's: {e.message}"
+        msg = f"{clip(fqn)}: the checkpoint's metadata of it is no tensor's: {e.message}"
         raise LayoutError(msg, fqn=fqn) from None
+    except Exception as e:  # whatever a damaged entry raises as it is read
+        msg = f"{clip(fqn)}: the checkpoint's metadata of it is damaged ({quote(e)})"
+        raise LayoutError(msg, fqn=fqn) from e
     for c in chunks:
         if len(c.offsets) != len(shape.shape):
             msg = (
@@ -290,7 +299,7 @@ def _why(saved: _Saved) -> str:
         if any(o + n > size for o, n, size in zip(c.offsets, c.sizes, shape, strict=True)):
             return f"chunk {c} reaches beyond the tensor"
     full = [c for c in saved.chunks if c.numel]
-    for i, a in enumerate(full):
+    for i, a in enumerate(full[:_PAIRS_CHECKED]):
         for b in full[i + 1 :]:
             if _overlap(a, b):
                 return f"chunks {a} and {b} overlap"
