@@ -246,6 +246,28 @@ def test_a_damaged_entry_is_an_error_naming_it(tmp_path: Path) -> None:
         table_from_dcp(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("table", {"w": None}),
+        ("shapes", [1]),
+        ("meshes", {"dense": {"tp": 2}}),
+        ("skipped", "step"),
+    ],
+)
+def test_dcp_layouts_checks_its_fields(field: str, value: object) -> None:
+    fields: dict[str, object] = {
+        "table": ParamLayoutTable({"w": on(Mesh({"tp": 2}), S0)}),
+        "shapes": {"w": ParamShape((4,), "float32")},
+        "meshes": {"dense": Mesh({"tp": 2})},
+        "skipped": ("step",),
+    }
+    assert DcpLayouts(**fields).skipped == ("step",)  # type: ignore[arg-type]  # checked at run time
+    fields[field] = value
+    with pytest.raises(LayoutError, match=f"DcpLayouts.{field}"):
+        DcpLayouts(**fields)  # type: ignore[arg-type]  # wrong on purpose
+
+
 def test_roles_are_tried_in_order(tmp_path: Path) -> None:
     dense, expert = Mesh({"tp": 4}), Mesh({"ep": 2, "tp": 2})
     emb = saved_by(on(dense, S0), (8, 4), dense)

@@ -26,9 +26,9 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, TypeVar
 
 import attrs
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -54,8 +54,8 @@ from layout_algebra import (
     lint,
     local_shape_and_offset,
 )
-from layout_algebra._args import mapping_items
-from layout_algebra._frozen import FrozenMap, frozen_map_of
+from layout_algebra._args import as_instances, mapping_items
+from layout_algebra._frozen import FrozenMap
 from layout_algebra._text import clip, quote
 from layout_algebra.checkpoint import MAX_RANKS
 from layout_algebra.fsdp import plan_error
@@ -65,6 +65,8 @@ __all__ = ["DcpLayouts", "table_from_dcp"]
 
 _WRITER: Final = re.compile(r"__([0-9]{1,9})_[0-9]+\.distcp")
 """``FileSystemWriter``'s file names: ``__{rank}_{n}.distcp``."""
+
+T = TypeVar("T")
 
 _DEFAULT_ROLE: Final = "dense"
 _MAX_LAYOUTS: Final = 1 << 16
@@ -76,12 +78,41 @@ _PAIRS_CHECKED: Final = 2048
 """An error message looks for overlaps among this many boxes' pairs with the rest."""
 
 
+def _by_name(value: Mapping[str, T], kind: type[T], arg: str, example: str) -> FrozenMap[str, T]:
+    """``value`` checked to map plain names to ``kind`` values, frozen."""
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"DcpLayouts.{arg}: expected a mapping such as {example}, got {quote(raw)}"
+        raise LayoutError(msg)
+    out = FrozenMap(value)
+    for key, item in out.items():
+        k: object = key
+        v: object = item
+        if type(k) is not str or not isinstance(v, kind):
+            msg = (
+                f"DcpLayouts.{arg}: expected str keys and {kind.__name__} values such as "
+                f"{example}, got {quote(k)}: {quote(v)}; make it with table_from_dcp"
+            )
+            raise LayoutError(msg)
+    return out
+
+
 def _as_shapes(value: Mapping[str, ParamShape]) -> FrozenMap[str, ParamShape]:
-    return value if isinstance(value, FrozenMap) else frozen_map_of(dict(value))
+    return _by_name(value, ParamShape, "shapes", "{'w': ParamShape((8, 4), 'float32')}")
 
 
 def _as_meshes(value: Mapping[str, Mesh]) -> FrozenMap[str, Mesh]:
-    return value if isinstance(value, FrozenMap) else frozen_map_of(dict(value))
+    return _by_name(value, Mesh, "meshes", "{'dense': Mesh({'tp': 4})}")
+
+
+def _as_skipped(value: Iterable[str]) -> tuple[str, ...]:
+    return as_instances(value, str, "DcpLayouts.skipped", "('step',)")
+
+
+def _check_table(_: object, __: attrs.Attribute[ParamLayoutTable], value: object) -> None:
+    if not isinstance(value, ParamLayoutTable):
+        msg = f"DcpLayouts.table: expected a ParamLayoutTable, got {quote(value)}"
+        raise LayoutError(msg)
 
 
 @attrs.frozen
@@ -94,13 +125,14 @@ class DcpLayouts:
     (axes ``d0, d1, ...`` when inferred). ``skipped`` names the entries that are not
     tensors (bytes DCP pickles: counters, extra state), in the checkpoint's order; they
     have no layout. ``reshard_plan(result.table, dst, result.shapes,
-    src_sizes=result.meshes, dst_sizes=...)`` plans a load of the checkpoint.
+    src_sizes=result.meshes, dst_sizes=...)`` plans a load of the checkpoint. Each field
+    is checked (a wrong type is a ``LayoutError`` naming it).
     """
 
-    table: ParamLayoutTable
+    table: ParamLayoutTable = attrs.field(validator=_check_table)
     shapes: FrozenMap[str, ParamShape] = attrs.field(converter=_as_shapes)
     meshes: FrozenMap[str, Mesh] = attrs.field(converter=_as_meshes)
-    skipped: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = attrs.field(default=(), converter=_as_skipped)
 
 
 @attrs.frozen
@@ -113,12 +145,13 @@ class _Saved:
     writers: tuple[tuple[Chunk, int], ...]
 
     @property
-    def key(self) -> tuple[tuple[int, ...], tuple[Chunk, ...], tuple[tuple[Chunk, int], ...]]:
+    def key(self) -> _Key:
         """What the layout depends on: tensors alike share one search."""
         return self.shape.shape, self.chunks, self.writers
 
 
 _Key: TypeAlias = tuple[tuple[int, ...], tuple[Chunk, ...], tuple[tuple[Chunk, int], ...]]
+"""A tensor's shape, boxes and their known writers."""
 
 # ---------------------------------------------------------------------------------------
 # reading the metadata
