@@ -24,7 +24,7 @@ import attrs
 
 from layout_algebra._args import as_items, mapping_items
 from layout_algebra._text import clip, quote
-from layout_algebra.axes import MAX_AXES, as_axis, check_distinct_axes
+from layout_algebra.axes import MAX_AXES, AxisName, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
 
 __all__ = ["Mesh"]
@@ -67,6 +67,7 @@ def _by_axis(
     if len(items) > MAX_AXES:
         msg = f"{arg} has more than {MAX_AXES} axes; a mesh has a handful, check it"
         raise LayoutError(msg)
+    axes: list[AxisName] = []
     pairs: list[tuple[str, int]] = []
     for item in items:
         pair: object = item
@@ -84,8 +85,9 @@ def _by_axis(
                 f"got {quote(pair[1])}"
             )
             raise LayoutError(msg, axis=axis.name)
+        axes.append(axis)
         pairs.append((axis.name, pair[1]))
-    check_distinct_axes([as_axis(n) for n, _ in pairs], arg)
+    check_distinct_axes(axes, arg)
     return tuple(pairs)
 
 
