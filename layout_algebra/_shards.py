@@ -47,12 +47,12 @@ Runs: TypeAlias = tuple[range, ...]
 """Ascending, disjoint, non-adjacent runs of global indices along one tensor dim."""
 
 
-def check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
-    """The one check that an argument named ``layout`` is a ``SourceLayout``."""
+def check_layout(layout: SourceLayout, fqn: str | None = None, *, arg: str = "layout") -> None:
+    """The one check that an argument (or a field) named ``arg`` is a ``SourceLayout``."""
     raw: object = layout
     if not isinstance(raw, SourceLayout):
         who = f"{clip(fqn)}: " if fqn else ""
-        msg = f"{who}layout: expected a SourceLayout such as dense[tp=S(0)], got {quote(raw)}"
+        msg = f"{who}{arg}: expected a SourceLayout such as dense[tp=S(0)], got {quote(raw)}"
         raise LayoutError(msg, fqn=fqn)
 
 

@@ -444,12 +444,8 @@ def compose_table(
 # what FSDP2 really keeps
 
 
-def _check_parts_source(_: object, __: attrs.Attribute[SourceLayout], value: object) -> None:
-    if not isinstance(value, SourceLayout):
-        msg = (
-            f"FsdpParts.source: expected a SourceLayout such as dense[tp=S(0)], got {quote(value)}"
-        )
-        raise LayoutError(msg)
+def _check_parts_source(_: object, __: attrs.Attribute[SourceLayout], value: SourceLayout) -> None:
+    check_layout(value, arg="FsdpParts.source")
 
 
 def _as_parts_replicate(value: Iterable[AxisLike]) -> tuple[AxisName, ...]:
