@@ -177,8 +177,14 @@ def as_shape(
     Raises:
         LayoutError: not such a sequence, naming ``arg`` (and ``fqn``).
     """
-    who = f"{quote(fqn)}: " if fqn else ""
     raw: object = value
+    if (  # a tuple of sizes already: nothing to read or copy
+        type(raw) is tuple
+        and len(raw) <= MAX_NDIM
+        and all(type(n) is int and 0 <= n <= MAX_TENSOR_SIZE for n in raw)
+    ):
+        return raw
+    who = f"{quote(fqn)}: " if fqn else ""
     if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
         msg = f"{who}{arg} must be a sequence of sizes such as (4096, 1024), got {quote(raw)}"
         raise LayoutError(msg, fqn=fqn)

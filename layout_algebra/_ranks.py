@@ -153,13 +153,9 @@ def _canonical_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:
     ``S(0)`` over 2: pieces 0:4 and 4:8, FSDP index f takes its chunk of the source's piece."""
     split, fsdp = chain[0][2], chain[0][1]
     piece = n // split
-    offsets: list[int] = []
-    lengths: list[int] = []
-    for f in range(fsdp):
-        lo, hi = chunk_bounds(piece, fsdp, f)
-        for p in range(split):
-            offsets.append(p * piece + lo if hi > lo else n)
-            lengths.append(hi - lo)
+    bounds = [chunk_bounds(piece, fsdp, f) for f in range(fsdp)]
+    offsets = [p * piece + lo if hi > lo else n for lo, hi in bounds for p in range(split)]
+    lengths = [hi - lo for lo, hi in bounds for _ in range(split)]
     return offsets, lengths
 
 
@@ -263,7 +259,7 @@ class RankSum:
         values: list[int] = [scale]
         for on, got in factors:
             first = got[0]
-            if all(v == first for v in got):
+            if got.count(first) == len(got):
                 values = [v * first for v in values]
             else:
                 axes += on

@@ -29,7 +29,7 @@ from layout_algebra._args import (
     plain_str,
 )
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
-from layout_algebra._ranks import DimRead, Factor, RankSum, chain_of, check_table, read_dim
+from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, check_table, read_dim
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.errors import LayoutError
 from layout_algebra.geometry import (
@@ -245,6 +245,9 @@ class _Boxes:
     sizes: tuple[int, ...]
     ends: tuple[int, ...]
     sorted_ends: bool
+    disjoint: bool
+    before: tuple[int, ...]
+    """``before[i]``: the rows of the boxes before box ``i``."""
 
     def overlaps(self, offset: int, length: int) -> list[tuple[int, int, int, int, int]]:
         """The boxes the local box ``offset``/``length`` reads: ``(saved offset, saved
@@ -266,12 +269,28 @@ class _Boxes:
             out.append((s_off, s_len, start - s_off, start - offset, end - start))
         return out
 
+    def count_rows(self, offset: int, length: int) -> tuple[int, int]:
+        """How many boxes ``overlaps`` gives and their rows in all: for boxes that do not
+        overlap one another, by two bisections (only the first and last are clipped)."""
+        if not self.disjoint:
+            found = self.overlaps(offset, length)
+            return len(found), sum(f[4] for f in found)
+        stop = bisect_left(self.offsets, offset + length)
+        first = bisect_right(self.ends, offset)
+        if first >= stop:
+            return 0, 0
+        rows = self.before[stop] - self.before[first]
+        rows -= max(0, offset - self.offsets[first]) + max(0, self.ends[stop - 1] - offset - length)
+        return stop - first, rows
+
 
 _Saved: TypeAlias = tuple[_Boxes, ...]
 """Per tensor dim, the distinct saved boxes along it."""
 
 
-def _saved(layout: SourceLayout, shape: tuple[int, ...], sizes: Mapping[str, int]) -> _Saved:
+def _saved(
+    layout: SourceLayout, shape: tuple[int, ...], sizes: Mapping[str, int], dims: _Dims
+) -> _Saved:
     """Per tensor dim, the boxes DTensor gives the ranks along it (``read_dim``).
 
     Each mesh axis shards at most one dim, so the saved boxes are the product of these:
@@ -286,29 +305,66 @@ def _saved(layout: SourceLayout, shape: tuple[int, ...], sizes: Mapping[str, int
             "here; check the mesh sizes"
         )
         raise LayoutError(msg)
-    out: list[_Boxes] = []
-    for dim, n in enumerate(shape):
-        got = read_dim(n, chain_of(layout, dim, sizes))
-        first: dict[int, int] = {}
-        for offset, length in zip(got.offsets, got.lengths, strict=True):
-            first.setdefault(offset, length)
-        boxes = sorted(first.items())
-        ends = tuple(o + n for o, n in boxes)
-        out.append(
-            _Boxes(
-                tuple(o for o, _ in boxes),
-                tuple(n for _, n in boxes),
-                ends,
-                all(a <= b for a, b in itertools.pairwise(ends)),
-            )
-        )
-    return tuple(out)
+    return tuple(dims.boxes(n, chain_of(layout, dim, sizes)) for dim, n in enumerate(shape))
+
+
+def _boxes(n: int, chain: Chain) -> _Boxes:
+    """One dim's distinct saved boxes over ``chain``: the first of each offset, sorted."""
+    got = read_dim(n, chain)
+    first: dict[int, int] = {}
+    for offset, length in zip(got.offsets, got.lengths, strict=True):
+        first.setdefault(offset, length)
+    boxes = sorted(first.items())
+    ends = tuple(o + size for o, size in boxes)
+    offsets = tuple(o for o, _ in boxes)
+    return _Boxes(
+        offsets,
+        tuple(size for _, size in boxes),
+        ends,
+        all(a <= b for a, b in itertools.pairwise(ends)),
+        all(e <= o for e, o in zip(ends, offsets[1:], strict=False)),
+        tuple(itertools.accumulate((size for _, size in boxes), initial=0)),
+    )
+
+
+class _Dims:
+    """One call's work on single dims, by value: tensors share most of their dims (a
+    model's hidden size, its unsharded dims), so each (rows, chain) is worked out once."""
+
+    def __init__(self) -> None:
+        self.saved: dict[tuple[int, Chain], _Boxes] = {}
+        self.read: dict[tuple[int, Chain, Chain], tuple[DimRead, Factor, Factor]] = {}
+
+    def boxes(self, n: int, chain: Chain) -> _Boxes:
+        found = self.saved.get((n, chain))
+        if found is None:
+            found = self.saved[n, chain] = _boxes(n, chain)
+        return found
+
+    def reads(self, n: int, src: Chain, dst: Chain) -> tuple[DimRead, Factor, Factor]:
+        """The boxes ``dst`` reads, and by index on it how many saved boxes and rows."""
+        key = (n, src, dst)
+        found = self.read.get(key)
+        if found is None:
+            boxes = self.boxes(n, src)
+            read = read_dim(n, dst)
+            by_box: dict[tuple[int, int], tuple[int, int]] = {}
+            count, rows = [], []
+            for box in zip(read.offsets, read.lengths, strict=True):
+                got = by_box.get(box)
+                if got is None:
+                    got = by_box[box] = boxes.count_rows(*box)
+                count.append(got[0])
+                rows.append(got[1])
+            found = self.read[key] = (read, (read.axes, count), (read.axes, rows))
+        return found
 
 
 def _chunks(
     layout: SourceLayout, shape: tuple[int, ...], sizes: Mapping[str, int]
 ) -> tuple[Chunk, ...]:
-    per_dim = [zip(b.offsets, b.sizes, strict=True) for b in _saved(layout, shape, sizes)]
+    saved = _saved(layout, shape, sizes, _Dims())
+    per_dim = [zip(b.offsets, b.sizes, strict=True) for b in saved]
     return tuple(
         Chunk(tuple(o for o, _ in box), tuple(n for _, n in box))
         for box in itertools.product(*per_dim)
@@ -408,29 +464,35 @@ class _Pattern:
 
 
 def _pattern(
-    saved: _Saved, layout: SourceLayout, shape: tuple[int, ...], itemsize: int, mesh: Mesh
+    saved: _Saved,
+    src: tuple[SourceLayout, Mesh],
+    dst: tuple[SourceLayout, Mesh],
+    *,
+    shape: tuple[int, ...],
+    itemsize: int,
+    dims: _Dims,
 ) -> _Pattern:
-    """The reads of a parameter saved as ``saved`` and loaded under ``layout``."""
-    dst = tuple(read_dim(n, chain_of(layout, dim, mesh)) for dim, n in enumerate(shape))
-    reads: list[Factor] = []
-    rows: list[Factor] = []
-    for boxes, read in zip(saved, dst, strict=True):
-        by_box: dict[tuple[int, int], tuple[int, int]] = {}
-        count, length = [], []
-        for box in zip(read.offsets, read.lengths, strict=True):
-            got = by_box.get(box)
-            if got is None:
-                found = boxes.overlaps(*box)
-                got = by_box[box] = (len(found), sum(f[4] for f in found))
-            count.append(got[0])
-            length.append(got[1])
-        reads.append((read.axes, count))
-        rows.append((read.axes, length))
+    """The reads of a parameter saved under ``src`` and loaded under ``dst``."""
+    (old, src_mesh), (layout, mesh) = src, dst
+    found = [
+        dims.reads(n, chain_of(old, dim, src_mesh), chain_of(layout, dim, mesh))
+        for dim, n in enumerate(shape)
+    ]
+    reads = tuple(f[1] for f in found)
+    rows = tuple(f[2] for f in found)
     copies = mesh.size // math.prod(len(v) for _, v in reads)
     total = itemsize * copies * math.prod(sum(v) for _, v in rows)
     count_all = copies * math.prod(sum(v) for _, v in reads)
     return _Pattern(
-        layout.mesh, mesh, itemsize, saved, dst, tuple(reads), tuple(rows), total, count_all
+        layout.mesh,
+        mesh,
+        itemsize,
+        saved,
+        tuple(f[0] for f in found),
+        reads,
+        rows,
+        total,
+        count_all,
     )
 
 
@@ -455,6 +517,7 @@ class _Planner:
         self.src, self.dst = src, dst
         self.saved: dict[tuple[SourceLayout, tuple[int, ...]], _Saved] = {}
         self.patterns: dict[tuple[SourceLayout, SourceLayout, tuple[int, ...], int], _Pattern] = {}
+        self.dims = _Dims()
 
     def pattern(
         self, fqn: str, src: SourceLayout, dst: SourceLayout, shape: tuple[int, ...], itemsize: int
@@ -466,9 +529,16 @@ class _Planner:
             dst_mesh = _role_mesh(self.dst, dst, fqn, "dst_sizes")
             saved = self.saved.get((src, shape))
             if saved is None:
-                saved = self.saved[src, shape] = _saved(src, shape, src_mesh)
+                saved = self.saved[src, shape] = _saved(src, shape, src_mesh, self.dims)
             check_dims(dst, len(shape), shape=shape)
-            found = self.patterns[key] = _pattern(saved, dst, shape, itemsize, dst_mesh)
+            found = self.patterns[key] = _pattern(
+                saved,
+                (src, src_mesh),
+                (dst, dst_mesh),
+                shape=shape,
+                itemsize=itemsize,
+                dims=self.dims,
+            )
         return found
 
 

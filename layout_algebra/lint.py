@@ -639,15 +639,16 @@ class _Examiner:
             chain = reads[dim].chain  # FSDP's axis first, then the source axes on its dim
             held = self.read(shape.shape[dim], chain[1:]).lengths
             # FSDP2 chunks each rank's source rows (torch.chunk), padding to the first chunk
-            cuts = [
-                [hi - lo for lo, hi in (chunk_bounds(h, fsdp, f) for f in range(fsdp))]
-                for h in held
-            ]
-            kept[dim] = (
-                reads[dim].axes,
-                [cuts[s][f] for f in range(fsdp) for s in range(len(held))],
-            )
-            padded[dim] = (reads[dim].axes, [-(-h // fsdp) for _ in range(fsdp) for h in held])
+            cuts: dict[int, list[int]] = {}  # by rows held: a few distinct counts
+            for h in held:
+                if h not in cuts:
+                    cuts[h] = [
+                        hi - lo for lo, hi in (chunk_bounds(h, fsdp, f) for f in range(fsdp))
+                    ]
+            cut = [cuts[h] for h in held]
+            kept[dim] = (reads[dim].axes, [c[f] for f in range(fsdp) for c in cut])
+            allocated = [-(-h // fsdp) for h in held]
+            padded[dim] = (reads[dim].axes, allocated * fsdp)
             placement = format_placement(layout.placement_on(parts.shard))
             if dim > 0 and any(h % fsdp for h in held):
                 flags = [h % fsdp != 0 for h in held]

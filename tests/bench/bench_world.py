@@ -1,0 +1,225 @@
+"""World scale: ``lint`` and ``reshard_plan`` of a DeepSeek-V3-shaped table on 16,384 ranks.
+
+The table has DeepSeek-V3's shapes (61 layers, the first 3 dense, 256 experts in
+per-expert modules and a shared expert in the others: about 45,000 tensors, bf16) and
+about twenty distinct (layout, shape) signatures, FSDP over ``dp_shard``. Each figure is
+a ratio in this process: against building the table, and against the same call on a
+16-rank world. By default the table keeps a quarter of the layers (``--full``: all 61),
+so the run is short; the ratios are the same. Run alone with
+``python -m tests.bench.bench_world [--quick] [--full]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import tracemalloc
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, TypeVar
+
+from layout_algebra import ParamLayoutTable, Replicate, Shard, SourceLayout
+from layout_algebra.checkpoint import ReshardPlan, reshard_plan
+from layout_algebra.lint import LintReport, lint
+from layout_algebra.placements import Placement
+from layout_algebra.shapes import ParamShape
+from tests.bench.targets import record
+
+__all__ = ["WORLDS", "deepseek_table", "main", "run"]
+
+T = TypeVar("T")
+
+HIDDEN: Final = 7168
+VOCAB: Final = 129_280
+INTER: Final = 18_432
+MOE_INTER: Final = 2048
+EXPERTS: Final = 256
+LAYERS: Final = 61
+DENSE_LAYERS: Final = 3
+HEADS: Final = 128
+Q_LORA: Final = 1536
+KV_LORA: Final = 512
+ROPE: Final = 64
+NOPE: Final = 128
+V_HEAD: Final = 128
+
+Sizes = Mapping[str, Mapping[str, int]]
+
+WORLDS: Final[Mapping[str, Sizes]] = {
+    "16": {
+        "dense": {"dp_shard": 2, "tp": 8},
+        "expert": {"dp_shard": 1, "ep": 2, "tp": 8},
+    },
+    "16 (to)": {
+        "dense": {"dp_shard": 1, "tp": 16},
+        "expert": {"dp_shard": 1, "ep": 1, "tp": 16},
+    },
+    "16384": {
+        "dense": {"dp_shard": 2048, "tp": 8},
+        "expert": {"dp_shard": 64, "ep": 32, "tp": 8},
+    },
+    "16384 (to)": {
+        "dense": {"dp_shard": 1024, "tp": 16},
+        "expert": {"dp_shard": 16, "ep": 64, "tp": 16},
+    },
+}
+"""The worlds: a training world and the world a reshard loads into, small and large."""
+
+FSDP: Final = {"dense": "dp_shard", "expert": "dp_shard"}
+
+LINT_TARGET: Final = 10.0
+LINT_GROWTH_TARGET: Final = 2.0
+RESHARD_TARGET: Final = 30.0
+RESHARD_GROWTH_TARGET: Final = 3.0
+MEMORY_TARGET: Final = 2.0
+
+
+def _layout(role: str, placements: Sequence[Placement]) -> SourceLayout:
+    axes = ["tp"] if role == "dense" else ["ep", "tp"]
+    return SourceLayout(role, axes, placements)
+
+
+def deepseek_table(layers: int = LAYERS) -> tuple[ParamLayoutTable, dict[str, ParamShape]]:
+    """A table and shapes shaped as DeepSeek-V3's (``layers`` of its 61 layers)."""
+    r, col, row = Replicate(), Shard(0), Shard(1)
+    entries: dict[str, SourceLayout] = {}
+    shapes: dict[str, ParamShape] = {}
+
+    def add(fqn: str, layout: SourceLayout, shape: tuple[int, ...]) -> None:
+        entries[fqn] = layout
+        shapes[fqn] = ParamShape(shape, "bfloat16")  # one object per tensor, as a reader makes
+
+    add("model.embed_tokens.weight", _layout("dense", [col]), (VOCAB, HIDDEN))
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        add(f"{p}.input_layernorm.weight", _layout("dense", [r]), (HIDDEN,))
+        add(f"{p}.post_attention_layernorm.weight", _layout("dense", [r]), (HIDDEN,))
+        a = f"{p}.self_attn"
+        add(f"{a}.q_a_proj.weight", _layout("dense", [r]), (Q_LORA, HIDDEN))
+        add(f"{a}.q_a_layernorm.weight", _layout("dense", [r]), (Q_LORA,))
+        add(f"{a}.q_b_proj.weight", _layout("dense", [col]), (HEADS * (NOPE + ROPE), Q_LORA))
+        add(f"{a}.kv_a_proj_with_mqa.weight", _layout("dense", [r]), (KV_LORA + ROPE, HIDDEN))
+        add(f"{a}.kv_a_layernorm.weight", _layout("dense", [r]), (KV_LORA,))
+        add(f"{a}.kv_b_proj.weight", _layout("dense", [col]), (HEADS * (NOPE + V_HEAD), KV_LORA))
+        add(f"{a}.o_proj.weight", _layout("dense", [row]), (HIDDEN, HEADS * V_HEAD))
+        m = f"{p}.mlp"
+        if i < DENSE_LAYERS:
+            add(f"{m}.gate_proj.weight", _layout("dense", [col]), (INTER, HIDDEN))
+            add(f"{m}.up_proj.weight", _layout("dense", [col]), (INTER, HIDDEN))
+            add(f"{m}.down_proj.weight", _layout("dense", [row]), (HIDDEN, INTER))
+            continue
+        add(f"{m}.gate.weight", _layout("dense", [r]), (EXPERTS, HIDDEN))
+        add(f"{m}.gate.e_score_correction_bias", _layout("dense", [r]), (EXPERTS,))
+        for e in range(EXPERTS):
+            x = f"{m}.experts.{e}"
+            add(f"{x}.gate_proj.weight", _layout("expert", [r, col]), (MOE_INTER, HIDDEN))
+            add(f"{x}.up_proj.weight", _layout("expert", [r, col]), (MOE_INTER, HIDDEN))
+            add(f"{x}.down_proj.weight", _layout("expert", [r, row]), (HIDDEN, MOE_INTER))
+        s = f"{m}.shared_experts"
+        add(f"{s}.gate_proj.weight", _layout("dense", [col]), (MOE_INTER, HIDDEN))
+        add(f"{s}.up_proj.weight", _layout("dense", [col]), (MOE_INTER, HIDDEN))
+        add(f"{s}.down_proj.weight", _layout("dense", [row]), (HIDDEN, MOE_INTER))
+    add("model.norm.weight", _layout("dense", [r]), (HIDDEN,))
+    add("lm_head.weight", _layout("dense", [col]), (VOCAB, HIDDEN))
+    return ParamLayoutTable(entries), shapes
+
+
+def _timed(f: Callable[[], T]) -> tuple[float, T]:
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        out = f()
+        return time.perf_counter() - start, out
+    finally:
+        gc.enable()
+
+
+def _best(f: Callable[[], T], repeats: int) -> tuple[float, T]:
+    best, out = _timed(f)
+    for _ in range(repeats - 1):
+        best = min(best, _timed(f)[0])
+    return best, out
+
+
+def _peak(f: Callable[[], object]) -> int:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        f()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
+    """Measure and print the report; how many targets were met, of how many."""
+    layers = LAYERS if full else (8 if quick else 16)
+    repeats = 1 if quick else 3
+    build, (table, shapes) = _best(lambda: deepseek_table(layers), repeats)
+
+    def linted(world: str) -> Callable[[], LintReport]:
+        return lambda: lint(table, shapes, mesh_sizes=WORLDS[world], fsdp=FSDP)
+
+    def resharded(src: str, dst: str) -> Callable[[], str]:
+        def f() -> str:
+            plan = reshard_plan(
+                table, table, shapes, src_sizes=WORLDS[src], dst_sizes=WORLDS[dst], fsdp=FSDP
+            )
+            return str(plan)
+
+        return f
+
+    lint_small, _ = _best(linted("16"), repeats)
+    lint_large, report = _best(linted("16384"), repeats)
+    reshard_small, _ = _best(resharded("16", "16 (to)"), repeats)
+    reshard_large, _ = _best(resharded("16384", "16384 (to)"), repeats)
+    plan: ReshardPlan = reshard_plan(
+        table, table, shapes, src_sizes=WORLDS["16384"], dst_sizes=WORLDS["16384 (to)"], fsdp=FSDP
+    )
+    one_rank, reads = _best(lambda: plan.reads(12_345), repeats)
+    memory_small = _peak(lambda: lint(*deepseek_table(layers), mesh_sizes=WORLDS["16"], fsdp=FSDP))
+    memory_large = _peak(
+        lambda: lint(*deepseek_table(layers), mesh_sizes=WORLDS["16384"], fsdp=FSDP)
+    )
+    n = len(table)
+    kinds = len(report.coverage)
+    print(f"world scale: DeepSeek-V3-shaped table, {layers} layers, {n:,} tensors, {kinds} kinds")
+    print(f"  building the table                 {build:8.3f} s")
+    print(f"  lint, 16 ranks                     {lint_small:8.3f} s")
+    print(f"  lint, 16,384 ranks                 {lint_large:8.3f} s")
+    print(f"  reshard_plan + report, 16 -> 16    {reshard_small:8.3f} s")
+    print(f"  reshard_plan + report, 16k -> 16k  {reshard_large:8.3f} s")
+    print(f"  reads(rank) of one rank            {one_rank * 1000:8.1f} ms ({len(reads):,} reads)")
+    print(
+        f"  lint peak memory, 16 / 16,384      {memory_small / 2**20:.1f} / "
+        f"{memory_large / 2**20:.1f} MiB"
+    )
+    checks = [
+        ("lint 16,384 ranks / building the table", lint_large / build, LINT_TARGET),
+        ("lint 16,384 ranks / lint 16 ranks", lint_large / lint_small, LINT_GROWTH_TARGET),
+        ("reshard + report 16k / building the table", reshard_large / build, RESHARD_TARGET),
+        (
+            "reshard + report 16k / at 16 ranks",
+            reshard_large / reshard_small,
+            RESHARD_GROWTH_TARGET,
+        ),
+        ("table + lint peak memory, 16,384 / 16 ranks", memory_large / memory_small, MEMORY_TARGET),
+    ]
+    met = 0
+    for measure, value, target in checks:
+        print(f"  {measure:<42} {value:7.2f}  target <= {target:.1f}")
+        met += record(measure, value, target, f"{n:,} tensors")
+    return met, len(checks)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_world", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer layers, for a smoke run")
+    parser.add_argument("--full", action="store_true", help="all 61 layers (about 45,000 tensors)")
+    args = parser.parse_args(argv)
+    run(quick=args.quick, full=args.full)
+
+
+if __name__ == "__main__":
+    main()
