@@ -5,6 +5,10 @@
 (equal to any ``Mapping`` with equal items) while staying hashable; ``FrozenMap`` is the
 hashable, compare-by-value mapping the plan types are made of.
 
+``intern`` keeps one object per value (layouts, named placements), as jax interns its
+``PartitionSpec``: a model's parameters are laid out in a few ways, so a million entries
+hold a few layout objects, and comparing equal ones is an identity test.
+
 ``REQUIRED`` and ``check_init`` are for the attrs values of the package: a required
 argument left out is a ``LayoutError`` naming it, and a second ``__init__`` (which attrs
 would let rewrite a frozen value in place) is refused.
@@ -12,7 +16,7 @@ would let rewrite a frozen value in place) is refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Callable, Hashable, ItemsView, Iterator, KeysView, Mapping, ValuesView
 from typing import Any, Final, Generic, TypeVar, overload
 
 import attrs
@@ -26,6 +30,32 @@ __all__ = ["FrozenMap"]
 K = TypeVar("K")
 V = TypeVar("V")
 T = TypeVar("T")
+
+
+_INTERNED: dict[Hashable, object] = {}
+"""The interned objects, by value (or by a key that stands for it)."""
+_MAX_INTERNED: Final = 1 << 16
+"""How many values are kept: past it, a new value is its own object (still correct)."""
+
+
+def intern(key: Hashable, value: object) -> object:
+    """The object kept for ``key`` (a value, or an order-sensitive tuple standing for
+    one), ``value`` kept when there is none yet (while there is room).
+
+    Keys are values, never ids, so a key cannot name an object that is gone. Callers
+    check the type of what they get (``layout.interned``, ``plan.as_named``).
+    """
+    found = _INTERNED.get(key)
+    if found is not None:
+        return found
+    if len(_INTERNED) < _MAX_INTERNED:
+        _INTERNED[key] = value
+    return value
+
+
+def interned_get(key: Hashable) -> object | None:
+    """The object kept for ``key``, or ``None``."""
+    return _INTERNED.get(key)
 
 
 class _Required:

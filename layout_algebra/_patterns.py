@@ -14,15 +14,15 @@ segments, with every segment no pattern names at that position replaced by ``Non
 the answer is computed once per signature: ``layers.0.wq.weight`` and
 ``layers.31.wq.weight`` have one signature when no pattern names a layer number.
 
-A signature's answer is found in a trie of the patterns of its length (one branch per
-literal segment, one for ``*``), so thousands of keys that each name their own literal
-(``experts.{i}.*``) cost a walk down the segments, not a test of every key.
+Each signature's answer is kept for the matcher's life (FQNs of one signature are
+many, signatures few). A signature's answer is found in a trie of the patterns of its
+length (one branch per literal segment, one for ``*``), so thousands of keys that each
+name their own literal (``experts.{i}.*``) cost a walk down the segments, not a test of every key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from operator import itemgetter
+from collections.abc import Iterable, Sequence
 from typing import Final, Generic, TypeVar
 
 import attrs
@@ -33,15 +33,6 @@ T = TypeVar("T")
 
 WILDCARD: Final = "*"
 """The segment that matches any one segment."""
-
-
-_MAX_PICKED: Final = 1 << 16
-"""How many distinct picked segment tuples a matcher remembers."""
-
-
-def _nothing(_: list[str]) -> object:
-    """What an all-``*`` pattern looks at in an FQN: nothing."""
-    return ()
 
 
 def is_pattern(key: str) -> bool:
@@ -148,23 +139,6 @@ class Matcher(Generic[T]):
         }
         self._unused_patterns = sum(not r.exact for r in self._rules)
         self._by_signature: dict[tuple[int, tuple[str | None, ...]], tuple[int, ...]] = {}
-        # The segments at those positions, picked at C speed: FQNs equal there have one
-        # signature, so the answer is found by them first (bounded: they are raw input).
-        self._pick: dict[int, Callable[[list[str]], object]] = {
-            n: itemgetter(*[i for i, _ in positions]) if positions else _nothing
-            for n, positions in self._positions.items()
-        }
-        self._by_picked: dict[tuple[int, object], tuple[int, ...]] = {}
-        # Positions no pattern of any length names a literal at (the layer index of
-        # layers.*.mlp): an FQN split only up to the last of them is told apart by its
-        # other leading segments and the rest, whatever its length.
-        named = {p for n, positions in self._positions.items() for p, _ in positions}
-        longest = max(self._tries, default=0)
-        free = [p for p in range(longest) if p not in named]
-        self._split_at = free[-1] + 1 if free else 0
-        kept = [p for p in range(self._split_at) if p not in free]
-        self._head: Callable[[list[str]], object] = itemgetter(*kept, self._split_at)
-        self._by_head: dict[object, tuple[int, ...]] = {}
 
     def answers(self) -> set[tuple[int, ...]]:
         """Every distinct answer ``match`` and ``match_all`` can have given so far (``()``,
@@ -190,29 +164,8 @@ class Matcher(Generic[T]):
         return tuple(exact)
 
     def match_all(self, fqns: Iterable[str]) -> list[tuple[int, ...]]:
-        """``match`` of each FQN, in order: one loop, an FQN a pattern decided before
-        costs a split and a dict lookup (and a lookup among the exact keys only when one
-        is as long as it)."""
-        out: list[tuple[int, ...]] = []
-        append, exact, match = out.append, self._exact, self.match
-        split_at, head, by_head = self._split_at, self._head, self._by_head
-        get = by_head.get
-        # An FQN split into more than split_at parts is no exact key shorter than that.
-        long_exact = any(key.count(".") >= split_at for key in exact)
-        for fqn in fqns:
-            if split_at:
-                parts = fqn.split(".", split_at)
-                if len(parts) > split_at and not (long_exact and fqn in exact):
-                    key = head(parts)
-                    found = get(key)
-                    if found is None:
-                        found = self._patterns_for(fqn)
-                        if len(by_head) < _MAX_PICKED:
-                            by_head[key] = found
-                    append(found)
-                    continue
-            append(match(fqn))
-        return out
+        """``match`` of each FQN, in order."""
+        return list(map(self.match, fqns))
 
     def best(self, fqn: str) -> tuple[Rule[T], ...]:
         """The matching rules of the highest specificity (several on a tie), or ``()``."""
@@ -234,22 +187,16 @@ class Matcher(Generic[T]):
     def _patterns_for(self, fqn: str) -> tuple[int, ...]:
         segments = fqn.split(".")
         n = len(segments)
-        pick = self._pick.get(n)
-        if pick is None:
+        positions = self._positions.get(n)
+        if positions is None:
             return ()
-        picked = (n, pick(segments))
-        found = self._by_picked.get(picked)
+        signature = (
+            n,
+            tuple([segments[i] if segments[i] in known else None for i, known in positions]),
+        )
+        found = self._by_signature.get(signature)
         if found is None:
-            positions = self._positions[n]
-            signature = (
-                n,
-                tuple([segments[i] if segments[i] in known else None for i, known in positions]),
-            )
-            found = self._by_signature.get(signature)
-            if found is None:
-                found = self._by_signature[signature] = self._match(segments)
-            if len(self._by_picked) < _MAX_PICKED:
-                self._by_picked[picked] = found
+            found = self._by_signature[signature] = self._match(segments)
         return found
 
     def _mark(self, matches: Iterable[tuple[int, int]]) -> None:

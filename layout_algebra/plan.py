@@ -7,18 +7,27 @@ placements*, ``{axis: placement}``. All three are frozen, hashable and equal by 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, ItemsView, Iterable, Iterator, Mapping
+import re
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Final, Protocol, Self
 
 import attrs
 
 from layout_algebra._args import as_items, mapping_items, plain_str
+from layout_algebra._frozen import (
+    NOT_GIVEN,
+    REQUIRED,
+    FrozenMap,
+    check_init,
+    frozen_map_of,
+    intern,
+    interned_get,
+)
 from layout_algebra._patterns import WILDCARD
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_str, check_distinct_axes
 from layout_algebra.errors import LayoutError
-from layout_algebra._frozen import NOT_GIVEN, REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra.placements import Placement, is_placement
 
 __all__ = ["ModulePlan", "NamedLike", "NamedPlacements", "ShardingPlan"]
@@ -46,32 +55,29 @@ def param_fqn(module: str, param: str) -> str:
     return f"{module}.{param}" if module else param
 
 
-_SHARED: dict[tuple[tuple[str, Placement], ...], NamedPlacements] = {}
-"""Named placements already frozen, by their items: a plan's layout kinds are few, and
-equal ones in different modules become one object (bounded, like the axis names)."""
-_MAX_SHARED: Final = 4096
-_MAX_SHARED_KEY: Final = 256
-"""Named placements whose axis names total more characters than this are never shared."""
+_MAX_INTERNED_KEY: Final = 256
+"""Named placements whose axis names total more characters than this are never interned."""
 
 
 def as_named(param: str, named: NamedLike) -> NamedPlacements:
     """``named`` checked and frozen: the one normalisation of named placements.
 
     Axis keys become plain names (``AxisName("tp")`` and ``"tp"`` are one axis, named
-    once), every value must be a placement; equal ones share one frozen value.
+    once), every value must be a placement; equal ones (in the same order) are one
+    interned value, so a planner's new dict per parameter is looked up, not checked again.
 
     Raises:
         LayoutError: naming ``param`` (the parameter), the axis and what is wrong.
     """
     raw: object = named
     if type(raw) is dict or type(raw) is FrozenMap:
-        # Fast path: items equal to ones already checked and frozen are that value.
+        # Items equal to ones already checked and interned are that value.
         try:
-            shared = _SHARED.get(tuple(raw.items()))
+            found = interned_get((_NAMED, tuple(raw.items())))
         except TypeError:  # an unhashable value: the full check below reports it
-            shared = None
-        if shared is not None:
-            return shared
+            found = None
+        if type(found) is FrozenMap:
+            return found  # interned only as NamedPlacements
     if not isinstance(raw, Mapping):
         msg = (
             f"{clip(param)}: named placements must be a mapping from axis to placement such as "
@@ -101,136 +107,85 @@ def as_named(param: str, named: NamedLike) -> NamedPlacements:
             )
             raise LayoutError(msg, fqn=param, axis=name)
         out[name] = placement
-    key = tuple(out.items())
-    shared = _SHARED.get(key)
-    if shared is None:
-        shared = FrozenMap(out)
-        if len(_SHARED) < _MAX_SHARED and sum(map(len, out)) <= _MAX_SHARED_KEY:
-            _SHARED[key] = shared
-    return shared
+    frozen: NamedPlacements = frozen_map_of(out)
+    if sum(map(len, out)) > _MAX_INTERNED_KEY:
+        return frozen
+    kept = intern((_NAMED, tuple(out.items())), frozen)
+    return kept if type(kept) is FrozenMap else frozen
 
 
-_PATHS: set[str] = set()
-"""Parameter paths already checked: planners spell a handful in every layer (bounded, like
-the shared named placements)."""
-
-
-def _frozen_params(params: dict[object, object]) -> FrozenMap[str, NamedPlacements] | None:
-    """``params`` checked and frozen in one pass, or ``None`` for the full check.
-
-    That is when every path is a good one and every value a ``dict`` whose items equal
-    named placements already checked and frozen (``_SHARED``): a planner that writes a
-    new dict per parameter writes the same few again and again.
-    """
-    paths, get = _PATHS, _SHARED.get
-    out: dict[str, NamedPlacements] = {}
-    for path, named in params.items():
-        if type(path) is not str or type(named) is not dict:
-            return None
-        if path not in paths:
-            if not _is_path(path):
-                return None
-            if len(paths) < _MAX_SHARED and len(path) <= _MAX_SHARED_KEY:
-                paths.add(path)
-        try:
-            shared = get(tuple(named.items()))
-        except TypeError:  # an unhashable value: the full check reports it
-            return None
-        if shared is None:
-            return None
-        out[path] = shared
-    return frozen_map_of(out)
+_NAMED: Final = "named placements"
+"""The tag of named placements' keys in the interner."""
 
 
 ModuleParams = FrozenMap[str, NamedPlacements]
 """A module's named placements by parameter path, frozen."""
 
-
-class _Kind:
-    """One kind of module params already checked: the package's own plain-dict copy (never
-    changed), the frozen value, and the module plan made of it per ``expert_parallel``."""
-
-    __slots__ = ("frozen", "plain", "plans")
-
-    def __init__(self, frozen: ModuleParams) -> None:
-        self.frozen = frozen
-        self.plain = {path: dict(named.items()) for path, named in frozen.items()}
-        self.plans: list[ModulePlan | None] = [None, None]
+_SEGMENT: Final = r"(?:[^.*\n]+|\*)"
+_DOTTED: Final = rf"{_SEGMENT}(?:\.{_SEGMENT})*"
+_PATHS: Final = re.compile(rf"{_DOTTED}(?:\n{_DOTTED})*")
+"""Parameter paths joined by newlines: dotted segments, each a name or ``*`` alone."""
 
 
-_KNOWN: dict[int, list[_Kind]] = {}
-"""Module params already checked and frozen, by their number of parameters, the last one
-used first. A planner writes a new params dict for every module, but a model's modules
-are of a few kinds, so a new dict equal to one of these (compared by value at C speed:
-equal placements are one object) is that frozen value, checked again only when it
-differs."""
-_MAX_KINDS: Final = 16
-"""At most this many module params kept for one number of parameters."""
-_MAX_MODULE_PATHS: Final = 4096
-"""Module params whose paths total more characters than this are never kept."""
+def _as_params(params: Mapping[str, NamedLike]) -> ModuleParams:
+    """``params`` checked and frozen: each path (all at once, one by one only to name a
+    bad one), and each named placements (``as_named``).
 
+    A model's modules are of a few sorts, so a planner's new dict for each module most
+    often equals params already checked: those are interned by their paths (in order),
+    a few sorts for each, and a dict equal to one of them is that value.
 
-def _known(params: Mapping[object, object]) -> _Kind | None:
-    """The kind of module params equal to ``params`` already checked, if any."""
-    kinds = _KNOWN.get(len(params))
-    if kinds is None:
-        return None
-    try:
-        for i, kind in enumerate(kinds):
-            if params == kind.plain:
-                if i:
-                    kinds.insert(0, kinds.pop(i))  # the last one used first
-                return kind
-    except Exception:  # a key or value whose == raises: the full check names it
-        return None
-    return None
-
-
-def _remember(frozen: ModuleParams) -> tuple[ModuleParams, _Kind | None]:
-    """``frozen`` and its kind, kept unless it is too large to keep."""
-    if len(frozen) > _MAX_SHARED or sum(map(len, frozen)) > _MAX_MODULE_PATHS:
-        return frozen, None
-    kinds = _KNOWN.setdefault(len(frozen), [])
-    kinds.insert(0, _Kind(frozen))
-    del kinds[_MAX_KINDS:]
-    return frozen, kinds[0]
-
-
-def _as_params(params: Mapping[str, NamedLike]) -> tuple[ModuleParams, _Kind | None]:
-    """``params`` checked and frozen, and the kind kept of it (if it is kept)."""
+    Raises:
+        LayoutError: naming the path that is bad, or the parameter whose placements are.
+    """
     raw: object = params
-    if type(raw) is dict or type(raw) is FrozenMap:  # a plan's own (evolve, unpickling)
-        known = _known(raw)
-        if known is not None:
-            return known.frozen, known
     if type(raw) is dict:
-        frozen = _frozen_params(raw)
-        if frozen is not None:
-            return _remember(frozen)
-    if not isinstance(raw, Mapping):
+        known = _known_params(raw)
+        if known is not None:
+            return known
+    elif not isinstance(raw, Mapping):
         msg = (
             f"a module plan's params must map parameter paths to named placements, got {quote(raw)}"
         )
         raise LayoutError(msg)
-    # Planners reuse one dict for every parameter laid out alike: convert each once (and
-    # equal ones across modules share one frozen value, see as_named). The memo holds each
-    # object it is keyed by, so its id cannot be reused by another object while the memo
-    # lives: a lazily built mapping may free each dict after handing it out.
-    converted: dict[int, tuple[object, NamedPlacements]] = {}
-    out: dict[str, NamedPlacements] = {}
-    example = "{'wq.weight': {'tp': Shard(0)}}"
-    for path, named in mapping_items(params, "a module plan's params", example):
-        if not _is_path(path):
-            msg = (
-                f"parameter path {quote(path)} must be a non-empty dotted name such as "
-                "'wq.weight' (a segment may be '*', matching any one segment)"
-            )
-            raise LayoutError(msg, fqn=_shown_key(path))
-        hit = converted.get(id(named))
-        if hit is None or hit[0] is not named:
-            hit = converted[id(named)] = (named, as_named(path, named))
-        out[path] = hit[1]
-    return _remember(frozen_map_of(out))
+    items = mapping_items(params, "a module plan's params", "{'wq.weight': {'tp': Shard(0)}}")
+    paths = raw.keys() if type(raw) is dict else [path for path, _ in items]
+    if not (set(map(type, paths)) <= {str} and _PATHS.fullmatch("\n".join(paths))):
+        for path in paths:
+            if not _is_path(path):
+                msg = (
+                    f"parameter path {quote(path)} must be a non-empty dotted name such as "
+                    "'wq.weight' (a segment may be '*', matching any one segment)"
+                )
+                raise LayoutError(msg, fqn=_shown_key(path))
+    frozen: ModuleParams = frozen_map_of({path: as_named(path, named) for path, named in items})
+    if len(frozen) <= _MAX_INTERNED_PARAMS and sum(map(len, frozen)) <= _MAX_INTERNED_PATHS:
+        sorts = intern((_PARAMS, tuple(frozen)), [])
+        if type(sorts) is list and len(sorts) < _MAX_SORTS:
+            sorts.append(({path: dict(named) for path, named in frozen.items()}, frozen))
+    return frozen
+
+
+def _known_params(params: dict[object, object]) -> ModuleParams | None:
+    """The interned params equal to ``params`` (paths in the same order), or ``None``."""
+    try:
+        sorts = interned_get((_PARAMS, tuple(params)))
+        if type(sorts) is list:
+            for plain, frozen in sorts:
+                if params == plain:
+                    return frozen  # type: ignore[no-any-return]  # kept as ModuleParams
+    except Exception:  # a key or value whose hash or == raises: the full check names it
+        return None
+    return None
+
+
+_PARAMS: Final = "module params"
+"""The tag of module params' paths in the interner: the few sorts of params with them."""
+_MAX_SORTS: Final = 16
+_MAX_INTERNED_PARAMS: Final = 64
+_MAX_INTERNED_PATHS: Final = 4096
+"""At most this many sorts of params per paths; params with more parameters, or paths
+totalling more characters, are never interned."""
 
 
 def _shown_key(key: object) -> str:
@@ -270,46 +225,29 @@ class ModulePlan:
     def __new__(
         cls, params: Mapping[str, NamedLike] = NOT_GIVEN, *, expert_parallel: bool = False
     ) -> Self:
-        # Written out rather than generated: a planner makes one per module, a million
-        # parameters' worth. Equal module plans are one object (a model's modules are of
-        # a few kinds), so a plan made of them is checked by identity, module by module.
-        raw: object = params
-        flag: object = expert_parallel
-        if type(raw) is dict and type(flag) is bool and cls is ModulePlan:
-            # The common case inline: params equal to the kind used last.
-            kinds = _KNOWN.get(len(raw))
-            if kinds:
-                last = kinds[0]
-                try:
-                    same = raw == last.plain
-                except Exception:  # a key or value whose == raises: the full check names it
-                    same = False
-                if same and (plan := last.plans[expert_parallel]) is not None:
-                    return plan  # type: ignore[return-value]  # cls is ModulePlan
-        if raw is NOT_GIVEN:  # a LayoutError naming it, not Python's bare TypeError
+        # Made here, written out: a planner makes one per module, and a second __init__
+        # (object's) can change nothing.
+        if params is NOT_GIVEN:  # a LayoutError naming it, not Python's bare TypeError
             check_init(object.__new__(cls), "params", (params, expert_parallel))
-        frozen, kind = _as_params(params)
+        frozen = _as_params(params)
+        flag: object = expert_parallel
         if type(flag) is not bool:
             msg = f"expert_parallel must be True or False, got {quote(flag)}"
             raise LayoutError(msg)
-        if cls is not ModulePlan:
-            kind = None  # a subclass's plans are its own
-        if kind is not None and (plan := kind.plans[expert_parallel]) is not None:
-            return plan  # type: ignore[return-value]  # cls is ModulePlan
         self = object.__new__(cls)
         object.__setattr__(self, "params", frozen)
         object.__setattr__(self, "expert_parallel", expert_parallel)
-        if kind is not None:
-            kind.plans[expert_parallel] = self
         return self
 
-    def __reduce__(self) -> tuple[Callable[..., ModulePlan], tuple[ModuleParams, bool]]:
-        return (_module_plan, (self.params, self.expert_parallel))
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[..., ModulePlan], tuple[type[ModulePlan], ModuleParams, bool]]:
+        return (_module_plan, (type(self), self.params, self.expert_parallel))
 
 
-def _module_plan(params: ModuleParams, expert_parallel: bool) -> ModulePlan:
-    """``ModulePlan(params, expert_parallel=...)``: how a pickled one is made again."""
-    return ModulePlan(params, expert_parallel=expert_parallel)
+def _module_plan(cls: type[ModulePlan], params: ModuleParams, expert_parallel: bool) -> ModulePlan:
+    """``cls(params, expert_parallel=...)``: how a pickled or copied one is made again."""
+    return cls(params, expert_parallel=expert_parallel)
 
 
 def _is_module_fqn(name: object) -> bool:
@@ -341,127 +279,34 @@ def _check_modules(modules: Iterable[tuple[str, ModulePlan]]) -> None:
 
 
 def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]:
+    """``modules`` checked and frozen: every key a module FQN and every value a
+    ``ModulePlan`` (all at once, one by one only to name a bad one).
+
+    Raises:
+        LayoutError: naming the first key or value that is not.
+    """
     raw: object = modules
-    if type(raw) is dict or type(raw) is FrozenMap:
-        return FrozenMap(modules)  # checked with the plan's index (_index_of), at C speed
     if not isinstance(raw, Mapping):
         msg = f"a plan's modules must map module FQNs to ModulePlan, got {quote(raw)}"
         raise LayoutError(msg)
-    # Read once, checked, then copied: a lazily built mapping is read once.
     items = mapping_items(modules, "a plan's modules", "{'attn': ModulePlan(...)}")
-    _check_modules(items)
-    return frozen_map_of(dict(items))
-
-
-@attrs.frozen
-class _Index:
-    """What ``build_table`` needs to know of a plan's modules, found when the plan is made.
-
-    ``kinds`` holds each distinct module plan object once (a model's modules are of a
-    few kinds, and equal module plans are one object); ``patterns`` says a module key or
-    parameter path holds ``*``; ``nested`` says a module's FQN joined with a dotted path
-    of its names another module of the plan (``moe`` with ``experts.w1`` and a module
-    ``moe.experts``), so two of its entries may share an FQN.
-    """
-
-    kinds: tuple[ModulePlan, ...]
-    patterns: bool
-    nested: bool
-
-
-_FEW_KINDS: Final = 64
-"""At most this many distinct module plans are looked for among the known kinds."""
-
-
-def _distinct(values: Collection[ModulePlan]) -> tuple[ModulePlan, ...]:
-    """Each distinct object of ``values`` once (by identity), in one C-speed pass.
-
-    Module plans made from plain dicts are the known kinds' (``_KNOWN`` holds them), so
-    the set of the values' ids is usually a subset of theirs: each id is of an object
-    alive in ``values`` or in ``_KNOWN``, so equal ids are one object.
-    """
-    ids = set(map(id, values))
-    if len(ids) <= _FEW_KINDS:
-        known = {
-            id(p): p for kinds in _KNOWN.values() for k in kinds for p in k.plans if p is not None
-        }
-        if ids <= known.keys():
-            return tuple(known[i] for i in ids)
-    return tuple(dict(zip(map(id, values), values, strict=True)).values())
-
-
-def _index_of(modules: dict[str, ModulePlan]) -> _Index:
-    """The plan's index, its modules checked on the way: at C speed when every key is a
-    plain module FQN (no ``*``) and every distinct value a ``ModulePlan``, else by
-    ``_check_modules``.
-
-    The FQNs but the root's (``""``), joined by dots, show an empty segment as ``..`` or
-    a dot at either end.
-    """
-    keys_ok = not set(map(type, modules)) - {str}
-    if not keys_ok:
-        joined = ""
-    elif "" in modules:
-        joined = ".".join(filter(None, modules))
-    else:
-        joined = ".".join(modules)
-    kinds = _distinct(modules.values())
-    if not (
-        keys_ok
-        and WILDCARD not in joined
-        and ".." not in joined
-        and not joined.startswith(".")
-        and not joined.endswith(".")
-        and all(type(spec) is ModulePlan for spec in kinds)
+    frozen: FrozenMap[str, ModulePlan] = frozen_map_of(dict(items))
+    keys, values = frozen.keys(), frozen.values()
+    # Joined, the FQNs but the root's show an empty segment as '..' or a dot at either
+    # end; a '*' is looked at one by one.
+    joined = "\n".join(keys) if set(map(type, keys)) <= {str} else None
+    if (
+        joined is None
+        or WILDCARD in joined
+        or ".." in joined
+        or "\n." in joined
+        or ".\n" in joined
+        or joined.startswith(".")
+        or joined.endswith(".")
+        or not set(map(type, values)) <= {ModulePlan}
     ):
-        _check_modules(modules.items())  # raises, or passes keys with '*' and subclasses
-    distinct = {id(spec.params): spec.params for spec in kinds}  # kinds hold them
-    patterns = WILDCARD in joined or any(WILDCARD in "\0".join(p) for p in distinct.values())
-    nested = not patterns and _nested(modules, joined, kinds)
-    return _Index(kinds, patterns, nested)
-
-
-def _nested(modules: dict[str, ModulePlan], joined: str, kinds: tuple[ModulePlan, ...]) -> bool:
-    """Whether a module's FQN joined with a dotted path of its is another module's FQN.
-
-    Such an FQN holds the first segment of the path as a whole segment after a dot (or
-    is the path's head, under the root module), so a C-speed scan of ``joined`` (the
-    FQNs but the root's, joined by dots) for each first segment comes first (skipped for
-    a segment with a character ``joined`` lacks), and the exact check over the modules
-    runs only when one is found.
-    """
-    heads_of: dict[int, tuple[ModuleParams, set[str]]] = {}
-    for spec in kinds:
-        params = spec.params
-        dotted = {path[:i] for path in params for i, c in enumerate(path) if c == "."}
-        if dotted:
-            heads_of[id(params)] = (params, dotted)  # the entry holds params
-    if not heads_of:
-        return False
-
-    def heads(spec: ModulePlan) -> set[str]:
-        found = heads_of.get(id(spec.params))
-        return found[1] if found is not None and found[0] is spec.params else set()
-
-    root = modules.get("")
-    if root is not None and any(head in modules for head in heads(root)):
-        return True
-    firsts = {head.partition(".")[0] for _, found in heads_of.values() for head in found}
-    # A segment holding a character no module FQN holds is in none: one memchr-speed
-    # test per character spares most scans for a whole segment.
-    absent = {c for c in set().union(*firsts) if c not in joined}
-    if not any(
-        f".{first}." in joined or joined.endswith(f".{first}")
-        for first in firsts
-        if absent.isdisjoint(first)
-    ):
-        return False
-    return any(
-        f"{module}.{head}" in modules
-        for module, spec in modules.items()
-        if module
-        for head in heads(spec)
-    )
+        _check_modules(items)
+    return frozen
 
 
 def as_pairs(
@@ -533,7 +378,6 @@ class ShardingPlan:
     tied_pairs: tuple[tuple[str, str], ...] = attrs.field(
         default=(), kw_only=True, converter=_as_pairs
     )
-    _index: _Index = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_pre_init__(
         self,
@@ -544,61 +388,16 @@ class ShardingPlan:
     ) -> None:
         check_init(self, "modules", (modules, mesh_axes, tied_pairs))
 
-    def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_index", _index_of(self.modules._items))
-
-    def __reduce__(
-        self,
-    ) -> tuple[
-        Callable[..., ShardingPlan],
-        tuple[
-            type[ShardingPlan],
-            FrozenMap[str, ModulePlan],
-            tuple[str, ...],
-            tuple[tuple[str, str], ...],
-        ],
-    ]:
-        # By its arguments: what the plan found of its modules is found again when it is
-        # made again (pickles and copies carry no derived state).
-        names = tuple(a.name for a in self.mesh_axes)
-        return (_sharding_plan, (type(self), self.modules, names, self.tied_pairs))
-
-    def __setstate__(self, state: object) -> None:
-        # A plan pickled before plans pickled by their arguments holds its fields by name
-        # (attrs' state): it is made again from them, checked, with its modules indexed.
-        fields = state if isinstance(state, Mapping) else {}
-        if not {"modules", "mesh_axes", "tied_pairs"} <= fields.keys():
-            msg = (
-                f"a pickled ShardingPlan holds {quote(state)}, not its modules, mesh_axes and "
-                "tied_pairs; pickle the plan again, or save it with plan_to_json"
-            )
-            raise LayoutError(msg)
-        made = ShardingPlan(
-            fields["modules"], mesh_axes=fields["mesh_axes"], tied_pairs=fields["tied_pairs"]
-        )
-        for cls in ShardingPlan.__mro__:  # every slot the new plan filled, attrs' own too
-            for name in getattr(cls, "__slots__", ()):
-                if name != "__weakref__" and hasattr(made, name):
-                    object.__setattr__(self, name, getattr(made, name))
-
     @property
     def has_patterns(self) -> bool:
         """Whether a module key or parameter key holds ``*`` (``build_table`` then needs
         the model's FQNs, ``fqns=``)."""
-        return self._index.patterns
+        if WILDCARD in "\n".join(self.modules):
+            return True
+        return any(WILDCARD in "\n".join(spec.params) for spec in self.modules.values())
 
     def named_placements(self) -> Iterator[tuple[str, ModulePlan, NamedPlacements]]:
         """Every parameter of the plan as ``(fqn, module plan, named placements)``."""
         for module, spec in self.modules.items():
             for path, named in spec.params.items():
                 yield param_fqn(module, path), spec, named
-
-
-def _sharding_plan(
-    cls: type[ShardingPlan],
-    modules: FrozenMap[str, ModulePlan],
-    mesh_axes: tuple[str, ...],
-    tied_pairs: tuple[tuple[str, str], ...],
-) -> ShardingPlan:
-    """``cls(modules, mesh_axes=..., tied_pairs=...)``: how a pickled plan is made again."""
-    return cls(modules, mesh_axes=mesh_axes, tied_pairs=tied_pairs)

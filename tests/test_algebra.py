@@ -35,7 +35,6 @@ from layout_algebra import (
     TableDiff,
     TiedLayoutConflict,
     UnknownAxisError,
-    algebra,
     build_table,
     complete_default,
     compose_table,
@@ -45,8 +44,6 @@ from layout_algebra import (
     strip,
 )
 from layout_algebra._patterns import Matcher, Rule
-from layout_algebra._frozen import FrozenMap
-from layout_algebra.layout import _MAX_SCANS, ByModule, Listed, _CheckedEntries
 from layout_algebra.plan import NamedPlacements
 from tests.strategies import (
     KNOWN_SOURCE_AXES,
@@ -1258,7 +1255,7 @@ def test_ten_thousand_pattern_keys_over_forty_thousand_fqns() -> None:
     assert info.value.problems[-1].fqn == "experts.9999.*.bias"
 
 
-# --- entries of a plan by pattern, listed -----------------------------------------------
+# --- the table of a plan by pattern ------------------------------------------------------
 
 
 def _layered(layers: str) -> dict[str, ModulePlan]:
@@ -1289,10 +1286,10 @@ _LAYER_PARAMS = (
     lookups=st.lists(
         st.sampled_from(["layers.0.attn.wq.weight", "head.weight", "emb", "x", "layers.9.w"])
         | st.text(max_size=6),
-        max_size=2 * _MAX_SCANS,
+        max_size=16,
     ),
 )
-def test_a_pattern_plans_table_is_listed_and_reads_as_the_table_spelled_out(
+def test_a_pattern_plans_table_reads_as_the_table_spelled_out(
     layers: int, order: random.Random, tied: bool, lookups: list[str]
 ) -> None:
     pairs = [("emb.weight", "head.weight")] if tied else []
@@ -1306,11 +1303,10 @@ def test_a_pattern_plans_table_is_listed_and_reads_as_the_table_spelled_out(
     order.shuffle(fqns)
     table = build_table(plan, ["tp"], expert_axes=["ep", "tp"], fqns=fqns)
     by_fqn = build_table(spelled_plan, ["tp"], expert_axes=["ep", "tp"])
-    # tied, the head's R becomes the embedding's S(0): in its place, still listed
-    assert type(table._items) is Listed
+    # tied, the head's R becomes the embedding's S(0): in its place
     assert list(table) == [f for f in fqns if "norm" not in f]
     expected = ParamLayoutTable({f: by_fqn[f] for f in table}, tied=by_fqn.tied)
-    for key in lookups:  # a few scans, then the dict: each answers as a dict does
+    for key in lookups:  # each answers as a dict does
         assert table.get(key) == expected.get(key)
         assert (key in table) == (key in expected)
         if key not in expected:
@@ -1322,16 +1318,15 @@ def test_a_pattern_plans_table_is_listed_and_reads_as_the_table_spelled_out(
     assert table == by_fqn and dict(table.items()) == dict(by_fqn.items())
     assert (table == dict(table.items())) == (not table.tied)  # a mapping has no tied groups
     assert not diff(table, by_fqn)
-    # composed with FSDP, each distinct layout once: still listed
+    # composed with FSDP
     sizes = {"dense": {"dp_shard": 2, "tp": 2}, "expert": {"dp_shard": 1, "ep": 2, "tp": 2}}
     fsdp = {"dense": "dp_shard", "expert": "dp_shard"}
     composed = compose_table(table, fsdp=fsdp, mesh_sizes=sizes)
-    assert type(composed._items) is Listed
     _reads_as(composed, compose_table(expected, fsdp=fsdp, mesh_sizes=sizes))
 
 
-@pytest.mark.parametrize("norms", [1, 2 * _MAX_SCANS])
-def test_tied_members_of_a_listed_table_change_in_place_or_come_last(norms: int) -> None:
+@pytest.mark.parametrize("norms", [1, 16])
+def test_tied_members_of_a_pattern_plans_table_change_in_place_or_come_last(norms: int) -> None:
     # Each norm is tied to a layer's weight (its R becomes S(0)), and the first layer's to
     # a weight no key names (given the group's layout, after the others).
     fqns = [f"layers.{i}.w.weight" for i in range(norms)]
@@ -1352,30 +1347,6 @@ def test_tied_members_of_a_listed_table_change_in_place_or_come_last(norms: int)
     assert list(table) == [*fqns, "extra.weight"]
     assert set(table.values()) == {SourceLayout("dense", ("tp",), (S0,))}
     assert table == expected and table.tied == expected.tied
-    # a few changes are made in the listed entries, more spell them out by FQN
-    assert type(table._items) is (Listed if norms + 1 <= _MAX_SCANS else _CheckedEntries)
-    if type(table._items) is Listed:  # the layouts S(0) and R it had, and no other
-        assert len(table._items._layouts) == 2
-
-
-def test_a_listed_table_is_looked_up_by_scanning_until_it_needs_its_dict() -> None:
-    fqns = [f"layers.{i}.attn.wq.weight" for i in range(3)]
-    plan = ShardingPlan({"layers.*.attn": ModulePlan({"wq.weight": {"tp": S0}})}, mesh_axes=["tp"])
-    table = build_table(plan, ["tp"], fqns=fqns)
-    entries = table._items
-    assert type(entries) is Listed
-
-    def by_fqn() -> list[str] | None:
-        made = entries._by_fqn
-        return None if made is None else list(made)
-
-    assert by_fqn() is None  # building it looked nothing up
-    assert [table[f] for f in fqns] == [SourceLayout("dense", ("tp",), (S0,))] * 3
-    assert by_fqn() is None and len(entries._scanned) == 3
-    absent = [f"absent.{i}" for i in range(_MAX_SCANS)]
-    assert [table.get(f) for f in absent] == [None] * len(absent)
-    assert by_fqn() == fqns  # one scan too many: the dict, once
-    assert table.get("layers.2.attn.wq.weight") == SourceLayout("dense", ("tp",), (S0,))
 
 
 # --- plain parameters -------------------------------------------------------------------
@@ -1432,35 +1403,11 @@ def test_complete_default_closes_tied_pairs_over_the_completed_table() -> None:
         complete_default(sharded, ["emb.weight"], DENSE, tied_pairs="ab")
 
 
-# --- entries kept by module ------------------------------------------------------------
-
-
-def _built_by_fqn(
-    plan: ShardingPlan, dense: Sequence[str], expert: Sequence[str] | None
-) -> ParamLayoutTable:
-    """The same plan built parameter by parameter, every entry spelled out by FQN."""
-    dense_mesh, expert_mesh = algebra._meshes(plan, dense, expert, FSDP_OWNED_AXES)
-    builder = algebra._Builder(dense_mesh, expert_mesh)
-    builder.add_plan(plan)
-    return builder.table(plan.tied_pairs)
-
-
-@given(st.data())
-def test_a_table_kept_by_module_is_the_table_spelled_out_by_fqn(data: st.DataObject) -> None:
-    plan = data.draw(sharding_plans())
-    dense, expert = data.draw(build_meshes(plan))
-    try:
-        expected = _built_by_fqn(plan, dense, expert)
-    except PlanError as e:
-        with pytest.raises(PlanError) as raised:
-            build_table(plan, dense, expert_axes=expert)
-        assert [p.message for p in raised.value.problems] == [p.message for p in e.problems]
-        return
-    _reads_as(build_table(plan, dense, expert_axes=expert), expected)
+# --- the table of a plan of a few module sorts --------------------------------------------
 
 
 def _reads_as(table: ParamLayoutTable, expected: ParamLayoutTable) -> None:
-    """``table``, kept apart, reads in every way as ``expected``, spelled out by FQN."""
+    """``table`` reads in every way as ``expected``."""
     assert table == expected
     assert hash(table) == hash(expected)
     assert list(table.items()) == list(expected.items())
@@ -1489,10 +1436,9 @@ def _moe_plan(layers: int) -> ShardingPlan:
     return ShardingPlan(modules, mesh_axes=["ep", "tp"], tied_pairs=[("emb.weight", "head.weight")])
 
 
-def test_a_plan_of_a_few_module_kinds_is_kept_by_module_and_reads_as_any_table() -> None:
+def test_a_plan_of_a_few_module_sorts_reads_as_any_table() -> None:
     plan = _moe_plan(3)
     table = build_table(plan, ["tp"], expert_axes=["ep", "tp"])
-    assert type(table._items) is ByModule
     assert list(table) == [fqn for fqn, _, _ in plan.named_placements()]
     assert table["layers.2.moe.experts.w1"] == SourceLayout(
         "expert", ("ep", "tp"), (Shard(0), Shard(1))
@@ -1546,11 +1492,10 @@ def test_a_clash_is_found_beside_paths_whose_segments_no_module_spells() -> None
         build_table(ShardingPlan(clash, mesh_axes=["tp"]), ["tp"])
     apart = {"moe": clash["moe"], "mlp.zz": ModulePlan({"w1": {"tp": Shard(1)}})}
     table = build_table(ShardingPlan(apart, mesh_axes=["tp"]), ["tp"])
-    assert type(table._items) is ByModule
     assert list(table) == ["moe.qq.w", "moe.experts.w1", "mlp.zz.w1"]
 
 
-def test_tied_members_merged_to_a_new_layout_are_spelled_out() -> None:
+def test_tied_members_merged_to_a_new_layout_keep_their_place() -> None:
     modules = {
         "emb": ModulePlan({"weight": {"tp": Shard(0)}}),
         "head": ModulePlan({"weight": {"tp": Replicate()}}),
@@ -1561,24 +1506,23 @@ def test_tied_members_merged_to_a_new_layout_are_spelled_out() -> None:
         table["head.weight"] == table["emb.weight"] == SourceLayout("dense", ("tp",), (Shard(0),))
     )
     assert table.tied == (frozenset({"emb.weight", "head.weight"}),)
-    assert table == _built_by_fqn(plan, ["tp"], None)
+    assert list(table) == ["emb.weight", "head.weight"]
 
 
-def test_a_segment_that_only_looks_like_a_module_path_keeps_the_table_by_module() -> None:
+def test_a_segment_that_only_looks_like_a_module_path_is_no_clash() -> None:
     near = {
         "moe": ModulePlan({"experts.w1": {"tp": Shard(0)}}),
         "moe.experts_gate": ModulePlan({"w1": {"tp": Shard(1)}}),
         "a.b": ModulePlan({"c.d.e": {"tp": Shard(0)}}),
     }
     table = build_table(ShardingPlan(near, mesh_axes=["tp"]), ["tp"])
-    assert type(table._items) is ByModule
     assert list(table) == ["moe.experts.w1", "moe.experts_gate.w1", "a.b.c.d.e"]
     deep = {**near, "a.b.c.d": ModulePlan({"e": {"tp": Shard(1)}})}
     with pytest.raises(PlanError, match=r"a\.b\.c\.d\.e: declared twice"):
         build_table(ShardingPlan(deep, mesh_axes=["tp"]), ["tp"])
 
 
-# --- completing and tying a table kept apart ---------------------------------------------
+# --- completing and tying a built table --------------------------------------------------
 
 _EXTRA_FQNS = (
     "layers.0.attn_norm.weight",  # a module the plan does not name
@@ -1591,52 +1535,36 @@ _EXTRA_FQNS = (
 )
 
 
-def _kept_table(kind: str, layers: int, root: str | None) -> ParamLayoutTable:
-    """A table kept apart as ``build_table`` keeps it: ``by_module`` (with a root module
-    ``root``: ``"first"`` or ``"last"`` of the modules) or ``listed``."""
-    if kind == "listed":
+def _built_table(kind: str, layers: int, root: str | None) -> ParamLayoutTable:
+    """A table ``build_table`` made of a plan ``by_module`` (with a root module ``root``:
+    ``"first"`` or ``"last"`` of the modules) or ``by_pattern``."""
+    if kind == "by_pattern":
         fqns = ["emb.weight", "head.weight"]
         fqns += [f"layers.{i}.{p}" for i in range(layers) for p in _LAYER_PARAMS]
         plan = ShardingPlan(_layered("*"), mesh_axes=["ep", "tp"])
-        table = build_table(plan, ["tp"], expert_axes=["ep", "tp"], fqns=fqns)
-        assert type(table._items) is Listed
-        return table
+        return build_table(plan, ["tp"], expert_axes=["ep", "tp"], fqns=fqns)
     scale = {"": ModulePlan({"scale": {"tp": Replicate()}})}
     modules: dict[str, ModulePlan] = dict(scale) if root == "first" else {}
     for i in range(layers):
         modules.update(_layered(str(i)))
     if root == "last":
         modules.update(scale)
-    table = build_table(
+    return build_table(
         ShardingPlan(modules, mesh_axes=["ep", "tp"]), ["tp"], expert_axes=["ep", "tp"]
     )
-    assert type(table._items) is ByModule
-    return table
-
-
-@pytest.mark.parametrize("root", [None, "first", "last"])
-def test_entries_kept_by_module_over_any_mapping_find_the_root_as_over_a_dict(
-    root: str | None,
-) -> None:
-    # Completing adds entries under the root module only when it comes last; the plan's
-    # dict is read at once from its end, any other mapping by its keys.
-    kept = _kept_table("by_module", 2, root)._items
-    assert isinstance(kept, ByModule)
-    over_a_view = ByModule(FrozenMap(kept._modules), kept._inner_of)
-    assert over_a_view._root_last() == kept._root_last() == (root != "first")
 
 
 @given(
-    kind=st.sampled_from(["by_module", "listed"]),
+    kind=st.sampled_from(["by_module", "by_pattern"]),
     layers=st.integers(1, 3),
     root=st.sampled_from([None, "first", "last"]),
     plain=st.booleans(),
     data=st.data(),
 )
-def test_completing_a_table_kept_apart_reads_as_completing_it_spelled_out(
+def test_completing_a_built_table_reads_as_completing_it_rebuilt_from_its_entries(
     kind: str, layers: int, root: str | None, plain: bool, data: st.DataObject
 ) -> None:
-    table = _kept_table(kind, layers, root)
+    table = _built_table(kind, layers, root)
     flat = ParamLayoutTable(dict(table.items()), tied=table.tied)
     names = data.draw(
         st.lists(st.sampled_from([*table, *_EXTRA_FQNS]), max_size=3 * len(table) + 8),
@@ -1658,22 +1586,18 @@ def test_completing_a_table_kept_apart_reads_as_completing_it_spelled_out(
             continue
         done = complete_default(table, fqns, ["tp"], plain=plain, tied_pairs=pairs)
         _reads_as(done, expected)
-        if not pairs and not (root == "first" and kind == "by_module"):
-            assert type(done._items) is type(table._items)  # still kept apart
-            if set(fqns) <= set(table):
-                assert done._items is table._items
 
 
 @given(
-    kind=st.sampled_from(["by_module", "listed"]),
+    kind=st.sampled_from(["by_module", "by_pattern"]),
     layers=st.integers(1, 3),
     root=st.sampled_from([None, "first", "last"]),
     data=st.data(),
 )
-def test_tying_a_table_kept_apart_reads_as_tying_it_spelled_out(
+def test_tying_a_built_table_reads_as_tying_it_rebuilt_from_its_entries(
     kind: str, layers: int, root: str | None, data: st.DataObject
 ) -> None:
-    table = _kept_table(kind, layers, root)
+    table = _built_table(kind, layers, root)
     fqns = [*table, *_EXTRA_FQNS[:2]]
     groups = data.draw(
         st.lists(st.tuples(st.sampled_from(fqns), st.sampled_from(fqns)), max_size=3)
@@ -1694,14 +1618,13 @@ def test_tying_a_table_kept_apart_reads_as_tying_it_spelled_out(
     _reads_as(merge_tied(tied, pairs), expected)
 
 
-def test_an_untouched_table_kept_apart_stays_so_through_merge_tied() -> None:
-    for kind in ("by_module", "listed"):
-        table = _kept_table(kind, 2, root=None)
+def test_merge_tied_of_equal_layouts_changes_no_entry() -> None:
+    for kind in ("by_module", "by_pattern"):
+        table = _built_table(kind, 2, root=None)
         same = merge_tied(table, [("layers.0.attn.wq.weight", "layers.1.attn.wq.weight")])
-        assert same._items is table._items
+        assert dict(same.items()) == dict(table.items()) and list(same) == list(table)
         assert same.tied == (frozenset({"layers.0.attn.wq.weight", "layers.1.attn.wq.weight"}),)
         # a member missing from the table takes its group's layout, after the others
         added = merge_tied(table, [("emb.weight", "tied.weight")])
         assert list(added)[-1] == "tied.weight"
         assert added["tied.weight"] == table["emb.weight"]
-        assert type(added._items) is type(table._items)  # still kept apart

@@ -22,7 +22,6 @@ from layout_algebra import (
     ShardingPlan,
     build_table,
 )
-from layout_algebra.layout import ByModule
 from layout_algebra.plan import param_fqn
 from tests.strategies import sharding_plans
 
@@ -205,15 +204,18 @@ def test_named_placements_walks_every_parameter_with_its_fqn() -> None:
 # --- module plans made anew for every module ----------------------------------------
 
 
-def test_equal_module_plans_are_one_object_however_made() -> None:
+def test_equal_module_plans_share_their_params_however_made() -> None:
     def params() -> dict[str, dict[str, Placement]]:
         return {"wq.weight": {"tp": Shard(0)}, "wo.weight": {"tp": Shard(1)}}
 
     first = ModulePlan(params())
-    assert ModulePlan(params()) is first
-    assert ModulePlan(params=params(), expert_parallel=False) is first
-    assert ModulePlan(params(), expert_parallel=True) is not first
+    assert ModulePlan(params()) == first
+    assert ModulePlan(params()).params is first.params  # interned: one value, one object
+    assert ModulePlan(params=params(), expert_parallel=False) == first
+    assert ModulePlan(params(), expert_parallel=True) != first
     assert ModulePlan(params(), expert_parallel=True) == ModulePlan(params(), expert_parallel=True)
+    other_order = ModulePlan({"wo.weight": {"tp": Shard(1)}, "wq.weight": {"tp": Shard(0)}})
+    assert list(other_order.params) == ["wo.weight", "wq.weight"]  # the order given is kept
     for again in (
         attrs.evolve(first),
         copy.copy(first),
@@ -221,7 +223,7 @@ def test_equal_module_plans_are_one_object_however_made() -> None:
         *(pickle.loads(pickle.dumps(first, protocol)) for protocol in range(6)),
     ):
         assert again == first
-        assert again is first
+        assert hash(again) == hash(first)
 
 
 def test_a_planner_changing_its_dicts_changes_no_plan_made_of_them() -> None:
@@ -259,20 +261,19 @@ def test_a_module_plan_subclass_is_its_own_object() -> None:
     assert mine.params == ModulePlan({"w": {"tp": Shard(0)}}).params
 
 
-# --- what a plan knows of its modules (its index) -----------------------------------
+# --- copies of a plan ----------------------------------------------------------------
 
 
 class MyPlan(ShardingPlan):
     """A planner's own kind of plan: pickled and copied as itself."""
 
 
-def test_every_copy_of_a_plan_builds_its_table_by_module() -> None:
+def test_every_copy_of_a_plan_builds_its_table() -> None:
     attn = ModulePlan({"wq.weight": {"tp": Shard(0)}})
     norm = ModulePlan({"weight": {"tp": Replicate()}})
     modules = {"": norm, **{f"layers.{i}.attn": attn for i in range(3)}, "layers.0.norm": norm}
     plan = ShardingPlan(modules, mesh_axes=["tp"])
     expected = build_table(plan, ["tp"])
-    assert type(expected._items) is ByModule
     assert list(expected) == ["weight"] + [f"layers.{i}.attn.wq.weight" for i in range(3)] + [
         "layers.0.norm.weight"
     ]
@@ -282,13 +283,10 @@ def test_every_copy_of_a_plan_builds_its_table_by_module() -> None:
         copy.deepcopy(plan),
         *(pickle.loads(pickle.dumps(plan, protocol)) for protocol in range(6)),
     ):
+        assert again == plan
         table = build_table(again, ["tp"])
-        assert type(table._items) is ByModule
         assert table == expected
         assert list(table) == list(expected)
-        assert len(table) == len(expected) == 5
-    # What the plan found of its modules is found again, never pickled.
-    assert all(b"_index" not in pickle.dumps(plan, protocol) for protocol in range(6))
     mine = MyPlan(modules, mesh_axes=["tp"])
     assert type(pickle.loads(pickle.dumps(mine))) is MyPlan
     assert type(copy.deepcopy(mine)) is MyPlan
@@ -312,23 +310,6 @@ def test_a_bad_module_key_among_good_ones_is_named(key: object, match: str) -> N
     with pytest.raises(LayoutError, match=match) as info:
         ShardingPlan(modules, mesh_axes=["tp"])  # type: ignore[arg-type]
     assert info.value.fqn == (key if isinstance(key, str) else repr(key))
-
-
-@pytest.mark.parametrize(
-    "state",
-    [
-        None,
-        "modules",
-        {},
-        {"modules": 10**5000, "mesh_axes": ["tp"], "tied_pairs": ()},
-        {"modules": {}, "mesh_axes": "tp", "tied_pairs": ()},
-        {"modules": {"a": 2**63}, "mesh_axes": ["tp"], "tied_pairs": ()},
-    ],
-    ids=["None", "a bare string", "empty", "huge modules", "bare mesh_axes", "huge plan"],
-)
-def test_a_pickled_state_that_is_no_plan_is_a_layout_error(state: object) -> None:
-    with pytest.raises(LayoutError):
-        ShardingPlan.__new__(ShardingPlan).__setstate__(state)
 
 
 def test_a_str_subclass_as_module_key_is_refused() -> None:
