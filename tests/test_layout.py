@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import types
 from collections.abc import Mapping
+from pathlib import Path
 
 import attrs
 import pytest
@@ -12,6 +16,7 @@ from hypothesis import given
 
 from layout_algebra import (
     AxisName,
+    Drop,
     LayoutError,
     ParamLayoutTable,
     Partial,
@@ -342,3 +347,88 @@ def test_a_frozen_map_equals_any_mapping_with_its_items() -> None:
     assert m != {"tp": 2}
     assert hash(m) == hash(FrozenMap({"ep": 4, "tp": 2}))
     assert len({m, FrozenMap({"ep": 4, "tp": 2})}) == 1
+
+
+# --- interning and fingerprints --------------------------------------------------------
+
+
+def test_equal_layouts_in_tables_are_one_object() -> None:
+    made_apart = [SourceLayout("dense", ["tp"], [Shard(0)]) for _ in range(3)]
+    first = ParamLayoutTable({"a": made_apart[0], "b": made_apart[1]})
+    second = ParamLayoutTable({"c": made_apart[2]})
+    assert first["a"] is first["b"] is second["c"]
+    added = first.with_entries({"d": SourceLayout("dense", ["tp"], [Shard(0)])})
+    assert added["d"] is first["a"]
+
+
+_DROP = Drop("w", "dense", "tpp", Shard(0))
+
+
+def _fingerprinted() -> ParamLayoutTable:
+    entries = {"emb.weight": W, "head.weight": W, "norm.weight": X, "odd\nname \u00e9": X}
+    return ParamLayoutTable(entries, tied=[("emb.weight", "head.weight")], dropped=[_DROP])
+
+
+def test_a_fingerprint_is_versioned_hex() -> None:
+    assert re.fullmatch(r"v1:[0-9a-f]{64}", _fingerprinted().fingerprint())
+
+
+def test_a_fingerprint_does_not_depend_on_insertion_order() -> None:
+    table = _fingerprinted()
+    backwards = ParamLayoutTable(
+        dict(reversed(list(table.items()))),
+        tied=[("head.weight", "emb.weight")],
+        dropped=list(reversed([_DROP, Drop("v", "dense", "tpp", Shard(1))])),
+    )
+    forwards = ParamLayoutTable(
+        dict(table.items()), tied=table.tied, dropped=[_DROP, Drop("v", "dense", "tpp", Shard(1))]
+    )
+    assert backwards.fingerprint() == forwards.fingerprint()
+
+
+def test_a_fingerprint_is_the_same_in_every_process() -> None:
+    script = "from tests.test_layout import _fingerprinted\nprint(_fingerprinted().fingerprint())\n"
+    seen = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent.parent,
+        )
+        seen.add(done.stdout.strip())
+    assert seen == {_fingerprinted().fingerprint()}
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["placement", "mesh", "fqn", "entry", "tied", "drop", "no drop"],
+)
+def test_a_fingerprint_differs_when_the_table_does(change: str) -> None:
+    table = _fingerprinted()
+    entries = dict(table.items())
+    tied: list[tuple[str, ...]] = [tuple(sorted(g)) for g in table.tied]
+    drops = list(table.dropped)
+    if change == "placement":
+        entries["norm.weight"] = SourceLayout("expert", ["ep"], [Shard(1)])
+    elif change == "mesh":
+        entries["norm.weight"] = SourceLayout("dense", ["ep"], [Shard(0)])
+    elif change == "fqn":
+        entries["norm.bias"] = entries.pop("norm.weight")
+    elif change == "entry":
+        entries["extra.weight"] = X
+    elif change == "tied":
+        tied = [("emb.weight", "head.weight", "tail.weight")]
+        entries["tail.weight"] = W
+    elif change == "drop":
+        drops = [Drop("w", "dense", "tpp", Shard(1))]
+    else:
+        drops = []
+    other = ParamLayoutTable(entries, tied=tied, dropped=drops)
+    assert other.fingerprint() != table.fingerprint()
+    if change == "tied":  # the same entries untied
+        untied = ParamLayoutTable(entries, dropped=drops)
+        assert untied.fingerprint() not in {other.fingerprint(), table.fingerprint()}
