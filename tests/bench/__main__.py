@@ -1,10 +1,11 @@
-"""Every benchmark, one after the other: ``python -m tests.bench [--quick]``.
+"""Every benchmark, one after the other: ``python -m tests.bench [--quick] [--full]``.
 
 Building the table; the planner's dicts (new ones per parameter, or reused) and a plan
 by pattern, to a table; completing and tying the table; the JSON round trip; planning a
 checkpoint reshard; binding a table to a live model; linting a whole table with its
-shapes. Each compares against a baseline measured in this same process and prints its
-own report; the end prints every target in one table (``tests.bench.targets``) with PASS
+shapes; lint and reshard_plan of a DeepSeek-V3-shaped table on 16,384 ranks
+(``--full``: at its full size). Each compares against a baseline measured in this same
+process and prints its own report; the end prints every target in one table (``tests.bench.targets``) with PASS
 or MISS. ``--quick`` runs smaller scales as a smoke test. The exit status is 0 either
 way: timings depend on the machine.
 """
@@ -22,6 +23,7 @@ from tests.bench import (
     bench_json,
     bench_lint,
     bench_reshard,
+    bench_world,
     targets,
 )
 
@@ -29,6 +31,11 @@ from tests.bench import (
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller scales, for a smoke run")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the world-scale table at its full size (45,000 tensors)",
+    )
     args = parser.parse_args(argv)
 
     bench_build.run(quick=args.quick)
@@ -44,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench_bind.run(quick=args.quick)
     print()
     bench_lint.run(quick=args.quick)
+    print()
+    bench_world.run(quick=args.quick, full=args.full)
     print()
     print(targets.summary())
 

@@ -3,9 +3,11 @@
 The table has DeepSeek-V3's shapes (61 layers, the first 3 dense, 256 experts in
 per-expert modules and a shared expert in the others: about 45,000 tensors, bf16) and
 about twenty distinct (layout, shape) signatures, FSDP over ``dp_shard``. Each figure is
-a ratio in this process: against building the table, and against the same call on a
-16-rank world. By default the table keeps a quarter of the layers (``--full``: all 61),
-so the run is short; the ratios are the same. Run alone with
+a ratio in this process: against building the table from its layouts by FQN, and
+against the same call on a 16-rank world; the memory is the peak of building the table
+and its shapes and linting it. By default the table keeps 16 of the layers (about 10,000
+tensors, a short run; ``--full``: all 61, the size the targets are set for), where the
+per-world work weighs more against the per-tensor work. Run alone with
 ``python -m tests.bench.bench_world [--quick] [--full]``.
 """
 
@@ -21,11 +23,12 @@ from typing import Final, TypeVar
 from layout_algebra import ParamLayoutTable, Replicate, Shard, SourceLayout
 from layout_algebra.checkpoint import ReshardPlan, reshard_plan
 from layout_algebra.lint import LintReport, lint
+from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Placement
 from layout_algebra.shapes import ParamShape
 from tests.bench.targets import record
 
-__all__ = ["WORLDS", "deepseek_table", "main", "run"]
+__all__ = ["WORLDS", "deepseek_entries", "deepseek_table", "main", "run"]
 
 T = TypeVar("T")
 
@@ -54,6 +57,14 @@ WORLDS: Final[Mapping[str, Sizes]] = {
         "dense": {"dp_shard": 1, "tp": 16},
         "expert": {"dp_shard": 1, "ep": 1, "tp": 16},
     },
+    "64": {
+        "dense": {"dp_shard": 8, "tp": 8},
+        "expert": {"dp_shard": 2, "ep": 4, "tp": 8},
+    },
+    "64 (to)": {
+        "dense": {"dp_shard": 4, "tp": 16},
+        "expert": {"dp_shard": 1, "ep": 4, "tp": 16},
+    },
     "16384": {
         "dense": {"dp_shard": 2048, "tp": 8},
         "expert": {"dp_shard": 64, "ep": 32, "tp": 8},
@@ -79,8 +90,10 @@ def _layout(role: str, placements: Sequence[Placement]) -> SourceLayout:
     return SourceLayout(role, axes, placements)
 
 
-def deepseek_table(layers: int = LAYERS) -> tuple[ParamLayoutTable, dict[str, ParamShape]]:
-    """A table and shapes shaped as DeepSeek-V3's (``layers`` of its 61 layers)."""
+def deepseek_entries(
+    layers: int = LAYERS,
+) -> tuple[dict[str, SourceLayout], dict[str, ParamShape]]:
+    """Layouts and shapes by FQN shaped as DeepSeek-V3's (``layers`` of its 61 layers)."""
     r, col, row = Replicate(), Shard(0), Shard(1)
     entries: dict[str, SourceLayout] = {}
     shapes: dict[str, ParamShape] = {}
@@ -121,6 +134,12 @@ def deepseek_table(layers: int = LAYERS) -> tuple[ParamLayoutTable, dict[str, Pa
         add(f"{s}.down_proj.weight", _layout("dense", [row]), (HIDDEN, MOE_INTER))
     add("model.norm.weight", _layout("dense", [r]), (HIDDEN,))
     add("lm_head.weight", _layout("dense", [col]), (VOCAB, HIDDEN))
+    return entries, shapes
+
+
+def deepseek_table(layers: int = LAYERS) -> tuple[ParamLayoutTable, dict[str, ParamShape]]:
+    """The table of ``deepseek_entries`` and its shapes."""
+    entries, shapes = deepseek_entries(layers)
     return ParamLayoutTable(entries), shapes
 
 
@@ -152,11 +171,109 @@ def _peak(f: Callable[[], object]) -> int:
         tracemalloc.stop()
 
 
+def _torch_reads(
+    table: ParamLayoutTable,
+    shapes: Mapping[str, ParamShape],
+    src: Sizes,
+    dst: Sizes,
+) -> tuple[float, int]:
+    """Seconds torch's load planning takes for every destination rank of a checkpoint
+    saved under ``src`` (its metadata made by torch's own save planning, not timed), and
+    how many read items it makes."""
+    import torch  # noqa: PLC0415  # the rest of the bench runs without torch
+    from torch.distributed.checkpoint._dedup_save_plans import (  # noqa: PLC0415
+        dedup_save_plans,
+    )
+    from torch.distributed.checkpoint.default_planner import (  # noqa: PLC0415
+        create_default_global_save_plan,
+    )
+    from torch.distributed.checkpoint.metadata import (  # noqa: PLC0415
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+    from torch.distributed.checkpoint.planner import (  # noqa: PLC0415
+        SavePlan,
+        TensorWriteData,
+        WriteItem,
+        WriteItemType,
+    )
+    from torch.distributed.checkpoint.planner_helpers import (  # noqa: PLC0415
+        create_read_items_for_chunk_list,
+    )
+
+    from layout_algebra import compose_table, local_shape_and_offset  # noqa: PLC0415
+
+    def boxes(sizes: Sizes) -> list[dict[str, ChunkStorageMetadata]]:
+        composed = compose_table(table, fsdp=FSDP, mesh_sizes=sizes)
+        meshes = {role: Mesh(s) for role, s in sizes.items()}
+        out = []
+        for rank in range(next(iter(meshes.values())).size):
+            by_fqn = {}
+            for fqn, layout in composed.items():
+                mesh = meshes[layout.mesh]
+                where = dict(zip(mesh.names, mesh.coordinate(rank), strict=True))
+                local, offset = local_shape_and_offset(shapes[fqn].shape, layout, mesh, where)
+                by_fqn[fqn] = ChunkStorageMetadata(torch.Size(offset), torch.Size(local))
+            out.append(by_fqn)
+        return out
+
+    plans = [
+        SavePlan(
+            [
+                WriteItem(
+                    index=MetadataIndex(fqn, box.offsets),
+                    type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(
+                        chunk=box,
+                        properties=TensorProperties(dtype=torch.bfloat16),
+                        size=torch.Size(shapes[fqn].shape),
+                    ),
+                )
+                for fqn, box in by_fqn.items()
+            ]
+        )
+        for by_fqn in boxes(src)
+    ]
+    _, metadata = create_default_global_save_plan(dedup_save_plans(plans))
+    saved = {
+        fqn: md
+        for fqn, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata)
+    }
+    wanted = boxes(dst)
+    start = time.perf_counter()
+    count = sum(
+        len(create_read_items_for_chunk_list(fqn, saved[fqn], [box]))
+        for by_fqn in wanted
+        for fqn, box in by_fqn.items()
+    )
+    return time.perf_counter() - start, count
+
+
+def run_torch(*, layers: int, worlds: tuple[str, str]) -> None:
+    """torch's load planning beside ``reshard_plan`` on one case: same reads, and the ratio."""
+    table, shapes = deepseek_table(layers)
+    src, dst = (WORLDS[w] for w in worlds)
+    seconds, count = _torch_reads(table, shapes, src, dst)
+    ours, plan = _timed(
+        lambda: reshard_plan(table, table, shapes, src_sizes=src, dst_sizes=dst, fsdp=FSDP)
+    )
+    reads = sum(len(plan.reads(r)) for r in range(plan.world_size))
+    same = "same reads" if reads == count else f"reads differ: {reads:,} against torch's {count:,}"
+    print(f"against torch: {len(table):,} tensors, {worlds[0]} -> {worlds[1]} ranks, {same}")
+    print(f"  torch's load planning, every rank  {seconds:8.3f} s")
+    print(f"  reshard_plan                       {ours:8.3f} s")
+    print(f"  torch / reshard_plan               {seconds / ours:8.1f}")
+
+
 def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
     """Measure and print the report; how many targets were met, of how many."""
     layers = LAYERS if full else (8 if quick else 16)
     repeats = 1 if quick else 3
-    build, (table, shapes) = _best(lambda: deepseek_table(layers), repeats)
+    entries, shapes = deepseek_entries(layers)
+    build, table = _best(lambda: ParamLayoutTable(entries), repeats)
 
     def linted(world: str) -> Callable[[], LintReport]:
         return lambda: lint(table, shapes, mesh_sizes=WORLDS[world], fsdp=FSDP)
@@ -210,6 +327,7 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
     for measure, value, target in checks:
         print(f"  {measure:<42} {value:7.2f}  target <= {target:.1f}")
         met += record(measure, value, target, f"{n:,} tensors")
+    run_torch(layers=8 if full else (2 if quick else 4), worlds=("64", "64 (to)"))
     return met, len(checks)
 
 
