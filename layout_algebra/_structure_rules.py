@@ -20,14 +20,15 @@ however many parameters share it; ``ranks`` are global ranks, row-major over
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, NamedTuple, TypeAlias
+from typing import Final, NamedTuple
 
+from layout_algebra._ranks import Chain, chain_of, index_vector, source_runs
+from layout_algebra._shards import Runs
 from layout_algebra.axes import FSDP_OWNED_AXES
-from layout_algebra.geometry import Runs, local_runs
 from layout_algebra.layout import SourceLayout
-from layout_algebra.placements import Placement, Shard, StridedShard, format_placement
+from layout_algebra.mesh import Mesh, as_mesh
+from layout_algebra.placements import format_placement
 from layout_algebra.shapes import ParamShape
 from layout_algebra.structure import EXPERTS, Packed, Part
 
@@ -47,31 +48,26 @@ class StructureProblem(NamedTuple):
     placement: str | None
 
 
-class _Axis(NamedTuple):
-    name: str
-    placement: Placement
-    size: int
-
-
 class _Dim(NamedTuple):
     """One structured dim of one parameter under one layout, for the messages."""
 
     layout: SourceLayout
     dim: int
     packed: Packed
-    sizes: Mapping[str, int]
+    mesh: Mesh
 
 
 def structure_problems(
     layout: SourceLayout,
     shape: ParamShape,
-    mesh_sizes: Mapping[str, int],
+    mesh_sizes: Mesh | Mapping[str, int],
     *,
     owned: Iterable[str] = FSDP_OWNED_AXES,
 ) -> tuple[StructureProblem, ...]:
     """What ``layout`` breaks inside the structured dims of ``shape``: at most one
     problem per dim, of kind ``"packed-contiguous"``, ``"cuts-unit"`` or ``"experts"``.
 
+    >>> from layout_algebra.placements import Shard
     >>> from layout_algebra.structure import Packed, Part
     >>> kv = ParamShape((512, 4096), "bfloat16", structure={0: Packed([Part("k", 4, 128)])})
     >>> tp8 = SourceLayout("dense", ["tp"], [Shard(0)])
@@ -85,47 +81,28 @@ def structure_problems(
             are row-major over them). An axis of the layout it lacks is the lint's own
             problem: nothing is said here then.
         owned: FSDP's and pipelining's axes.
+
+    Raises:
+        LayoutError: ``mesh_sizes`` is not a mesh (sizes by axis).
     """
-    if not shape.structure or any(a.name not in mesh_sizes for a in layout.axes):
+    if not shape.structure:
         return ()
-    owned_names = frozenset(owned)
+    mesh = as_mesh(mesh_sizes)
+    if any(a.name not in mesh for a in layout.axes):
+        return ()
+    skipped = frozenset(owned) | {name for name, size in mesh.axes if size == 1}
+    kept = [
+        (a, p) for a, p in zip(layout.axes, layout.placements, strict=True) if a.name not in skipped
+    ]
+    source = SourceLayout(layout.mesh, [a for a, _ in kept], [p for _, p in kept])
     out: list[StructureProblem] = []
     for dim, packed in shape.structure.items():
-        axes = [
-            _Axis(a.name, p, mesh_sizes[a.name])
-            for a, p in zip(layout.axes, layout.placements, strict=True)
-            if a.name not in owned_names
-            and isinstance(p, Shard | StridedShard)
-            and p.dim == dim
-            and mesh_sizes[a.name] > 1
-        ]
-        if axes and dim < shape.ndim:
-            found = _check_dim(_Dim(layout, dim, packed, mesh_sizes), axes)
+        chain = chain_of(source, dim, mesh)
+        if chain and dim < shape.ndim:
+            found = _check_dim(_Dim(layout, dim, packed, mesh), chain)
             if found is not None:
                 out.append(found)
     return tuple(out)
-
-
-def _runs(packed: Packed, axes: Sequence[_Axis], where: Sequence[int]) -> Runs:
-    """The rows of the dim the rank at ``where`` (an index per axis of ``axes``) holds."""
-    sub = SourceLayout(
-        "dim",
-        [a.name for a in axes],
-        [_on_dim0(a.placement) for a in axes],
-    )
-    sizes = {a.name: a.size for a in axes}
-    coordinate = {a.name: i for a, i in zip(axes, where, strict=True)}
-    return local_runs((packed.length,), sub, sizes, coordinate)[0]
-
-
-def _on_dim0(p: Placement) -> Placement:
-    if isinstance(p, StridedShard):
-        return StridedShard(0, split_factor=p.split_factor)
-    return Shard(0)
-
-
-def _coordinates(axes: Sequence[_Axis]) -> list[tuple[int, ...]]:
-    return list(itertools.product(*(range(a.size) for a in axes)))
 
 
 def _within(runs: Runs, start: int, stop: int) -> list[range]:
@@ -138,34 +115,29 @@ def _within(runs: Runs, start: int, stop: int) -> list[range]:
     return out
 
 
-def _alone(part: Part, axes: Sequence[_Axis], where: Sequence[int]) -> list[range]:
-    """The rows of ``part`` a rank would hold were the part sharded on its own: each axis
-    a contiguous ``Shard`` of what the axes before it left."""
-    plain = [_Axis(a.name, Shard(0), a.size) for a in axes]
-    return list(_runs(Packed([part]), plain, where))
+def _contiguous(chain: Chain) -> Chain:
+    """``chain`` with every axis a contiguous ``Shard``: a part sharded on its own."""
+    return tuple((axis, size, 1) for axis, size, _ in chain)
 
 
-_Rows: TypeAlias = dict[tuple[int, ...], Runs]
-"""The rows of a dim each coordinate (an index per sharding axis) holds."""
-
-
-def _rows(packed: Packed, axes: Sequence[_Axis]) -> _Rows:
-    return {where: _runs(packed, axes, where) for where in _coordinates(axes)}
-
-
-def _check_dim(at: _Dim, axes: list[_Axis]) -> StructureProblem | None:
+def _check_dim(at: _Dim, chain: Chain) -> StructureProblem | None:
     """The problem of ``dim``, if any: packed-contiguous before cuts-unit before
     experts, each blamed on the first axis (in layout order) whose sharding, with the
-    axes before it, already shows it."""
+    axes before it, already shows it. Indices are row-major over the chain's axes."""
     packed = at.packed
-    prefixes = [(axes[:n], _rows(packed, axes[:n])) for n in range(1, len(axes) + 1)]
+    prefixes = [
+        (chain[:n], source_runs(packed.length, chain[:n])) for n in range(1, len(chain) + 1)
+    ]
     if len(packed.parts) > 1:
         for prefix, rows in prefixes:
+            alone = {
+                part.name: source_runs(part.length, _contiguous(prefix)) for part in packed.parts
+            }
             mixed = {
-                where: runs
-                for where, runs in rows.items()
+                i: runs
+                for i, runs in enumerate(rows)
                 if any(
-                    _within(runs, start, stop) != _alone(part, prefix, where)
+                    _within(runs, start, stop) != list(alone[part.name][i])
                     for part, start, stop in packed.spans()
                 )
             }
@@ -173,25 +145,22 @@ def _check_dim(at: _Dim, axes: list[_Axis]) -> StructureProblem | None:
                 return _packed_problem(at, prefix, mixed)
     for prefix, rows in prefixes:
         for part, start, stop in packed.spans():
-            cuts: dict[tuple[int, ...], list[int]] = {}
-            for where, runs in rows.items():
+            cuts: dict[int, list[int]] = {}
+            for i, runs in enumerate(rows):
                 inside = sorted(
                     {e for r in _within(runs, start, stop) for e in (r.start, r.stop)}
                     - set(range(0, part.length + 1, part.size))
                 )
                 if inside:
-                    cuts[where] = [start + e for e in inside]
+                    cuts[i] = [start + e for e in inside]
             if cuts:
                 return _cut_problem(at, part, prefix, cuts)
     for prefix, rows in prefixes:
         for part, start, stop in packed.spans():
             if part.name != EXPERTS:
                 continue
-            held = {
-                where: sum(map(len, _within(runs, start, stop))) // part.size
-                for where, runs in rows.items()
-            }
-            if len(set(held.values())) > 1:
+            held = [sum(map(len, _within(runs, start, stop))) // part.size for runs in rows]
+            if len(set(held)) > 1:
                 return _experts_problem(at, part, prefix, held)
     return None
 
@@ -209,39 +178,48 @@ def _holding(packed: Packed, runs: Runs) -> str:
     return ", ".join(out)
 
 
-def _blame(prefix: Sequence[_Axis]) -> tuple[_Axis, str, str]:
-    """The axis blamed (the prefix's last), its placement in DSL, and ``on axis 'tp'
-    (8 ranks)``."""
-    axis = prefix[-1]
-    shown = format_placement(axis.placement)
-    return axis, shown, f"{shown} on axis {axis.name!r} ({axis.size} ranks)"
+def _blame(at: _Dim, prefix: Chain) -> tuple[str, int, str, str]:
+    """The axis blamed (the prefix's last), its size, its placement in DSL, and
+    ``S(0) on axis 'tp' (8 ranks)``."""
+    axis, size, _ = prefix[-1]
+    shown = format_placement(at.layout.placement_on(axis))
+    return axis, size, shown, f"{shown} on axis {axis!r} ({size} ranks)"
 
 
-def _packed_problem(at: _Dim, prefix: Sequence[_Axis], mixed: _Rows) -> StructureProblem:
-    layout, dim, packed, sizes = at
-    axis, shown, where = _blame(prefix)
-    ranks = _global_ranks(sizes, prefix, mixed)
-    examples = []
-    for coordinate, runs in list(mixed.items())[:2]:
-        rank = _global_ranks(sizes, prefix, [coordinate])[0]
-        examples.append(f"rank {rank} holds {_holding(packed, runs)}")
+def _global_ranks(at: _Dim, prefix: Chain, indices: Iterable[int]) -> tuple[int, ...]:
+    """Every global rank whose row-major index on the axes of ``prefix`` is one of
+    ``indices``."""
+    wanted = set(indices)
+    return tuple(
+        r for r, i in enumerate(index_vector(at.mesh, [a for a, _, _ in prefix])) if i in wanted
+    )
+
+
+def _packed_problem(at: _Dim, prefix: Chain, mixed: dict[int, Runs]) -> StructureProblem:
+    layout, dim, packed, _ = at
+    axis, _, shown, where = _blame(at, prefix)
+    ranks = _global_ranks(at, prefix, mixed)
+    examples = [
+        f"rank {_global_ranks(at, prefix, [i])[0]} holds {_holding(packed, runs)}"
+        for i, runs in list(mixed.items())[:2]
+    ]
     k = len(packed.parts)
     if packed.equal_parts:
         fix = (
-            f"place _S({dim}, {k}) on {axis.name!r}, which splits each of the {k} equal "
+            f"place _S({dim}, {k}) on {axis!r}, which splits each of the {k} equal "
             "parts on its own (what transformers' packed_colwise does)"
         )
     else:
         fix = (
             f"no placement does that for parts of unequal length: split the module into "
-            f"one weight per part, or replicate dim {dim} on {axis.name!r}"
+            f"one weight per part, or replicate dim {dim} on {axis!r}"
         )
     msg = (
         f"{where} of {layout} shards dim {dim} {packed} as one block, not part by part "
         f"({'; '.join(examples)}), on {_ranks_text(ranks)}: each part must be sharded on "
         f"its own; {fix}"
     )
-    return StructureProblem("packed-contiguous", msg, ranks, axis.name, shown)
+    return StructureProblem("packed-contiguous", msg, ranks, axis, shown)
 
 
 def _divisors(n: int) -> str:
@@ -254,38 +232,36 @@ def _divisors(n: int) -> str:
 
 
 def _cut_problem(
-    at: _Dim, part: Part, prefix: Sequence[_Axis], cuts: dict[tuple[int, ...], list[int]]
+    at: _Dim, part: Part, prefix: Chain, cuts: dict[int, list[int]]
 ) -> StructureProblem:
-    layout, dim, packed, sizes = at
-    axis, shown, where = _blame(prefix)
-    ranks = _global_ranks(sizes, prefix, cuts)
+    layout, dim, packed, _ = at
+    axis, size, shown, where = _blame(at, prefix)
+    ranks = _global_ranks(at, prefix, cuts)
     bounds = sorted({b for found in cuts.values() for b in found})
     more = f" and {len(bounds) - _SHOWN} more" if len(bounds) > _SHOWN else ""
     how = ""
-    if len(prefix) == 1 and isinstance(axis.placement, Shard):
-        chunk = -(-packed.length // axis.size)
+    if len(prefix) == 1 and prefix[0][2] == 1:  # one contiguous Shard: say how torch chunks
+        chunk = -(-packed.length // size)
         how = (
             f"torch chunks its {packed.length} rows {chunk} to a shard "
-            f"(ceil({packed.length} / {axis.size})), so "
+            f"(ceil({packed.length} / {size})), so "
         )
     msg = (
         f"{where} of {layout} cuts the units of {part.name} ({part.count} units of "
         f"{part.size}) in dim {dim} {packed}: {how}shard boundaries fall inside a unit at "
         f"row{'s' if len(bounds) != 1 else ''} {', '.join(map(str, bounds[:_SHOWN]))}{more}, "
-        f"on {_ranks_text(ranks)}; make the size of {axis.name!r} divide {part.count} "
-        f"({_divisors(part.count)}), or replicate dim {dim} on {axis.name!r}"
+        f"on {_ranks_text(ranks)}; make the size of {axis!r} divide {part.count} "
+        f"({_divisors(part.count)}), or replicate dim {dim} on {axis!r}"
     )
-    return StructureProblem("cuts-unit", msg, ranks, axis.name, shown)
+    return StructureProblem("cuts-unit", msg, ranks, axis, shown)
 
 
-def _experts_problem(
-    at: _Dim, part: Part, prefix: Sequence[_Axis], held: dict[tuple[int, ...], int]
-) -> StructureProblem:
-    layout, dim, _, sizes = at
-    axis, shown, where = _blame(prefix)
-    most = max(held.values())
-    ranks = _global_ranks(sizes, prefix, [w for w, n in held.items() if n < most])
-    per = ", ".join(str(n) for n in list(held.values())[:8]) + (", ..." if len(held) > 8 else "")
+def _experts_problem(at: _Dim, part: Part, prefix: Chain, held: list[int]) -> StructureProblem:
+    layout, dim, _, _ = at
+    axis, _, shown, where = _blame(at, prefix)
+    most = max(held)
+    ranks = _global_ranks(at, prefix, [i for i, n in enumerate(held) if n < most])
+    per = ", ".join(str(n) for n in held[:8]) + (", ..." if len(held) > 8 else "")
     shards = len(held)
     why = (
         f"more shards ({shards}) than experts ({part.count})"
@@ -295,24 +271,9 @@ def _experts_problem(
     msg = (
         f"{where} of {layout} splits the {part.count} experts of dim {dim} unevenly "
         f"({why}): {per} experts per shard, so {_ranks_text(ranks)} hold fewer; make the "
-        f"size of {axis.name!r} divide {part.count} ({_divisors(part.count)})"
+        f"size of {axis!r} divide {part.count} ({_divisors(part.count)})"
     )
-    return StructureProblem("experts", msg, ranks, axis.name, shown)
-
-
-def _global_ranks(
-    sizes: Mapping[str, int], axes: Sequence[_Axis], coordinates: Iterable[tuple[int, ...]]
-) -> tuple[int, ...]:
-    """Every global rank (row-major over ``sizes``) whose index on ``axes`` is one of
-    ``coordinates``."""
-    wanted = set(coordinates)
-    names = list(sizes)
-    at = [names.index(a.name) for a in axes]
-    out = []
-    for rank, index in enumerate(itertools.product(*(range(n) for n in sizes.values()))):
-        if tuple(index[i] for i in at) in wanted:
-            out.append(rank)
-    return tuple(out)
+    return StructureProblem("experts", msg, ranks, axis, shown)
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:

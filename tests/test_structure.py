@@ -324,3 +324,232 @@ def test_other_dims_and_unknown_axes_say_nothing() -> None:
     assert (
         structure_problems(_layout(("tp", S0)), ParamShape((64, 16), "bfloat16"), {"tp": 4}) == ()
     )
+
+
+# ---------------------------------------------------------------------------------------
+# read off models: transformers from configs on meta, torchtitan's debug models
+
+
+def _hf(name: str) -> Any:
+    """A tiny transformers model of ``name``, on meta, as ``from_pretrained`` builds it."""
+    import torch  # noqa: PLC0415 - torch loads only for the bridge's tests
+    import transformers  # noqa: PLC0415
+    from transformers import initialization  # noqa: PLC0415
+
+    small: dict[str, Any] = {
+        "vocab_size": 50,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    configs: dict[str, tuple[str, str, dict[str, Any]]] = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+        "qwen3_moe": (
+            "Qwen3MoeConfig",
+            "Qwen3MoeForCausalLM",
+            {"moe_intermediate_size": 16, "head_dim": 16, "num_experts": 6},
+        ),
+        "mixtral": (
+            "MixtralConfig",
+            "MixtralForCausalLM",
+            {"intermediate_size": 16, "num_local_experts": 8},
+        ),
+        "gpt_oss": (
+            "GptOssConfig",
+            "GptOssForCausalLM",
+            {"intermediate_size": 16, "num_local_experts": 8, "head_dim": 8},
+        ),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    }
+    config_name, model_name, extra = configs[name]
+    config = getattr(transformers, config_name)(**(small | extra))
+    with initialization.no_tie_weights(), torch.device("meta"):
+        return getattr(transformers, model_name)(config)
+
+
+def _heads(name: str, count: int, size: int) -> dict[int, Packed]:
+    return {0: Packed([Part(name, count, size)])}
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "mixtral", "gpt_oss", "phi3"])
+def test_transformers_structure_is_what_the_config_says(name: str) -> None:
+    from layout_algebra.torch_bridge import shapes_from_module  # noqa: PLC0415
+
+    model = _hf(name)
+    config = model.config
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    shapes = shapes_from_module(model)
+    attn = "model.layers.0.self_attn"
+    got = {fqn: dict(s.structure) for fqn, s in shapes.items() if s.structure}
+    want: dict[str, dict[int, Packed]] = {
+        f"{attn}.o_proj.weight": {1: Packed([Part("o", heads, head_dim)])}
+    }
+    if name == "phi3":
+        inter = config.intermediate_size
+        want[f"{attn}.qkv_proj.weight"] = {
+            0: Packed(
+                [Part("q", heads, head_dim), Part("k", kv, head_dim), Part("v", kv, head_dim)]
+            )
+        }
+        want["model.layers.0.mlp.gate_up_proj.weight"] = {
+            0: Packed([Part("gate", inter), Part("up", inter)])
+        }
+    else:
+        for proj, count in (("q", heads), ("k", kv), ("v", kv)):
+            want[f"{attn}.{proj}_proj.weight"] = _heads(proj, count, head_dim)
+            if name == "gpt_oss":
+                want[f"{attn}.{proj}_proj.bias"] = _heads(proj, count, head_dim)
+    if name in ("qwen3_moe", "mixtral", "gpt_oss"):
+        experts = getattr(config, "num_experts", None) or config.num_local_experts
+        inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+        every = Packed([Part("experts", experts)])
+        mlp = "model.layers.0.mlp.experts"
+        if name == "gpt_oss":  # (E, H, 2I), gate and up interleaved
+            pairs = Packed([Part("gate_up", inter, 2)])
+            want[f"{mlp}.gate_up_proj"] = {0: every, 2: pairs}
+            want[f"{mlp}.gate_up_proj_bias"] = {0: every, 1: pairs}
+            want[f"{mlp}.down_proj_bias"] = {0: every}
+        else:  # (E, 2I, H), gate then up
+            want[f"{mlp}.gate_up_proj"] = {
+                0: every,
+                1: Packed([Part("gate", inter), Part("up", inter)]),
+            }
+        want[f"{mlp}.down_proj"] = {0: every}
+    assert got == want
+
+
+def test_tp_over_more_ranks_than_kv_heads_is_flagged_naming_the_heads() -> None:
+    from layout_algebra.torch_bridge import shapes_from_module, table_from_hf  # noqa: PLC0415
+
+    model = _hf("llama")  # 2 KV heads of 8
+    shapes = shapes_from_module(model)
+    table = table_from_hf(model, mesh_axes=("tp",))
+    found = {
+        fqn: structure_problems(layout, shapes[fqn], {"tp": 4}) for fqn, layout in table.items()
+    }
+    flagged = {fqn: p for fqn, problems in found.items() for p in problems}
+    attn = "model.layers.0.self_attn"
+    assert sorted(flagged) == [f"{attn}.k_proj.weight", f"{attn}.v_proj.weight"]
+    k = flagged[f"{attn}.k_proj.weight"]
+    assert (k.kind, k.axis, k.placement) == ("cuts-unit", "tp", "S(0)")
+    assert "the units of k (2 units of 8)" in k.message and "[k: 2x8]" in k.message
+    assert all(
+        not problems
+        for problems in (
+            structure_problems(layout, shapes[fqn], {"tp": 2}) for fqn, layout in table.items()
+        )
+    )
+
+
+def test_moe_experts_over_ep_are_flagged_when_they_do_not_divide() -> None:
+    from layout_algebra.torch_bridge import shapes_from_module, table_from_hf  # noqa: PLC0415
+
+    model = _hf("qwen3_moe")  # 6 experts
+    shapes = shapes_from_module(model)
+    table = table_from_hf(model, mesh_axes=("tp",), expert_axes=("ep",))
+    for ep, kinds in ((3, set()), (2, set()), (4, {"experts"})):
+        found = {
+            p.kind
+            for fqn, layout in table.items()
+            for p in structure_problems(layout, shapes[fqn], {"ep": ep, "tp": 1})
+        }
+        assert found == kinds
+
+
+def test_a_user_structure_overrides_by_fqn_or_pattern() -> None:
+    from layout_algebra.torch_bridge import shapes_from_module  # noqa: PLC0415
+
+    model = _hf("phi3")
+    pairs = Packed([Part("gate_up", 64, 2)])
+    mine = Packed([Part("mine", 2, 32)])
+    shapes = shapes_from_module(
+        model,
+        structure={
+            "model.layers.*.mlp.gate_up_proj.weight": {0: pairs},
+            "model.layers.0.self_attn.o_proj.weight": {},
+            "model.*.*.self_attn.qkv_proj.weight": {0: mine},
+        },
+    )
+    assert shapes["model.layers.0.mlp.gate_up_proj.weight"].structure == {0: pairs}
+    assert shapes["model.layers.0.self_attn.o_proj.weight"].structure == {}
+    assert shapes["model.layers.0.self_attn.qkv_proj.weight"].structure == {0: mine}
+
+
+@pytest.mark.parametrize(
+    ("structure", "error", "words"),
+    [
+        (
+            {"model.layers.*.mlp.nothing.weight": {}},
+            "LayoutError",
+            ["match no parameter", "nothing"],
+        ),
+        (
+            {
+                "model.*.0.mlp.gate_up_proj.weight": {0: Packed([Part("a", 128)])},
+                "model.layers.*.mlp.gate_up_proj.weight": {0: Packed([Part("b", 128)])},
+            },
+            "LayoutError",
+            ["equally specific", "gate_up_proj"],
+        ),
+        (
+            {"model.norm.weight": {0: Packed([Part("a", 3)])}},
+            "BindError",
+            ["model.norm.weight", "add up"],
+        ),
+        (
+            {"model.norm.weight": {"0": Packed([Part("a", 32)])}},
+            "LayoutError",
+            ["model.norm.weight", "dims"],
+        ),
+        (
+            {"model.norm.weight": [Packed([Part("a", 32)])]},
+            "LayoutError",
+            ["model.norm.weight", "map a dim"],
+        ),
+        ([("model.norm.weight", {})], "LayoutError", ["structure", "FQNs or patterns"]),
+        ({3: {}}, "LayoutError", ["FQNs or patterns", "3"]),
+    ],
+)
+def test_bad_user_structure_is_a_layout_error(structure: Any, error: str, words: list[str]) -> None:
+    from layout_algebra.errors import BindError  # noqa: PLC0415
+    from layout_algebra.torch_bridge import shapes_from_module  # noqa: PLC0415
+
+    with pytest.raises(LayoutError) as info:
+        shapes_from_module(_hf("phi3"), structure=structure)
+    assert isinstance(info.value, BindError) == (error == "BindError")
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "deepseek_v3"])
+def test_torchtitan_structure_is_what_its_modules_say(name: str) -> None:
+    pytest.importorskip("torchtitan")
+    from layout_algebra.torch_bridge import shapes_from_module  # noqa: PLC0415
+    from tests.torchtitan_runs import Run, build  # noqa: PLC0415 - torchtitan loads late
+
+    model = build(Run(name, "full_dtensor", tp=1), sharded=False)
+    shapes = shapes_from_module(model)
+    attention = dict(model.named_modules())["layers.0.attention"]
+    heads = attention.n_heads
+    if name == "deepseek_v3":
+        assert shapes["layers.0.attention.wq.weight"].structure == _heads(
+            "q", heads, attention.qk_head_dim
+        )
+        kv = attention.qk_nope_head_dim + attention.v_head_dim
+        assert shapes["layers.0.attention.wkv_b.weight"].structure == _heads("kv", heads, kv)
+        o = attention.v_head_dim
+        experts = shapes["layers.1.moe.routed_experts.inner_experts.w1_EFD"]
+        assert experts.structure == {0: Packed([Part("experts", experts.shape[0])])}
+    else:
+        per_kv, head_dim = heads // attention.n_kv_heads, attention.head_dim
+        fused = shapes["layers.0.attention.qkv_linear.wqkv.weight"].structure
+        assert fused == _heads("kv_groups", attention.n_kv_heads, (per_kv + 2) * head_dim)
+        o = head_dim
+    assert shapes["layers.0.attention.wo.weight"].structure == {1: Packed([Part("o", heads, o)])}

@@ -32,6 +32,7 @@ from layout_algebra._frozen import FrozenMap
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.torch_bridge._checks import check_module
 from layout_algebra.torch_bridge._walk import named_parameters
+from layout_algebra.torch_bridge.structure import structure_from_module
 
 __all__ = ["shapes_from_checkpoint"]
 
@@ -244,7 +245,7 @@ def shapes_from_checkpoint(
     (``lm_head.weight``) takes its source's shape; keys that land on buffers are left
     out, as ``shapes_from_module`` lists parameters only. The result equals
     ``shapes_from_module`` of the model the checkpoint was saved from: same FQNs, in the
-    model's order, same shapes and dtypes.
+    model's order, same shapes, dtypes and structure (read off the model).
 
     Raises:
         LayoutError: ``model`` is not a transformers model; checkpoint keys the
@@ -281,4 +282,5 @@ def shapes_from_checkpoint(
                 f"checkpoint of this model's config?); {_HOW}"
             )
             raise LayoutError(msg, fqn=fqn)
-    return FrozenMap({fqn: loaded[fqn] for fqn in params})
+    found = structure_from_module(model)  # what the model's dims are made of, as its own
+    return FrozenMap({fqn: loaded[fqn].with_structure(found.get(fqn, {})) for fqn in params})
