@@ -304,15 +304,20 @@ class _Search:
     """Finds each tensor's layout on a mesh, once per distinct (shape, boxes, writers)."""
 
     def __init__(self) -> None:
-        self.found: dict[tuple[_Key, Mesh, str], SourceLayout | None] = {}
+        self.found: dict[tuple[_Key, Mesh], SourceLayout | None] = {}
 
     def fit(self, saved: _Saved, mesh: Mesh, role: str) -> SourceLayout | None:
-        key = (saved.key, mesh, role)
-        if key not in self.found:
+        """The first layout on ``mesh`` that writes ``saved``, on mesh role ``role``."""
+        key = (saved.key, mesh)
+        if key not in self.found:  # searched under the default role, whatever the role
             self.found[key] = next(
-                (c for c in _candidates(saved, mesh, role) if _writes(saved, c, mesh)), None
+                (c for c in _candidates(saved, mesh, _DEFAULT_ROLE) if _writes(saved, c, mesh)),
+                None,
             )
-        return self.found[key]
+        found = self.found[key]
+        if found is None or role == _DEFAULT_ROLE:
+            return found
+        return SourceLayout(role, found.axes, found.placements)
 
 
 # ---------------------------------------------------------------------------------------
@@ -404,9 +409,10 @@ def _factorings(n: int, most: int) -> list[tuple[int, ...]]:
     return sorted(out, key=len)
 
 
-_WORLDS_TRIED: Final = 4
-"""Without ``mesh=``, worlds are tried from the fewest ranks that can have written the
-checkpoint up to this many times as many."""
+_WORLDS_TRIED: Final = 16
+"""Without ``mesh=``, how many worlds are tried, from the fewest ranks that can have
+written the checkpoint up (every rank that writes a box is seen: only ranks that write
+none, when replicas are many, make the world larger than that)."""
 
 
 def _fewest_ranks(tensors: Sequence[_Saved]) -> int:
@@ -417,16 +423,20 @@ def _fewest_ranks(tensors: Sequence[_Saved]) -> int:
     return max(boxes, top + 1)
 
 
-def _cover(
-    tensors: Sequence[_Saved], world: int, search: _Search
-) -> tuple[dict[str, Mesh], dict[str, SourceLayout], list[_Saved]]:
-    """Roles on meshes of ``world`` ranks: the mesh that writes most tensors (the first,
-    fewest axes first, of those that write as many) is ``dense``, the next one for the
-    rest ``mesh1``, and so on; the tensors no mesh writes are left."""
-    meshes = [
+def _meshes(world: int) -> list[Mesh]:
+    """Every mesh of ``world`` ranks an inferred role may have, fewest axes first."""
+    return [
         Mesh([(f"d{i}", n) for i, n in enumerate(sizes)])
         for sizes in _factorings(world, _MAX_INFERRED_AXES)
     ]
+
+
+def _cover(
+    tensors: Sequence[_Saved], meshes: Sequence[Mesh], search: _Search
+) -> tuple[dict[str, Mesh], dict[str, SourceLayout], list[_Saved]]:
+    """Roles on ``meshes``: the mesh that writes most tensors (the first of those that
+    write as many) is ``dense``, the next one for the rest ``mesh1``, and so on; the
+    tensors no mesh writes are left."""
     left = list(tensors)
     roles: dict[str, Mesh] = {}
     layouts: dict[str, SourceLayout] = {}
@@ -455,10 +465,15 @@ def _infer(
     """Roles, meshes and layouts without a given mesh, on the smallest world that writes
     every tensor (``_cover``)."""
     low = _fewest_ranks(tensors)
-    high = min(low * _WORLDS_TRIED, MAX_RANKS)
+    high = min(low + _WORLDS_TRIED - 1, MAX_RANKS)
     first: list[_Saved] | None = None
     for world in range(low, high + 1):
-        roles, layouts, left = _cover(tensors, world, search)
+        meshes = _meshes(world)
+        if first is not None and any(
+            all(search.fit(s, m, _DEFAULT_ROLE) is None for m in meshes) for s in first
+        ):
+            continue  # a tensor no mesh of this world writes: no cover of every tensor
+        roles, layouts, left = _cover(tensors, meshes, search)
         if not left:
             return roles, layouts, []
         first = left if first is None else first
