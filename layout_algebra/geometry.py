@@ -21,9 +21,7 @@ __all__ = ["Runs", "local_runs", "local_shape_and_offset"]
 
 # Until every caller imports them from their own modules (fsdp, mesh, _shards), the
 # names this module held before they moved are importable from here as well.
-MAX_FSDP_SOURCE_AXES = fsdp.MAX_FSDP_SOURCE_AXES
 MAX_MESH_SIZE = mesh.MAX_MESH_SIZE
-MAX_PIECES = _shards.MAX_PIECES
 MAX_WORLD = mesh.MAX_WORLD
 FsdpAxes = fsdp.FsdpAxes
 FsdpParts = fsdp.FsdpParts
