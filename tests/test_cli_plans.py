@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from layout_algebra import ParamLayoutTable, ParamShape, build_table, complete_default
-from layout_algebra.lint import human_bytes
-from layout_algebra.serialization import from_json, plan_to_json, shapes_to_json, to_json
+from layout_algebra._text import human_bytes
+from layout_algebra.serialization import (
+    from_json,
+    plan_to_json,
+    shapes_from_json,
+    shapes_to_json,
+    to_json,
+)
+from layout_algebra.shapes import shapes_from_safetensors
 from tests.test_cli import (
     PATTERN_FQNS,
     assert_one_line_problem,
@@ -251,7 +258,12 @@ def test_lint_reads_a_checkpoint_directory(
     mesh = ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4", "--json"]
     code, out, err = run(["lint", plan, "--shapes", str(tmp_path / "ckpt"), *mesh], capsys)
     assert (code, err) == (0, "")
-    _, expected, _ = run(["lint", plan, "--shapes", shapes, *mesh], capsys)
+    name = "model.safetensors.index.json" if sharded else "model.safetensors"
+    stored = shapes_from_safetensors(str(tmp_path / "ckpt" / name))
+    assert dict(stored) == dict(shapes_from_json(Path(shapes).read_text()))
+    # the report lists parameters in the order the shapes name them
+    in_order = write(tmp_path / "stored.json", shapes_to_json(stored))
+    _, expected, _ = run(["lint", plan, "--shapes", in_order, *mesh], capsys)
     assert out == expected
     code, out, err = run(["check", plan, *mesh[:-1], "--fqns", str(tmp_path / "ckpt")], capsys)
     assert (code, err) == (0, "")

@@ -5,16 +5,20 @@ Subcommands:
 - ``demo``: a built-in MoE transformer and its plan on a simulated 8-rank mesh;
 - ``show TABLE.json``: a table, aligned, with its tied groups;
 - ``diff A.json B.json``: what changed from one table to another (exit 1 when they differ);
+  either may be a DCP checkpoint directory, compared on its ``--mesh`` with a table or plan
+  by the box each rank holds;
 - ``check PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh dp_shard=2,ep=4] [--fqns FILE]``:
   build the table of a plan (of the model's FQNs when its keys hold patterns), report
-  every problem of it at once, and every placement dropped;
+  every problem of it at once, and every placement dropped; ``check --fingerprint
+  TABLE.json``: the table's fingerprint;
 - ``table PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh ...] [--fqns FILE]``: the table
   ``check`` builds, as JSON on stdout (for ``show``, ``draw``, ``diff``, ``reshard``);
 - ``draw TABLE.json FQN --shape 16,8 --mesh dp_shard=2,tp=4 [--fsdp dp_shard]``: which
   rank holds which block of one parameter.
 - ``reshard SRC.json DST.json --shapes FILE --mesh dp_shard=2,tp=2 --to-mesh tp=4
   [--fsdp dp_shard]``: what loading a checkpoint saved under one table costs each rank
-  under another (bytes per rank, total, largest, the parameters that move most).
+  under another (bytes per rank, total, largest, the parameters that move most); SRC
+  may be a DCP checkpoint directory.
 - ``lint TABLE_OR_PLAN.json --shapes FILE --mesh dp_shard=8,tp=4 [--expert-mesh ...]
   [--fsdp dp_shard] [--json]``: every problem torch would raise, the checkpoint hazard of
   uneven strided shards, the padding they cost, and the parameter bytes of every rank
@@ -27,8 +31,8 @@ Commands that strip FSDP's axes (``check``, ``table``, ``draw``, ``lint``) take
 Exit status: 0 on success, 1 on a layout problem (a bad plan, table or file, or output
 that cannot be written; one line on stderr), 2 on a usage error. ``main`` is the one place
 that turns a problem into its message and exit status: no traceback, names shown escaped,
-output written only once the command has succeeded. Only ``demo`` imports torch, and only
-when it runs.
+output written only once the command has succeeded. Only ``demo`` and a DCP checkpoint
+directory (read by ``torch_bridge.table_from_dcp``) import torch, and only when they run.
 
 The package's modules: ``_types`` (argument types), ``_parser`` (the commands' arguments),
 ``_inputs`` (bounded reading of the input files), ``_commands`` (the commands, which call

@@ -8,13 +8,15 @@ import argparse
 import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
+from layout_algebra._compare import checkpoint_diff
 from layout_algebra._complete import shard_dims_by_role, table_from_plan
-from layout_algebra._text import clip, did_you_mean, escape
-from layout_algebra.algebra import build_table, diff
+from layout_algebra._text import clip, did_you_mean, escape, human_bytes, listed
+from layout_algebra.algebra import TableDiff, build_table, diff
 from layout_algebra.checkpoint import reshard_plan
 from layout_algebra.cli._inputs import (
+    is_directory,
     is_plan,
     load_fqns,
     load_plan,
@@ -26,14 +28,17 @@ from layout_algebra.cli._output import PROG, Problem, Reported, Usage, plural, s
 from layout_algebra.cli._types import owned_axes
 from layout_algebra.draw import draw, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.geometry import compose_table
+from layout_algebra.fsdp import compose_table
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
-from layout_algebra.lint import LintReport, human_bytes, lint
+from layout_algebra.lint import LintReport, lint
 from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Shard, format_placement
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import to_json
 from layout_algebra.shapes import ParamShape
+
+if TYPE_CHECKING:
+    from layout_algebra.torch_bridge.dcp import DcpLayouts
 
 __all__ = ["COMMANDS"]
 
@@ -45,10 +50,10 @@ _NOT_FSDP: Final = frozenset({"pp"})
 
 
 def _say_problems(err: TextIO | None, what: str, problems: Sequence[LayoutError]) -> None:
-    """Every problem of a ``PlanError``, one escaped line each, under ``what``."""
+    """The problems of a ``PlanError``, one escaped line each, under ``what``."""
     say(err, f"{PROG}: {what} {plural(len(problems), 'problem')}:")
-    for problem in problems:
-        say(err, f"  - {escape(problem.message)}")
+    for line in listed([escape(problem.message) for problem in problems]):
+        say(err, line)
 
 
 def _roles(dense: Mesh, expert: Mesh | None) -> dict[str, Mesh]:
@@ -75,13 +80,93 @@ def show_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
 
 def diff_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     """What changed from table A to table B, as ``str`` of the diff prints it; 1 when
-    they differ."""
-    del err
-    changes = diff(load_table(args.a), load_table(args.b))
+    they differ. A checkpoint directory on either side is compared on its mesh."""
+    if is_directory(args.a) or is_directory(args.b):
+        changes = _checkpoint_changes(args, err)
+    else:
+        given = [o for o, name in _CHECKPOINT_OPTIONS.items() if getattr(args, name)]
+        if given:
+            msg = (
+                f"{given[0]} is for comparing a DCP checkpoint directory with a table or "
+                "plan; two tables compare without it"
+            )
+            raise Usage(msg)
+        changes = diff(load_table(args.a), load_table(args.b))
     if not changes:
         return 0
     out.write(f"{changes}\n")
     return 1
+
+
+_CHECKPOINT_OPTIONS: Final = {
+    "--mesh": "mesh",
+    "--expert-mesh": "expert_mesh",
+    "--fsdp": "fsdp",
+    "--expert-fsdp": "expert_fsdp",
+    "--owned": "owned",
+    "--also-owned": "also_owned",
+}
+"""``diff``'s options for a checkpoint directory, and their names in the arguments."""
+
+
+def _checkpoint_changes(args: argparse.Namespace, err: TextIO | None) -> TableDiff:
+    """The diff of a checkpoint directory and a table, plan or other checkpoint, by the
+    box each rank holds (``checkpoint_diff``)."""
+    if args.mesh is None:
+        msg = (
+            "comparing a DCP checkpoint directory needs the mesh it was saved on; give "
+            "--mesh AXIS=N,... (and --expert-mesh for experts)"
+        )
+        raise Usage(msg)
+    meshes = _roles(args.mesh, args.expert_mesh)
+    paths = (args.a, args.b)
+    saved = {path: _read_checkpoint(path, meshes, err) for path in paths if is_directory(path)}
+    checkpoint = next(iter(saved.values()))
+    old, new = (
+        saved[path].table if path in saved else _composed(path, checkpoint, args, err)
+        for path in paths
+    )
+    return checkpoint_diff(old, new, checkpoint.shapes, meshes)
+
+
+def _composed(
+    path: str, checkpoint: DcpLayouts, args: argparse.Namespace, err: TextIO | None
+) -> ParamLayoutTable:
+    """The table in ``path`` as a run on ``--mesh`` holds it: a plan's complete table for
+    the checkpoint's tensors, composed with FSDP (``--fsdp``, or for a plan the mesh's
+    FSDP axis, as ``lint`` finds it)."""
+    text = read(path)
+    from_plan = is_plan(text)
+    if from_plan:
+        plan = load_plan(path, text)
+        table = _plan_table(plan, path, args, err, fqns=list(checkpoint.shapes), complete=True)
+    else:
+        table = load_table(path, text)
+    fsdp, _ = _lint_fsdp(args, owned_axes(args), guess=from_plan)
+    if fsdp is None:
+        return table
+    return compose_table(table, fsdp=fsdp, mesh_sizes=_roles(args.mesh, args.expert_mesh))
+
+
+def _read_checkpoint(
+    path: str, meshes: Mapping[str, Mesh] | None, err: TextIO | None
+) -> DcpLayouts:
+    """The layouts, shapes and meshes of the DCP checkpoint in the directory ``path``
+    (on ``meshes`` when given).
+
+    Raises:
+        Problem: torch, which reads the checkpoint's metadata, is not installed.
+        Reported: tensors no layout writes, each said on ``err``.
+    """
+    try:
+        from layout_algebra.torch_bridge import table_from_dcp  # noqa: PLC0415 (loads torch)
+    except ImportError as e:
+        raise _torch_missing(e, "reading a DCP checkpoint") from None
+    try:
+        return table_from_dcp(path, mesh=meshes)
+    except PlanError as e:
+        _say_problems(err, f"{escape(path)}: the checkpoint has", e.problems)
+        raise Reported from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -175,7 +260,12 @@ def _drops_lines(table: ParamLayoutTable) -> list[str]:
 
 
 def check_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
-    """A summary of the plan's table, the placements dropped, and the table."""
+    """A summary of the plan's table, the placements dropped, and the table; with
+    ``--fingerprint``, the fingerprint of a table or of the plan's table alone."""
+    if args.fingerprint:
+        return _fingerprint(args, out, err)
+    if args.mesh is None:
+        raise Usage("the following arguments are required: --mesh")
     fqns = None if args.fqns is None else load_fqns(args.fqns)
     dense: Mesh = args.mesh
     expert: Mesh | None = args.expert_mesh
@@ -203,6 +293,24 @@ def check_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> 
     for line in _drops_lines(table):
         out.write(line + "\n")
     out.write(f"\n{table}\n")
+    return 0
+
+
+def _fingerprint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """The table's fingerprint (``ParamLayoutTable.fingerprint``), one line."""
+    text = read(args.plan)
+    if is_plan(text):
+        if args.mesh is None:
+            msg = (
+                f"{clip(args.plan)} is a plan: its fingerprint is its table's; give "
+                "--mesh AXIS=N,... (or the table, made by the table command)"
+            )
+            raise Usage(msg)
+        fqns = None if args.fqns is None else load_fqns(args.fqns)
+        made = _plan_table(load_plan(args.plan, text), args.plan, args, err, fqns=fqns)
+    else:
+        made = load_table(args.plan, text)
+    out.write(made.fingerprint() + "\n")
     return 0
 
 
@@ -288,16 +396,48 @@ def _side(
     return table, meshes
 
 
-def reshard_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
-    """What loading a checkpoint saved under one table costs each rank under another."""
-    saved, loaded = load_table(args.src), load_table(args.dst)
+def _saved_side(
+    args: argparse.Namespace, err: TextIO | None
+) -> tuple[ParamLayoutTable, Mapping[str, ParamShape], Mapping[str, Mesh]]:
+    """The layouts the checkpoint was saved under (composed), the shapes and the meshes:
+    read from a DCP checkpoint directory, or the table ``SRC.json`` on ``--mesh``.
+
+    Raises:
+        Usage: an option the source cannot take, or one it needs.
+    """
+    if is_directory(args.src):
+        for option, given in (
+            ("--fsdp", args.fsdp),
+            ("--expert-fsdp", args.expert_fsdp),
+            ("--shapes", args.shapes),
+        ):
+            if given is not None:
+                msg = (
+                    f"{option}: a DCP checkpoint gives its layouts as saved (FSDP's dims "
+                    f"included) and its shapes; drop {option}"
+                )
+                raise Usage(msg)
+        if args.expert_mesh is not None and args.mesh is None:
+            raise Usage("--expert-mesh goes with --mesh, the dense mesh; give both or neither")
+        given_meshes = None if args.mesh is None else _roles(args.mesh, args.expert_mesh)
+        saved = _read_checkpoint(args.src, given_meshes, err)
+        return saved.table, saved.shapes, saved.meshes
+    for option, needed in (("--mesh", args.mesh), ("--shapes", args.shapes)):
+        if needed is None:
+            raise Usage(f"the following arguments are required: {option}")
+    table = load_table(args.src)
     shapes = load_shapes(args.shapes)
+    src, meshes = _side(table, args.mesh, args.expert_mesh, args.fsdp, args.expert_fsdp, prefix="")
+    return src, shapes, meshes
+
+
+def reshard_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """What loading a checkpoint saved under one table (or read from its directory)
+    costs each rank under another."""
     try:
-        src, src_meshes = _side(
-            saved, args.mesh, args.expert_mesh, args.fsdp, args.expert_fsdp, prefix=""
-        )
+        src, shapes, src_meshes = _saved_side(args, err)
         dst, dst_meshes = _side(
-            loaded,
+            load_table(args.dst),
             args.to_mesh,
             args.to_expert_mesh,
             args.to_fsdp,
@@ -516,19 +656,26 @@ def _fsdp_str(fsdp: Mapping[str, str | tuple[str, str]]) -> str:
 # demo
 
 
+def _torch_missing(error: ImportError, what: str) -> Problem:
+    """The problem of torch missing for ``what``; ``error`` itself when it is another.
+
+    Raises:
+        ImportError: ``error``, when not torch is missing (a real fault, not the user's).
+    """
+    if not (error.name or "").startswith("torch") and "needs torch" not in str(error):
+        raise error
+    msg = f"{what} needs torch, which is not installed; pip install 'layout_algebra[torch]'"
+    return Problem(msg)
+
+
 def demo_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
-    """The built-in model and plan on a simulated mesh (the one command that loads torch)."""
+    """The built-in model and plan on a simulated mesh (torch loaded only here and for a
+    checkpoint directory)."""
     del err
     try:
         from layout_algebra._demo import run  # noqa: PLC0415 (torch stays unloaded for the others)
     except ImportError as e:
-        if not (e.name or "").startswith("torch") and "needs torch" not in str(e):
-            raise  # not torch missing: a real fault, not the user's
-        msg = (
-            "demo runs a model on a simulated mesh and needs torch, which is not installed; "
-            "pip install 'layout_algebra[torch]'"
-        )
-        raise Problem(msg) from None
+        raise _torch_missing(e, "demo runs a model on a simulated mesh and") from None
     return run(rank=args.rank, verify=args.verify, as_json=args.json, out=out)
 
 

@@ -20,6 +20,7 @@ from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 
 __all__ = [
     "MAX_INPUT_BYTES",
+    "is_directory",
     "is_plan",
     "load_fqns",
     "load_plan",
@@ -121,6 +122,15 @@ def load_plan(path: str, text: bytes | None = None) -> ShardingPlan:
         raise Problem(f"{path}: {e.message}") from None
 
 
+def is_directory(path: str) -> bool:
+    """Whether ``path`` names a directory (a name this system cannot hold does not:
+    reading it says why)."""
+    try:
+        return os.path.isdir(path)
+    except (OSError, ValueError):
+        return False
+
+
 def _checkpoint_file(path: str, option: str) -> str:
     """The file a checkpoint directory's shapes are read from: its index, else its
     single ``model.safetensors`` (as ``save_pretrained`` writes them); other paths as
@@ -129,11 +139,7 @@ def _checkpoint_file(path: str, option: str) -> str:
     Raises:
         Usage: a directory holding neither.
     """
-    try:
-        is_dir = os.path.isdir(path)
-    except (OSError, ValueError):  # a name this system cannot hold: reading it says so
-        return path
-    if not is_dir:
+    if not is_directory(path):
         return path
     for name in (_INDEX, _SINGLE):
         candidate = os.path.join(path, name)

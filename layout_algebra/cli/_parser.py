@@ -30,7 +30,9 @@ _RESHARD_DESCRIPTION: Final = (
     "mesh's axes, in order), the total, the largest, the parameters that move most. "
     "Both tables are source tables; --fsdp / --to-fsdp compose a side with FSDP2 "
     "sharding over that axis (its expert mesh too, unless --expert-fsdp / "
-    "--to-expert-fsdp name another)."
+    "--to-expert-fsdp name another). SRC may be a DCP checkpoint directory: its "
+    "layouts, shapes and meshes are read from its metadata alone (on --mesh and "
+    "--expert-mesh when given), as saved, FSDP's dims included."
 )
 
 _LINT_HELP: Final = "check a table or plan against the model's shapes; each rank's bytes"
@@ -84,10 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("table", metavar="TABLE.json", help="a table file ('-' for stdin)")
 
     dif = sub.add_parser(
-        "diff", help="what changed from table A to table B (exit 1 when they differ)"
+        "diff",
+        help="what changed from table A to table B (exit 1 when they differ)",
+        description=(
+            "What changed from table A to table B, one line per FQN; exit 1 when they "
+            "differ. Either may be a DCP checkpoint directory (as dcp.save wrote it; its "
+            "metadata alone is read) and the other a table or plan: give the mesh it was "
+            "saved on (--mesh, --expert-mesh) and, for a source table, FSDP's axis "
+            "(--fsdp; a plan's is found as lint finds it). Layouts that put the same box "
+            "of a tensor on every rank are no change."
+        ),
     )
-    dif.add_argument("a", metavar="A.json", help="the old table")
-    dif.add_argument("b", metavar="B.json", help="the new table")
+    dif.add_argument("a", metavar="A.json", help="the old table (or checkpoint directory)")
+    dif.add_argument(
+        "b", metavar="B.json", help="the new table (or plan, beside a checkpoint directory)"
+    )
+    _add_checkpoint_meshes(dif)
 
     check = sub.add_parser(
         "check",
@@ -99,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
             "and the table; or every problem with its FQN."
         ),
     )
-    _add_plan_arguments(check)
+    _add_plan_arguments(check, fingerprint=True)
     table = sub.add_parser(
         "table",
         help="the table of a plan on a mesh, as JSON (for show, draw, diff, reshard, lint)",
@@ -148,13 +162,68 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of a command that builds the table of a plan (``check``, ``table``)."""
-    parser.add_argument("plan", metavar="PLAN.json", help="a plan file ('-' for stdin)")
+def _add_checkpoint_meshes(parser: argparse.ArgumentParser) -> None:
+    """The meshes and FSDP axes of ``diff`` with a checkpoint directory."""
     parser.add_argument(
         "--mesh",
         type=mesh_arg,
-        required=True,
+        default=None,
+        metavar="AXIS=N,...",
+        help="with a checkpoint directory: the dense mesh it was saved on, e.g. dp_shard=2,tp=2",
+    )
+    parser.add_argument(
+        "--expert-mesh",
+        type=mesh_arg,
+        default=None,
+        metavar="AXIS=N,...",
+        help="with a checkpoint directory: the expert mesh, over the same ranks",
+    )
+    parser.add_argument(
+        "--fsdp",
+        type=fsdp_arg,
+        default=None,
+        metavar="AXIS",
+        help=(
+            "the axis FSDP2 shards the table's layouts over (REPLICATE,SHARD for HSDP); "
+            "for a plan, default: the one FSDP-owned axis of --mesh of size > 1"
+        ),
+    )
+    parser.add_argument(
+        "--expert-fsdp",
+        type=fsdp_arg,
+        default=None,
+        metavar="AXIS",
+        help="the axis FSDP2 shards the experts over (default: --fsdp)",
+    )
+    add_owned_arguments(parser)
+
+
+def _add_plan_arguments(parser: argparse.ArgumentParser, *, fingerprint: bool = False) -> None:
+    """The arguments of a command that builds the table of a plan (``check``, ``table``);
+    with ``fingerprint``, ``--fingerprint`` (which takes a table too, and needs no mesh)."""
+    parser.add_argument(
+        "plan",
+        metavar="PLAN.json",
+        help=(
+            "a plan file ('-' for stdin); with --fingerprint, a table file too"
+            if fingerprint
+            else "a plan file ('-' for stdin)"
+        ),
+    )
+    if fingerprint:
+        parser.add_argument(
+            "--fingerprint",
+            action="store_true",
+            help=(
+                "print only the fingerprint of the table (of a table file, or of the "
+                "plan's table on --mesh): store it beside a checkpoint, compare it at load"
+            ),
+        )
+    parser.add_argument(
+        "--mesh",
+        type=mesh_arg,
+        required=not fingerprint,
+        default=None,
         metavar="AXIS=N,...",
         help="the dense mesh, e.g. dp_shard=2,tp=4",
     )
@@ -179,22 +248,27 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_reshard(rsh: argparse.ArgumentParser) -> None:
     """The arguments of ``reshard``."""
-    rsh.add_argument("src", metavar="SRC.json", help="the table the checkpoint was saved under")
+    rsh.add_argument(
+        "src",
+        metavar="SRC.json",
+        help="the table the checkpoint was saved under, or the DCP checkpoint directory",
+    )
     rsh.add_argument("dst", metavar="DST.json", help="the table it is loaded under")
     rsh.add_argument(
         "--shapes",
-        required=True,
+        default=None,
         metavar="FILE",
         help=(
             "shapes.json, a .safetensors file, a model.safetensors.index.json or the "
-            "checkpoint directory holding one"
+            "checkpoint directory holding one (a DCP checkpoint gives its own)"
         ),
     )
     for side, run in (("", "saving"), ("to-", "loading")):
         rsh.add_argument(
             f"--{side}mesh",
             type=mesh_arg,
-            required=True,
+            required=side == "to-",
+            default=None,
             metavar="AXIS=N,...",
             help=f"the {run} run's dense mesh, e.g. dp_shard=2,tp=4",
         )
