@@ -440,7 +440,10 @@ class LintReport:
         bad = [c for c in self.coverage if not c.exact]
         n = len(self.coverage)
         tensors = sum(c.tensors for c in self.coverage)
-        kinds = f"{n} kind{'s' if n != 1 else ''} of parameter ({tensors:,} storages)"
+        kinds = (
+            f"{n} kind{'s' if n != 1 else ''} of parameter "
+            f"({tensors:,} storage{'s' if tensors != 1 else ''})"
+        )
         if not bad:
             return [f"checkpoint coverage: {kinds}, each element saved exactly once per replica"]
         lines = [f"checkpoint coverage: {len(bad)} of {kinds} not saved exactly once:"]
