@@ -298,6 +298,7 @@ def test_roles_are_tried_in_order(tmp_path: Path) -> None:
         ({"tp": 2}, "maps roles to meshes"),
         ({"dense": Mesh({"tp": 2}), "expert": Mesh({"ep": 4})}, "meshes of one size"),
         (Mesh({"tp": 2}), "files name rank 3"),
+        (Mesh({"dp": 2**20, "tp": 4}), "more than the"),
     ],
 )
 def test_bad_meshes_are_errors(tmp_path: Path, mesh: object, says: str) -> None:

@@ -255,7 +255,7 @@ def _sharded_dims(saved: _Saved) -> list[tuple[int, int]]:
     ]
 
 
-def _candidates(saved: _Saved, mesh: Mesh, role: str) -> Iterator[SourceLayout]:
+def _candidates(saved: _Saved, mesh: Mesh) -> Iterator[SourceLayout]:
     """Every layout on ``mesh`` that may write ``saved``'s boxes, in the order of
     preference the module's docstring states."""
     dims = _sharded_dims(saved)
@@ -283,7 +283,7 @@ def _candidates(saved: _Saved, mesh: Mesh, role: str) -> Iterator[SourceLayout]:
                     placements.append(StridedShard(d, split_factor=later))
                 else:
                     placements.append(Shard(d))
-            yield SourceLayout(role, mesh.names, placements)
+            yield SourceLayout(_DEFAULT_ROLE, mesh.names, placements)
 
 
 def _writes(saved: _Saved, layout: SourceLayout, mesh: Mesh) -> bool:
@@ -311,7 +311,7 @@ class _Search:
         key = (saved.key, mesh)
         if key not in self.found:  # searched under the default role, whatever the role
             self.found[key] = next(
-                (c for c in _candidates(saved, mesh, _DEFAULT_ROLE) if _writes(saved, c, mesh)),
+                (c for c in _candidates(saved, mesh) if _writes(saved, c, mesh)),
                 None,
             )
         found = self.found[key]
@@ -382,6 +382,9 @@ def _as_role_meshes(mesh: object) -> dict[str, Mesh]:
             raise LayoutError(msg)
         out[role] = value if isinstance(value, Mesh) else Mesh(value)  # Mesh checks the rest
     sizes = {role: m.size for role, m in out.items()}
+    if any(n > MAX_RANKS for n in sizes.values()):
+        msg = f"mesh: {sizes} ranks, more than the {MAX_RANKS:,} followed here; check the sizes"
+        raise LayoutError(msg)
     if len(set(sizes.values())) > 1:
         msg = (
             f"mesh: every role's mesh spans the world of ranks that saved the checkpoint, "
