@@ -95,6 +95,19 @@ INTERNALS = frozenset(
         "axis_name_set",
         "check_distinct_axes",
         "check_fqn",
+        "as_mesh",
+        "as_coordinate",
+        "as_role_sizes",
+        "coordinates",
+        "world_size",
+        "check_layout",
+        "check_dims",
+        "shard_dim_of",
+        "held_runs",
+        "as_fsdp_axes",
+        "as_shard_dims",
+        "compose_entry",
+        "plan_error",
     }
 )
 """Helpers of the package's own modules: importable from there, exported nowhere."""
