@@ -183,7 +183,7 @@ def test_without_file_names_the_first_layout_that_writes_the_boxes_is_read(
     """Another storage's file names say nothing of ranks: even rows split over both axes
     are read as FSDP2 writes them, ``_S`` first, and load the same reads either way."""
     layout, shape, mesh = KNOWN["both-S0-even"]
-    shape, chunks, _ = saved_by(layout, shape, mesh)
+    _, chunks, _ = saved_by(layout, shape, mesh)
     got = table_from_dcp(write_metadata(tmp_path, {"w": (shape, chunks, {})}), mesh=mesh)
     assert got.table["w"] == on(mesh, StridedShard(0, split_factor=2), S0)
     assert dcp_chunks(got.table["w"], shape, mesh) == chunks
