@@ -51,7 +51,13 @@ from layout_algebra.layout import (
     partial_error,
 )
 from layout_algebra.mesh import Mesh
-from layout_algebra.shapes import DTYPE_BYTES, as_dtype, fused_experts, per_expert_message
+from layout_algebra.shapes import (
+    DTYPE_BYTES,
+    ParamShape,
+    as_dtype,
+    fused_experts,
+    per_expert_message,
+)
 
 __all__ = [
     "MAX_RANKS",
@@ -793,6 +799,7 @@ def _plan_all(
     fqns: list[str] = []
     kinds: list[_Pattern] = []
     problems: list[LayoutError] = []
+    known: dict[tuple[SourceLayout, SourceLayout, HasShape], _Pattern] = {}
     for fqn, layout in dst.items():
         try:
             old = src.get(fqn)
@@ -802,8 +809,14 @@ def _plan_all(
                     "torch refuses a missing key: add it to src, or leave it out of dst"
                 )
                 raise LayoutError(msg, fqn=fqn)
-            shape, itemsize = _read_shape(fqn, _find_shape(fqn, shapes, dst))
-            pattern = planner.pattern(fqn, old, layout, shape, itemsize)
+            found = _find_shape(fqn, shapes, dst)
+            value = type(found) is ParamShape  # a value: equal shapes read alike
+            pattern = known.get((old, layout, found)) if value else None
+            if pattern is None:
+                shape, itemsize = _read_shape(fqn, found)
+                pattern = planner.pattern(fqn, old, layout, shape, itemsize)
+                if value:
+                    known[old, layout, found] = pattern
         except LayoutError as error:
             if error.fqn != fqn:
                 named = LayoutError(
