@@ -17,11 +17,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final, TypeVar, cast
 
 from layout_algebra._frozen import FrozenMap
-from layout_algebra._json_write import FORMAT_VERSION
+from layout_algebra._json_write import FINGERPRINT, FORMAT_VERSION
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
-from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout, check_no_partial
+from layout_algebra.layout import (
+    Drop,
+    ParamLayoutTable,
+    SourceLayout,
+    check_no_partial,
+    interned,
+)
 from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Partial, Placement, parse_placement
 from layout_algebra.plan import ModulePlan, ShardingPlan
@@ -46,9 +52,10 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-_LAYOUT_KEYS: Final = frozenset({"mesh", "axes", "placements"})
+_LAYOUT_ORDER: Final = ("mesh", "axes", "placements")
+_LAYOUT_KEYS: Final = frozenset(_LAYOUT_ORDER)
 _TABLE_KEYS: Final = frozenset({"version", "entries"})
-_TABLE_OPTIONAL: Final = frozenset({"tied", "dropped"})
+_TABLE_OPTIONAL: Final = frozenset({"tied", "dropped", FINGERPRINT})
 _DROP_KEYS: Final = frozenset({"fqn", "mesh", "axis", "placement"})
 _PLAN_KEYS: Final = frozenset({"version", "mesh_axes", "modules"})
 _PLAN_OPTIONAL: Final = frozenset({"tied_pairs"})
@@ -96,14 +103,32 @@ def _string_keys(value: dict[object, object], path: str) -> None:
             raise fail(where, "keys are strings (FQNs, paths, axis names)", k)
 
 
+def _fields(value: object, path: str, at: Callable[[str, str], str]) -> dict[str, object] | None:
+    """A JSON object's values by key, ``None`` if ``value`` is no object. A key given twice
+    would silently drop a value: it is refused, at ``at(path, key)``."""
+    if type(value) is _Pairs:
+        fields = dict(value)
+        if len(fields) != len(value):
+            seen: set[str] = set()
+            for key, _ in value:
+                if key in seen:
+                    msg = f"key {clip(key)!r} appears twice in one JSON object; give each key once"
+                    raise fail(at(path, key), msg, key)
+                seen.add(key)
+        return fields
+    if isinstance(value, dict):
+        _string_keys(value, path)
+        return value
+    return None
+
+
 def _object(
     value: object, path: str, required: frozenset[str], optional: frozenset[str] = frozenset()
 ) -> dict[str, object]:
-    _check_unique(value, path, at_field)
-    if not isinstance(value, dict):
+    doc = _fields(value, path, at_field)
+    if doc is None:
         raise fail(path, "expected a JSON object", value)
-    _string_keys(value, path)
-    keys = value.keys()
+    keys = doc.keys()
     missing = required - keys
     if missing:
         name = sorted(missing)[0]
@@ -113,17 +138,16 @@ def _object(
         name = sorted(extra)[0]
         allowed = ", ".join(sorted(required | optional))
         where = at_field(path, clip(name))
-        raise fail(where, f"unknown field {clip(name)!r} (allowed: {allowed})", value[name])
-    return value
+        raise fail(where, f"unknown field {clip(name)!r} (allowed: {allowed})", doc[name])
+    return doc
 
 
 def _mapping(value: object, path: str, what: str) -> dict[str, object]:
     """A JSON object of any keys (``what`` says of which), or the error at ``path``."""
-    _check_unique(value, path, at_key)
-    if not isinstance(value, dict):
+    fields = _fields(value, path, at_key)
+    if fields is None:
         raise fail(path, f"expected a JSON object of {what}", value)
-    _string_keys(value, path)
-    return value
+    return fields
 
 
 def _list(value: object, path: str) -> list[object]:
@@ -250,22 +274,29 @@ def read_layout(value: object, path: str) -> SourceLayout:
 
 
 def _entry(fqn: str, raw: object, where: str) -> SourceLayout:
-    """One table entry: a layout with no ``Partial``."""
+    """One table entry: a layout with no ``Partial``, as the one object tables hold for
+    it (so the table takes the entries as they are)."""
     layout = read_layout(raw, where)
     for i, p in enumerate(layout.placements):
         if isinstance(p, Partial):
             path = at_index(at_field(where, "placements"), i)
             _wrap(path, lambda: check_no_partial(fqn, layout), fqn=fqn)
-    return layout
+    return interned(layout)
 
 
 def _spelling(raw: object) -> tuple[object, ...] | None:
-    """A layout's JSON object as a value to compare, when it has just the three fields
-    and two arrays (``None`` otherwise: read in full)."""
-    if type(raw) is dict and raw.keys() == _LAYOUT_KEYS:
-        axes, placements = raw["axes"], raw["placements"]
-        if type(axes) is list and type(placements) is list:
-            return (raw["mesh"], tuple(axes), tuple(placements))
+    """A layout's JSON object as a value to compare, when it is its three fields (as
+    written, in that order) and its two arrays; ``None`` otherwise (it is read in full)."""
+    if type(raw) is _Pairs and len(raw) == len(_LAYOUT_ORDER):
+        (mesh_key, mesh), (axes_key, axes), (placements_key, placements) = raw
+        if (mesh_key, axes_key, placements_key) != _LAYOUT_ORDER:
+            return None
+    elif type(raw) is dict and raw.keys() == _LAYOUT_KEYS:
+        mesh, axes, placements = raw["mesh"], raw["axes"], raw["placements"]
+    else:
+        return None
+    if type(axes) is list and type(placements) is list:
+        return (mesh, tuple(axes), tuple(placements))
     return None
 
 
@@ -322,20 +353,45 @@ def _drops(value: object, path: str) -> list[Drop]:
     out: list[Drop] = []
     read: dict[tuple[object, ...], Drop] = {}
     for i, raw in enumerate(_list(value, path)):
+        where = at_index(path, i)
+        fields = _fields(raw, where, at_field)
         spelling = None
-        if type(raw) is dict and raw.keys() == _DROP_KEYS:
-            fqn, mesh, axis, placement = raw["fqn"], raw["mesh"], raw["axis"], raw["placement"]
+        if fields is not None and fields.keys() == _DROP_KEYS:
+            fqn, mesh, axis, placement = (fields[k] for k in ("fqn", "mesh", "axis", "placement"))
             if type(mesh) is str and type(axis) is str and type(placement) is str:
                 spelling = (mesh, axis, placement)
                 known = read.get(spelling)
                 if known is not None and type(fqn) is str and fqn:
                     out.append(Drop(fqn, known.mesh, known.axis, known.placement))
                     continue
-        drop = _drop(raw, at_index(path, i))
+        drop = _drop(raw, where)
         if spelling is not None:
             read[spelling] = drop
         out.append(drop)
     return out
+
+
+def _check_fingerprint(table: ParamLayoutTable, value: object, path: str) -> None:
+    """A document's fingerprint must be the one of what was read from it."""
+    written = _str(value, path)
+    content = table.fingerprint()
+    if written == content:
+        return
+    version, colon, _ = written.partition(":")
+    if colon and version != content.partition(":")[0]:
+        # a digest of another version differs whatever the content: say so, claim no edit
+        msg = (
+            f"{shown(path)}: the document's fingerprint {quote(written)} is of another "
+            f"version than the one this package computes ({content!r}), so the content "
+            f'cannot be checked; delete the "{FINGERPRINT}" field to read it unchecked'
+        )
+    else:
+        msg = (
+            f"{shown(path)}: the document's fingerprint {quote(written)} differs from "
+            f"{content!r}, the fingerprint of the table it holds: the file was changed after "
+            f'it was written; delete the "{FINGERPRINT}" field to accept the edit'
+        )
+    raise SerializationError(msg, path=shown(path))
 
 
 def read_table(value: object, path: str = "") -> ParamLayoutTable:
@@ -358,7 +414,10 @@ def read_table(value: object, path: str = "") -> ParamLayoutTable:
                 return at_index(tied_path, i)
         return tied_path if groups else None
 
-    return _wrap(path, lambda: ParamLayoutTable(entries, tied=groups, dropped=drops), locate)
+    table = _wrap(path, lambda: ParamLayoutTable(entries, tied=groups, dropped=drops), locate)
+    if FINGERPRINT in doc:
+        _check_fingerprint(table, doc[FINGERPRINT], at_field(path, FINGERPRINT))
+    return table
 
 
 # ---------------------------------------------------------------------------------------
@@ -428,19 +487,19 @@ def read_plan(value: object, path: str = "") -> ShardingPlan:
 
 def read_mesh(value: object, path: str) -> Mesh:
     """A ``Mesh`` from its JSON object: axis name to size, in mesh order."""
-    if type(value) is not dict:
+    sizes = _fields(value, path, at_key)
+    if sizes is None:
         raise fail(
             path, 'expected a mesh: an object of axis name to size, such as {"tp": 4}', value
         )
-    _string_keys(value, path)
-    for name, size in value.items():
+    for name, size in sizes.items():
         if type(size) is not int:
             raise fail(at_key(path, name), "expected a mesh size (an int >= 1)", size)
 
     def locate(e: LayoutError) -> str | None:
-        return None if e.axis is None or e.axis not in value else at_key(path, e.axis)
+        return None if e.axis is None or e.axis not in sizes else at_key(path, e.axis)
 
-    return _wrap(path, lambda: Mesh(value), locate)
+    return _wrap(path, lambda: Mesh(cast("dict[str, int]", sizes)), locate)
 
 
 def read_param_shape(value: object, path: str) -> ParamShape:
@@ -476,15 +535,16 @@ def read_shapes(value: object, path: str = "") -> FrozenMap[str, ParamShape]:
         where = at_key(params_path, fqn)
         if not fqn:
             raise fail(where, "a parameter FQN must be non-empty", fqn)
+        fields = _fields(spec, where, at_field)
         spelling: tuple[object, ...] | None = None
         if (
-            type(spec) is dict
-            and spec.keys() == _SHAPE_KEYS
-            and type(spec["dtype"]) is str
-            and type(spec["shape"]) is list
-            and all(type(n) is int for n in spec["shape"])
+            fields is not None
+            and fields.keys() == _SHAPE_KEYS
+            and type(fields["dtype"]) is str
+            and type(fields["shape"]) is list
+            and all(type(n) is int for n in fields["shape"])
         ):
-            spelling = (spec["dtype"], *spec["shape"])
+            spelling = (fields["dtype"], *fields["shape"])
         shape = read.get(spelling) if spelling is not None else None
         if shape is None:
             shape = read_param_shape(spec, where)
@@ -498,30 +558,15 @@ def read_shapes(value: object, path: str = "") -> FrozenMap[str, ParamShape]:
 # text
 
 
-class _Duplicated(dict[str, object]):
-    """A JSON object that spelled a key twice; reported where the reader meets it."""
+class _Pairs(tuple[tuple[str, object], ...]):
+    """A JSON object as ``load`` gives it: its key and value pairs in order (a key may be
+    there twice). The reader makes a dict of it where it reads it (``_fields``), so a
+    table entry spelled as one already read is never made into one."""
 
-    __slots__ = ("key",)
+    __slots__ = ()
 
-    def __init__(self, pairs: list[tuple[str, object]], key: str) -> None:
-        super().__init__(pairs)
-        self.key = key
-
-
-def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        keys = [k for k, _ in pairs]
-        return _Duplicated(pairs, next(k for i, k in enumerate(keys) if k in keys[:i]))
-    return out
-
-
-def _check_unique(value: object, path: str, at: Callable[[str, str], str]) -> None:
-    """A key spelled twice would silently drop a value: refuse it, at its path."""
-    if isinstance(value, _Duplicated):
-        where = at(path, value.key)
-        msg = f"key {clip(value.key)!r} appears twice in one JSON object; give each key once"
-        raise fail(where, msg, value.key)
+    def __repr__(self) -> str:  # messages show it as the object it spells
+        return "{" + ", ".join(f"{k!r}: {v!r}" for k, v in self) + "}"
 
 
 class _NonFinite(Exception):
@@ -533,11 +578,11 @@ def _reject_constant(name: str) -> object:
 
 
 def load(text: str | bytes) -> object:
-    """The JSON value of ``text``, every object with its keys once, no NaN or Infinity."""
+    """The JSON value of ``text`` (each object as its ``_Pairs``); no NaN or Infinity."""
     if not isinstance(text, str | bytes | bytearray):
         raise fail("", "expected JSON text", text)
     try:
-        return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_reject_constant)
+        return json.loads(text, object_pairs_hook=_Pairs, parse_constant=_reject_constant)
     except _NonFinite as e:
         raise fail("", "NaN and Infinity are not JSON", str(e)) from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, absurd nesting

@@ -22,6 +22,7 @@ from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape
 
 __all__ = [
+    "FINGERPRINT",
     "FORMAT_VERSION",
     "layout_obj",
     "mesh_obj",
@@ -37,6 +38,9 @@ __all__ = [
 
 FORMAT_VERSION: Final = 1
 """The version written into, and required of, every document."""
+
+FINGERPRINT: Final = "fingerprint"
+"""The field of a table document holding ``ParamLayoutTable.fingerprint()``."""
 
 
 def layout_obj(layout: SourceLayout) -> dict[str, object]:
@@ -66,6 +70,7 @@ def _table_doc(table: ParamLayoutTable, entries: object) -> dict[str, object]:
     }
     if table.dropped:
         doc["dropped"] = [_drop_obj(d) for d in table.dropped]
+    doc[FINGERPRINT] = table.fingerprint()
     return doc
 
 

@@ -7,11 +7,15 @@ table entry per line::
      "entries": {
       "emb.weight": {"mesh": "dense", "axes": ["tp", "ep"], "placements": ["S(0)", "R"]}
      },
-     "tied": [["emb.weight", "head.weight"]]}
+     "tied": [["emb.weight", "head.weight"]],
+     "fingerprint": "..."}
 
 A table that ``build_table`` dropped placements for also has ``"dropped"``, one object a
 drop (``{"fqn": ..., "mesh": ..., "axis": ..., "placement": "S(0)"}``); a document
-without it has none.
+without it has none. ``"fingerprint"`` is ``ParamLayoutTable.fingerprint()`` of the
+table written: a document whose content no longer has it was changed after it was
+written, and is refused until the field is deleted; a document without it is read as it
+is.
 
 Reading is strict: an unknown key, a duplicate key, a key that is not a string, a wrong
 type, a bad placement or axis, or a table or plan that breaks its invariants raises
@@ -110,15 +114,18 @@ def _checked(value: object, kind: type[_T], fn: str) -> _T:
 
 def to_json(table: ParamLayoutTable) -> str:
     """The table as a version-1 JSON document, one entry per line (then, when
-    ``table.dropped`` holds any, one drop per line after the tied groups).
+    ``table.dropped`` holds any, one drop per line after the tied groups), and its
+    fingerprint last.
 
     >>> from layout_algebra import Shard
     >>> print(to_json(ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})))
+    ... # doctest: +ELLIPSIS
     {"version": 1,
      "entries": {
       "w": {"mesh": "dense", "axes": ["tp"], "placements": ["S(0)"]}
      },
-     "tied": []}
+     "tied": [],
+     "fingerprint": "..."}
 
     Raises:
         SerializationError: ``table`` is not a ``ParamLayoutTable``.
@@ -131,7 +138,9 @@ def from_json(text: str | bytes) -> ParamLayoutTable:
 
     Raises:
         SerializationError: the text is not such a document; the message and ``.path``
-            give the JSON path of the first bad value.
+            give the JSON path of the first bad value. A document whose ``"fingerprint"``
+            is not the one of the table it holds was changed after it was written: the
+            error gives both, and deleting the field accepts the change.
     """
     return read_table(load(text))
 

@@ -500,6 +500,28 @@ def test_a_file_name_no_system_holds_is_one_line(
     assert "\\ud800" in err  # shown escaped
 
 
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_a_table_file_changed_after_it_was_written_is_one_line(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})
+    written = tmp_path / "written.json"
+    written.write_text(to_json(table))
+    edited = tmp_path / "edited.json"
+    edited.write_text(to_json(table).replace('"S(0)"', '"S(1)"'))
+    argv = [command, str(edited)] if command == "show" else [command, str(written), str(edited)]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert table.fingerprint() in err and "the file was changed after it was written" in err
+    doc = json.loads(edited.read_text())
+    del doc["fingerprint"]  # the remedy the message gives
+    edited.write_text(json.dumps(doc))
+    assert main(argv) == (0 if command == "show" else 1)  # diff: 1 when the tables differ
+    out, err = capsys.readouterr()
+    assert err == "" and "S(1)" in out
+
+
 class _PathRaising:
     def __fspath__(self) -> str:
         raise RuntimeError("no path today")

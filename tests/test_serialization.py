@@ -80,6 +80,7 @@ def test_table_document_is_the_documented_format() -> None:
             "layers.7.w": {"mesh": "expert", "axes": ["ep", "tp"], "placements": ["S(0)", "S(1)"]},
         },
         "tied": [["emb.weight", "head.weight"]],
+        "fingerprint": TABLE.fingerprint(),
     }
     assert converter.unstructure(TABLE) == doc
 
@@ -176,7 +177,8 @@ def test_drops_are_written_one_per_line_after_the_tied_groups() -> None:
         '  {"fqn": "layers.7.w", "mesh": "expert", "axis": "tp", "placement": "S(1)"},\n'
         '  {"fqn": "emb.weight", "mesh": "dense", "axis": "cp", "placement": "_S(0, 2)"},\n'
         '  {"fqn": "head.weight", "mesh": "expert", "axis": "tp", "placement": "S(1)"}\n'
-        " ]}"
+        " ],\n"
+        f' "fingerprint": "{DROPPED.fingerprint()}"}}'
     )
     assert converter.unstructure(DROPPED) == json.loads(text)
     assert "dropped" not in json.loads(to_json(TABLE))  # a table without drops reads as before
@@ -252,6 +254,97 @@ def test_bad_drops(dropped: object, path: str, words: str) -> None:
             read()
         assert info.value.path == path
         assert words in info.value.message
+
+
+# --------------------------------------------------------------------------------------
+# the fingerprint: written last, and checked when a document has it
+
+
+def _unsigned(text: str) -> str:
+    doc = json.loads(text)
+    del doc["fingerprint"]
+    return json.dumps(doc)
+
+
+def test_the_fingerprint_is_written_last_on_its_own_line() -> None:
+    for table in [TABLE, DROPPED, ParamLayoutTable({})]:
+        last = to_json(table).splitlines()[-1]
+        assert last == f' "fingerprint": "{table.fingerprint()}"}}'
+
+
+def test_a_document_without_a_fingerprint_is_read_unchecked() -> None:
+    assert from_json(_unsigned(to_json(DROPPED))).dropped == DROPS
+    assert converter.structure(json.loads(_unsigned(to_json(TABLE))), ParamLayoutTable) == TABLE
+
+
+def test_other_spacing_and_order_keep_the_fingerprint() -> None:
+    doc = json.loads(to_json(DROPPED))
+    doc["entries"] = dict(reversed(doc["entries"].items()))
+    doc["tied"] = [list(reversed(group)) for group in doc["tied"]]
+    back = from_json(json.dumps(doc, indent=4))
+    assert back == DROPPED and back.dropped == DROPS
+
+
+EDITS: Final = [
+    ('"placements": ["S(0)", "S(1)"]', '"placements": ["S(0)", "R"]'),  # a placement
+    ('"tied": [["emb.weight", "head.weight"]]', '"tied": []'),  # a tied group
+    ('"axis": "cp", "placement": "_S(0, 2)"', '"axis": "cp", "placement": "S(0)"'),  # a drop
+]
+
+
+@pytest.mark.parametrize(("old", "new"), EDITS)
+def test_a_document_changed_after_it_was_written_is_refused(old: str, new: str) -> None:
+    text = to_json(DROPPED)
+    assert old in text
+    edited = text.replace(old, new)
+    changed = from_json(_unsigned(edited))  # deleting the field accepts the edit
+    assert changed.fingerprint() != DROPPED.fingerprint()
+    reads: list[Callable[[], object]] = [
+        lambda: from_json(edited),
+        lambda: converter.structure(json.loads(edited), ParamLayoutTable),
+    ]
+    for read in reads:
+        with pytest.raises(SerializationError) as info:
+            read()
+        assert info.value.path == "fingerprint"
+        message = info.value.message
+        assert DROPPED.fingerprint() in message and changed.fingerprint() in message
+        assert "the file was changed after it was written" in message
+        assert 'delete the "fingerprint" field to accept the edit' in message
+    raw = {"name": "x", "table": json.loads(edited)}
+    with pytest.raises(SerializationError) as info:
+        converter.structure(raw, RunConfig)
+    assert info.value.path == "table.fingerprint"
+
+
+@pytest.mark.parametrize(
+    ("fingerprint", "words"),
+    [
+        (5, "expected a string"),
+        (None, "expected a string"),
+        (["v1:00"], "expected a string"),
+        ("", "the file was changed after it was written"),
+        ("v1:" + "0" * 64, "the file was changed after it was written"),
+        ("v9:" + "0" * 64, "'v9:"),
+        ("x" * 10_000, "(10000 characters)"),
+    ],
+)
+def test_a_bad_fingerprint_is_refused(fingerprint: object, words: str) -> None:
+    doc = {**json.loads(to_json(TABLE)), "fingerprint": fingerprint}
+    with pytest.raises(SerializationError) as info:
+        from_json(json.dumps(doc))
+    assert info.value.path == "fingerprint"
+    assert words in info.value.message
+    assert len(info.value.message) < 1000
+
+
+def test_a_fingerprint_of_another_version_says_so() -> None:
+    doc = {**json.loads(to_json(TABLE)), "fingerprint": "v9:" + "0" * 64}
+    with pytest.raises(SerializationError) as info:
+        from_json(json.dumps(doc))
+    assert "another version" in info.value.message
+    assert "changed after" not in info.value.message
+    assert 'delete the "fingerprint" field' in info.value.message
 
 
 # --------------------------------------------------------------------------------------
@@ -399,9 +492,11 @@ def test_nothing_from_the_input_is_imported_or_executed() -> None:
 
 
 # --------------------------------------------------------------------------------------
-# every one-field corruption of a real document is either valid or a SerializationError
+# every one-field corruption of a real document is either valid or a SerializationError;
+# with its fingerprint, it is the table written or a SerializationError
 
-_REAL: Final = json.loads(to_json(DROPPED))
+_SIGNED: Final[dict[str, Any]] = json.loads(to_json(DROPPED))
+_REAL: Final = {k: v for k, v in _SIGNED.items() if k != "fingerprint"}
 
 _JUNK = st.one_of(
     st.none(),
@@ -427,6 +522,7 @@ def _paths(value: object, prefix: tuple[object, ...] = ()) -> list[tuple[object,
 
 
 _ALL_PATHS = _paths(_REAL)
+_SIGNED_PATHS = _paths(_SIGNED)
 
 
 def _replace(doc: object, path: tuple[object, ...], new: object) -> object:
@@ -465,6 +561,36 @@ def test_deleting_any_field_is_valid_or_a_serialization_error(path: tuple[object
         from_json(json.dumps(doc))
     except SerializationError as e:
         assert e.path
+
+
+def _is_the_signed_table_or_refused(doc: object) -> None:
+    try:
+        table = from_json(json.dumps(doc))
+    except SerializationError as e:
+        assert e.path
+    else:
+        assert table == DROPPED
+        assert table.dropped == DROPS
+
+
+@given(st.sampled_from(_SIGNED_PATHS), _JUNK)
+def test_a_corrupted_signed_document_is_the_table_written_or_refused(
+    path: tuple[object, ...], junk: object
+) -> None:
+    _is_the_signed_table_or_refused(_replace(_SIGNED, path, junk))
+
+
+@given(st.sampled_from([p for p in _SIGNED_PATHS[1:] if p != ("fingerprint",)]))
+def test_a_signed_document_less_any_field_is_the_table_written_or_refused(
+    path: tuple[object, ...],
+) -> None:
+    *head, last = path
+    doc = json.loads(json.dumps(_SIGNED))
+    target: Any = doc
+    for step in head:
+        target = target[step]
+    del target[last]
+    _is_the_signed_table_or_refused(doc)
 
 
 @pytest.mark.parametrize(
