@@ -52,18 +52,18 @@ from layout_algebra import (
     compose_fsdp,
     diff,
     draw,
-    geometry,
     local_shape_and_offset,
     merge_tied,
     parse_placement,
     resolve,
     strip,
 )
+from layout_algebra import fsdp
 from layout_algebra._frozen import FrozenMap
 from layout_algebra.geometry import local_runs
 from layout_algebra.plan import NamedPlacements
 
-CORE_MODULES = ("axes", "placements", "layout", "frozen", "plan", "algebra", "geometry")
+CORE_MODULES = ("axes", "placements", "layout", "_frozen", "plan", "algebra", "geometry", "fsdp")
 """The core: its modules keep no ``id()`` of an object without the object beside it."""
 
 PURE_MODULES = (*CORE_MODULES, "mesh", "shapes", "lint", "checkpoint", "jax_bridge", "draw")
@@ -304,15 +304,16 @@ def _shapes() -> dict[str, Case]:
             (LAYOUT, SHAPE, {"dp_shard": 2, "tp": 2}),
             {"fqn": "emb.weight", "fsdp": "dp_shard"},
         ),
-        "geometry.split_fsdp": Case(
-            geometry.split_fsdp, (COMPOSED, {"dp_shard": 2, "tp": 2}), {"owned": FSDP_OWNED_AXES}
+        "fsdp.split_fsdp": Case(
+            fsdp.split_fsdp, (COMPOSED, {"dp_shard": 2, "tp": 2}), {"owned": FSDP_OWNED_AXES}
         ),
-        "geometry.fsdp_storage_runs": Case(
-            geometry.fsdp_storage_runs,
+        "fsdp.fsdp_storage_runs": Case(
+            fsdp.fsdp_storage_runs,
             (SHAPE, COMPOSED, {"dp_shard": 2, "tp": 2}, {"dp_shard": 1, "tp": 0}),
             {"owned": FSDP_OWNED_AXES},
         ),
-        "geometry.FsdpParts": Case(geometry.FsdpParts, (LAYOUT, (), AxisName("dp_shard"), 0)),
+        "fsdp.FsdpParts": Case(fsdp.FsdpParts, (LAYOUT, (), AxisName("dp_shard"), 0)),
+        "_frozen.FrozenMap": Case(FrozenMap, ({"tp": 2},)),
     }
 
 
