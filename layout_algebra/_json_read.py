@@ -285,12 +285,13 @@ def _entry(fqn: str, raw: object, where: str) -> SourceLayout:
 
 
 def _spelling(raw: object) -> tuple[object, ...] | None:
-    """A layout's JSON object as a value to compare, when it is its three fields (as
-    written, in that order) and its two arrays; ``None`` otherwise (it is read in full)."""
+    """A layout's JSON object as a value to compare, when it is its three fields, each
+    once, and its two arrays; ``None`` otherwise (it is read in full)."""
     if type(raw) is _Pairs and len(raw) == len(_LAYOUT_ORDER):
         (mesh_key, mesh), (axes_key, axes), (placements_key, placements) = raw
-        if (mesh_key, axes_key, placements_key) != _LAYOUT_ORDER:
-            return None
+        if (mesh_key, axes_key, placements_key) != _LAYOUT_ORDER:  # written in another order
+            fields = dict(raw)
+            return _spelling(fields) if len(fields) == len(raw) else None
     elif type(raw) is dict and raw.keys() == _LAYOUT_KEYS:
         mesh, axes, placements = raw["mesh"], raw["axes"], raw["placements"]
     else:

@@ -198,6 +198,13 @@ def test_drops_round_trip() -> None:
         assert to_json(back) == text
 
 
+def test_any_order_of_fields_reads_alike() -> None:
+    text = json.dumps(json.loads(to_json(DROPPED)), sort_keys=True, indent=2)
+    back = from_json(text)
+    assert back == DROPPED and back.dropped == DROPS
+    assert to_json(back) == to_json(DROPPED)
+
+
 def test_a_document_without_drops_has_none() -> None:
     assert from_json(_table_doc()).dropped == ()
     assert from_json(_table_doc(dropped=[])).dropped == ()
@@ -410,6 +417,12 @@ def _entry(**changes: Any) -> str:
             '{"version": 1, "entries": {"a": {"mesh": "d", "axes": [], "placements": []}, '
             '"b": {"mesh": "d", "axes": [], "placements": [], "mesh": "d"}}}',
             'entries["b"].mesh',
+            "appears twice",
+        ),
+        (
+            '{"version": 1, "entries": {"a": {"mesh": "d", "axes": [], "placements": []}, '
+            '"b": {"axes": [], "mesh": "d", "axes": []}}}',
+            'entries["b"].axes',
             "appears twice",
         ),
         (_entry(mesh=""), 'entries["layers.7.w"].mesh', "non-empty"),
