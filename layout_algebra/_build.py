@@ -32,7 +32,7 @@ from layout_algebra.plan import ModuleParams, ModulePlan, NamedPlacements, Shard
 __all__ = [
     "Builder",
     "TargetMesh",
-    "merge_into",
+    "join_tied",
     "problem_report",
     "run_meshes",
 ]
@@ -223,30 +223,33 @@ def _join_group(
     return joined, None
 
 
-def merge_into(
-    merged: dict[str, SourceLayout],
+def join_tied(
+    entries: Mapping[str, SourceLayout],
     existing: Iterable[frozenset[str]],
     pairs: Iterable[Iterable[str]],
     arg: str,
-) -> tuple[tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
-    """Give the members of each tied group in ``merged`` the group's layout, in place.
+) -> tuple[dict[str, SourceLayout], tuple[frozenset[str], ...], list[TiedLayoutConflict]]:
+    """The layout each member of a tied group takes (only those it changes, or adds),
+    the groups with a member in ``entries``, and the conflicts.
 
-    Groups are disjoint, so writing one group's members never changes what another
+    Groups are disjoint, so what one group's members take never changes what another
     group reads.
     """
     groups = _groups([*existing, *as_pairs(pairs, arg)])
+    changes: dict[str, SourceLayout] = {}
     kept: list[frozenset[str]] = []
     conflicts: list[TiedLayoutConflict] = []
     for group in groups:
-        joined, conflict = _join_group(group, merged)
+        joined, conflict = _join_group(group, entries)
         if conflict is not None:
             conflicts.append(conflict)
         elif joined is not None:
             joined = interned(joined)
             for fqn in sorted(group):
-                merged[fqn] = joined
+                if entries.get(fqn) is not joined:
+                    changes[fqn] = joined
             kept.append(group)
-    return tuple(kept), conflicts
+    return changes, tuple(kept), conflicts
 
 
 def problem_report(problems: list[LayoutError]) -> str:
@@ -426,13 +429,49 @@ class Builder:
             for module, spec in plan.modules.items()
             for path, named in spec.params.items()
         )
-        _enter_by_fqn(self, matcher, names, matcher.match_all(names))
+        answers = matcher.match_all(names)
+        if not self._enter_matched(matcher, names, answers):
+            _enter_by_fqn(self, matcher, names, answers)
         for unused in matcher.unused():
             msg = (
                 f"key {clip(unused.key)!r} of the plan matches no parameter FQN of the model; "
                 "fix its spelling (a '*' matches exactly one dotted segment) or remove it"
             )
             self.problems.append(LayoutError(msg, fqn=unused.key))
+
+    def _enter_matched(
+        self,
+        matcher: Matcher[_PlanRule],
+        names: Sequence[str],
+        answers: Sequence[tuple[int, ...]],
+    ) -> bool:
+        """Every matched FQN with its layout in one pass, each distinct answer of the
+        matcher resolved once; ``False`` with nothing entered or reported when an answer
+        is a tie, has a problem or a drop, or an FQN is given twice (``_enter_by_fqn``
+        then reports each by its FQN)."""
+        problems = len(self.problems)
+        layout_of: dict[tuple[int, ...], SourceLayout | None] = {}
+        for found in set(answers):
+            rules = [matcher.rule(i) for i in found]
+            if not rules:
+                layout_of[found] = None  # no key matches: left out of the table
+                continue
+            if _is_tie(rules):
+                return False
+            resolved = self.resolve(rules[0].key, *rules[0].value)
+            if resolved is None or resolved[2]:
+                del self.problems[problems:]
+                return False
+            layout_of[found] = resolved[0]
+        layouts = map(layout_of.__getitem__, answers)
+        matched = [
+            (fqn, layout) for fqn, layout in zip(names, layouts, strict=True) if layout is not None
+        ]
+        entries = dict(matched)
+        if len(entries) != len(matched):
+            return False
+        self.entries = entries
+        return True
 
     def table(self, pairs: Iterable[Iterable[str]]) -> ParamLayoutTable:
         """The table of every parameter added, tied ones merged, or every problem.
@@ -444,7 +483,8 @@ class Builder:
             for mesh in (self.dense, self.expert):
                 if mesh is not None:
                     self.problems.extend(_misspelt_axes(mesh, self.placed[mesh.role], self.drops))
-        groups, conflicts = merge_into(self.entries, (), pairs, "tied_pairs")
+        changes, groups, conflicts = join_tied(self.entries, (), pairs, "tied_pairs")
+        self.entries.update(changes)
         self.problems.extend(conflicts)
         if self.problems:
             raise PlanError(problem_report(self.problems), problems=self.problems)

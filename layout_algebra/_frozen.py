@@ -53,9 +53,8 @@ def intern(key: Hashable, value: object) -> object:
     return value
 
 
-def interned_get(key: Hashable) -> object | None:
-    """The object kept for ``key``, or ``None``."""
-    return _INTERNED.get(key)
+interned_get: Final[Callable[[Hashable], object | None]] = _INTERNED.get
+"""The object kept for ``key``, or ``None``."""
 
 
 class _Required:

@@ -15,7 +15,7 @@ from typing import Final
 import attrs
 
 from layout_algebra._args import as_items, plain_str
-from layout_algebra._build import Builder, TargetMesh, merge_into, problem_report, run_meshes
+from layout_algebra._build import Builder, TargetMesh, join_tied, problem_report, run_meshes
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
 from layout_algebra._patterns import is_pattern
 from layout_algebra._text import clip, escape, quote
@@ -156,11 +156,11 @@ def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> Param
             axes; names the group, the axis, both placements and whose they are.
     """
     _check_table(table, "table")
-    entries = dict(table.items())
-    groups, conflicts = merge_into(entries, table.tied, pairs, "pairs")
+    changes, groups, conflicts = join_tied(table, table.tied, pairs, "pairs")
     if conflicts:
         raise conflicts[0]
-    return ParamLayoutTable(entries, tied=groups, dropped=table.dropped)
+    merged = table.with_entries(changes) if changes else table
+    return attrs.evolve(merged, tied=groups)
 
 
 def complete_default(
@@ -212,10 +212,10 @@ def complete_default(
         raise LayoutError(msg)
     pairs = None if tied_pairs is None else as_pairs(tied_pairs, "tied_pairs")
     default = interned(SourceLayout(mesh, source, (_REPLICATE,) * len(source)))
-    entries = dict(table.items())
     # Each FQN the table lacks, once, in the order given.
-    entries.update(dict.fromkeys(filterfalse(entries.__contains__, names), default))
-    completed = ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)
+    completed = table.with_entries(
+        dict.fromkeys(filterfalse(table.keys().__contains__, names), default)
+    )
     return completed if pairs is None else merge_tied(completed, pairs)
 
 

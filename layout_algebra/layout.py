@@ -135,7 +135,8 @@ def _check_entries(entries: Mapping[str, SourceLayout]) -> dict[str, SourceLayou
         raise LayoutError(msg)
     items = mapping_items(entries, "a table's entries", _ENTRIES_EXAMPLE)
     keys: Collection[object] = raw.keys() if type(raw) is dict else [k for k, _ in items]
-    checked = dict(items) if set(map(type, keys)) <= {str} and all(keys) else None
+    plain_keys = set(map(type, keys)) <= {str} and all(keys)
+    checked = (dict(raw) if type(raw) is dict else dict(items)) if plain_keys else None
     try:
         distinct = set(checked.values()) if checked is not None else None
     except TypeError:  # an unhashable value: no layout, named below

@@ -229,7 +229,10 @@ class ModulePlan:
         # (object's) can change nothing.
         if params is NOT_GIVEN:  # a LayoutError naming it, not Python's bare TypeError
             check_init(object.__new__(cls), "params", (params, expert_parallel))
-        frozen = _as_params(params)
+        raw: object = params
+        frozen = _known_params(raw) if type(raw) is dict else None
+        if frozen is None:
+            frozen = _as_params(params)
         flag: object = expert_parallel
         if type(flag) is not bool:
             msg = f"expert_parallel must be True or False, got {quote(flag)}"
