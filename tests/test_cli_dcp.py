@@ -31,7 +31,7 @@ from layout_algebra import (
 from layout_algebra._compare import checkpoint_diff
 from layout_algebra._complete import table_from_plan
 from layout_algebra.draw import mesh_str
-from layout_algebra.serialization import plan_to_json, to_json
+from layout_algebra.serialization import plan_to_json, shapes_to_json, to_json
 from tests.test_cli import ROOT, assert_one_line_problem, assert_one_line_usage_error, run, write
 
 S0, S1, R = Shard(0), Shard(1), Replicate()
@@ -248,6 +248,23 @@ def test_diff_options_for_a_checkpoint_are_usage_errors_elsewhere(
     code, out, err = run([files.get(a, a) for a in argv], capsys)
     assert_one_line_usage_error(code, out, err, "layout-algebra diff")
     assert words in err
+
+
+@pytest.mark.distributed
+def test_lint_of_a_plan_takes_a_checkpoints_shapes(
+    checkpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from layout_algebra.torch_bridge import table_from_dcp  # noqa: PLC0415
+
+    plan = write(tmp_path / "plan.json", plan_to_json(PLAN))
+    mesh = ["--mesh", str(SAVED_ON), "--json"]
+    code, out, err = run(["lint", plan, "--shapes", checkpoint, *mesh], capsys)
+    assert (code, err) == (0, "")
+    shapes = write(tmp_path / "shapes.json", shapes_to_json(table_from_dcp(checkpoint).shapes))
+    assert run(["lint", plan, "--shapes", shapes, *mesh], capsys) == (0, out, "")
+    code, out, err = run(["check", plan, *mesh[:-1], "--fqns", checkpoint], capsys)
+    assert (code, err) == (0, "")
+    assert f"2 of 3 FQNs of {checkpoint} matched by the plan" in out  # norm: no key
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final, TextIO
 
 from layout_algebra._compare import checkpoint_diff
 from layout_algebra._complete import shard_dims_by_role, table_from_plan
-from layout_algebra._text import clip, did_you_mean, escape, human_bytes, listed
+from layout_algebra._text import clip, did_you_mean, escape, human_bytes
 from layout_algebra.algebra import TableDiff, build_table, diff
 from layout_algebra.checkpoint import reshard_plan
 from layout_algebra.cli._inputs import (
@@ -23,8 +23,10 @@ from layout_algebra.cli._inputs import (
     load_shapes,
     load_table,
     read,
+    read_checkpoint,
+    torch_missing,
 )
-from layout_algebra.cli._output import PROG, Problem, Reported, Usage, plural, say
+from layout_algebra.cli._output import PROG, Problem, Reported, Usage, plural, say, say_problems
 from layout_algebra.cli._types import owned_axes
 from layout_algebra.draw import draw, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
@@ -47,13 +49,6 @@ Command = Callable[[argparse.Namespace, TextIO, TextIO | None], int]
 
 _NOT_FSDP: Final = frozenset({"pp"})
 """Owned axes FSDP never shards over: pipelining's."""
-
-
-def _say_problems(err: TextIO | None, what: str, problems: Sequence[LayoutError]) -> None:
-    """The problems of a ``PlanError``, one escaped line each, under ``what``."""
-    say(err, f"{PROG}: {what} {plural(len(problems), 'problem')}:")
-    for line in listed([escape(problem.message) for problem in problems]):
-        say(err, line)
 
 
 def _roles(dense: Mesh, expert: Mesh | None) -> dict[str, Mesh]:
@@ -120,7 +115,7 @@ def _checkpoint_changes(args: argparse.Namespace, err: TextIO | None) -> TableDi
         raise Usage(msg)
     meshes = _roles(args.mesh, args.expert_mesh)
     paths = (args.a, args.b)
-    saved = {path: _read_checkpoint(path, meshes, err) for path in paths if is_directory(path)}
+    saved = {path: read_checkpoint(path, meshes, err) for path in paths if is_directory(path)}
     checkpoint = next(iter(saved.values()))
     old, new = (
         saved[path].table if path in saved else _composed(path, checkpoint, args, err)
@@ -146,27 +141,6 @@ def _composed(
     if fsdp is None:
         return table
     return compose_table(table, fsdp=fsdp, mesh_sizes=_roles(args.mesh, args.expert_mesh))
-
-
-def _read_checkpoint(
-    path: str, meshes: Mapping[str, Mesh] | None, err: TextIO | None
-) -> DcpLayouts:
-    """The layouts, shapes and meshes of the DCP checkpoint in the directory ``path``
-    (on ``meshes`` when given).
-
-    Raises:
-        Problem: torch, which reads the checkpoint's metadata, is not installed.
-        Reported: tensors no layout writes, each said on ``err``.
-    """
-    try:
-        from layout_algebra.torch_bridge import table_from_dcp  # noqa: PLC0415 (loads torch)
-    except ImportError as e:
-        raise _torch_missing(e, "reading a DCP checkpoint") from None
-    try:
-        return table_from_dcp(path, mesh=meshes)
-    except PlanError as e:
-        _say_problems(err, f"{escape(path)}: the checkpoint has", e.problems)
-        raise Reported from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,7 +199,7 @@ def _plan_table(
             )
         return build_table(plan, args.mesh, expert_axes=expert, owned=owned_axes(args), fqns=fqns)
     except PlanError as e:
-        _say_problems(err, f"{escape(path)}: the plan has", e.problems)
+        say_problems(err, f"{escape(path)}: the plan has", e.problems)
         raise Reported from None
 
 
@@ -266,7 +240,7 @@ def check_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> 
         return _fingerprint(args, out, err)
     if args.mesh is None:
         raise Usage("the following arguments are required: --mesh")
-    fqns = None if args.fqns is None else load_fqns(args.fqns)
+    fqns = None if args.fqns is None else load_fqns(args.fqns, err)
     dense: Mesh = args.mesh
     expert: Mesh | None = args.expert_mesh
     owned = owned_axes(args)
@@ -306,7 +280,7 @@ def _fingerprint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
                 "--mesh AXIS=N,... (or the table, made by the table command)"
             )
             raise Usage(msg)
-        fqns = None if args.fqns is None else load_fqns(args.fqns)
+        fqns = None if args.fqns is None else load_fqns(args.fqns, err)
         made = _plan_table(load_plan(args.plan, text), args.plan, args, err, fqns=fqns)
     else:
         made = load_table(args.plan, text)
@@ -316,7 +290,7 @@ def _fingerprint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
 
 def table_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     """The plan's table as JSON; with ``--fqns``, complete (``table_from_plan``)."""
-    fqns = None if args.fqns is None else load_fqns(args.fqns)
+    fqns = None if args.fqns is None else load_fqns(args.fqns, err)
     made = _plan_table(load_plan(args.plan), args.plan, args, err, fqns=fqns, complete=True)
     out.write(to_json(made) + "\n")
     return 0
@@ -420,13 +394,13 @@ def _saved_side(
         if args.expert_mesh is not None and args.mesh is None:
             raise Usage("--expert-mesh goes with --mesh, the dense mesh; give both or neither")
         given_meshes = None if args.mesh is None else _roles(args.mesh, args.expert_mesh)
-        saved = _read_checkpoint(args.src, given_meshes, err)
+        saved = read_checkpoint(args.src, given_meshes, err)
         return saved.table, saved.shapes, saved.meshes
     for option, needed in (("--mesh", args.mesh), ("--shapes", args.shapes)):
         if needed is None:
             raise Usage(f"the following arguments are required: {option}")
     table = load_table(args.src)
-    shapes = load_shapes(args.shapes)
+    shapes = load_shapes(args.shapes, err=err)
     src, meshes = _side(table, args.mesh, args.expert_mesh, args.fsdp, args.expert_fsdp, prefix="")
     return src, shapes, meshes
 
@@ -446,7 +420,7 @@ def reshard_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -
         )
         plan = reshard_plan(src, dst, shapes, src_sizes=src_meshes, dst_sizes=dst_meshes)
     except PlanError as e:
-        _say_problems(err, "the reshard has", e.problems)
+        say_problems(err, "the reshard has", e.problems)
         return 1
     out.write(f"saved on {_meshes_str(src_meshes)}, loaded on {_meshes_str(dst_meshes)}\n")
     out.write(plan.report(top=args.top) + "\n")
@@ -562,7 +536,7 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     owned = owned_axes(args)
     if args.expert_fsdp is not None and expert is None:
         raise Usage("--expert-fsdp names an axis of --expert-mesh; give --expert-mesh too")
-    shapes = load_shapes(args.shapes)
+    shapes = load_shapes(args.shapes, err=err)
     table, from_plan = _lint_table(args.table, shapes, args, err)
     meshes = _roles(args.mesh, expert)
     fsdp, found = _lint_fsdp(args, owned, guess=from_plan)
@@ -656,18 +630,6 @@ def _fsdp_str(fsdp: Mapping[str, str | tuple[str, str]]) -> str:
 # demo
 
 
-def _torch_missing(error: ImportError, what: str) -> Problem:
-    """The problem of torch missing for ``what``; ``error`` itself when it is another.
-
-    Raises:
-        ImportError: ``error``, when not torch is missing (a real fault, not the user's).
-    """
-    if not (error.name or "").startswith("torch") and "needs torch" not in str(error):
-        raise error
-    msg = f"{what} needs torch, which is not installed; pip install 'layout_algebra[torch]'"
-    return Problem(msg)
-
-
 def demo_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     """The built-in model and plan on a simulated mesh (torch loaded only here and for a
     checkpoint directory)."""
@@ -675,7 +637,7 @@ def demo_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     try:
         from layout_algebra._demo import run  # noqa: PLC0415 (torch stays unloaded for the others)
     except ImportError as e:
-        raise _torch_missing(e, "demo runs a model on a simulated mesh and") from None
+        raise torch_missing(e, "demo runs a model on a simulated mesh and") from None
     return run(rank=args.rank, verify=args.verify, as_json=args.json, out=out)
 
 

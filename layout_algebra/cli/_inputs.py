@@ -7,19 +7,24 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final, TextIO
 
 from layout_algebra._files import open_regular
-from layout_algebra._text import clip
-from layout_algebra.cli._output import PROG, Problem, Usage
-from layout_algebra.errors import LayoutError
+from layout_algebra._text import clip, escape
+from layout_algebra.cli._output import PROG, Problem, Reported, Usage, say_problems
+from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.layout import ParamLayoutTable
+from layout_algebra.mesh import Mesh
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 
+if TYPE_CHECKING:
+    from layout_algebra.torch_bridge.dcp import DcpLayouts
+
 __all__ = [
     "MAX_INPUT_BYTES",
+    "is_dcp_checkpoint",
     "is_directory",
     "is_plan",
     "load_fqns",
@@ -27,6 +32,8 @@ __all__ = [
     "load_shapes",
     "load_table",
     "read",
+    "read_checkpoint",
+    "torch_missing",
 ]
 
 MAX_INPUT_BYTES: Final = 256 << 20
@@ -36,6 +43,8 @@ the command refuses the file rather than exhaust memory (``show /dev/zero``)."""
 _READ_CHUNK: Final = 1 << 20
 _INDEX: Final = "model.safetensors.index.json"
 _SINGLE: Final = "model.safetensors"
+_DCP_METADATA: Final = ".metadata"
+"""The file ``dcp.save`` writes last into a checkpoint directory."""
 
 
 def read(path: str) -> bytes:
@@ -131,6 +140,11 @@ def is_directory(path: str) -> bool:
         return False
 
 
+def is_dcp_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a directory ``dcp.save`` wrote (it holds a ``.metadata``)."""
+    return is_directory(path) and os.path.isfile(os.path.join(path, _DCP_METADATA))
+
+
 def _checkpoint_file(path: str, option: str) -> str:
     """The file a checkpoint directory's shapes are read from: its index, else its
     single ``model.safetensors`` (as ``save_pretrained`` writes them); other paths as
@@ -146,21 +160,27 @@ def _checkpoint_file(path: str, option: str) -> str:
         if os.path.exists(candidate):
             return candidate
     msg = (
-        f"{option} {clip(path)}: the directory has no {_INDEX} nor {_SINGLE}; give a "
-        "checkpoint directory, its index, a .safetensors file or a shapes.json"
+        f"{option} {clip(path)}: the directory has no {_INDEX} nor {_SINGLE} nor a DCP "
+        f"{_DCP_METADATA}; give a checkpoint directory, its index, a .safetensors file "
+        "or a shapes.json"
     )
     raise Usage(msg)
 
 
-def load_shapes(path: str, option: str = "--shapes") -> Mapping[str, ParamShape]:
+def load_shapes(
+    path: str, option: str = "--shapes", *, err: TextIO | None = None
+) -> Mapping[str, ParamShape]:
     """Parameter shapes from a ``shapes.json``, a ``.safetensors`` file, a sharded
-    checkpoint's ``model.safetensors.index.json`` (headers only) or the directory
-    holding one of the latter two.
+    checkpoint's ``model.safetensors.index.json`` (headers only), the directory
+    holding one of the latter two, or a DCP checkpoint directory (its metadata).
 
     Raises:
         Problem: the file holds no shapes, naming it.
+        Reported: a DCP checkpoint whose chunks no layout writes, said on ``err``.
         Usage: a directory holding no checkpoint.
     """
+    if is_dcp_checkpoint(path):
+        return read_checkpoint(path, None, err).shapes
     path = _checkpoint_file(path, option)
     try:
         if path.endswith((".safetensors", ".safetensors.index.json")):
@@ -170,13 +190,15 @@ def load_shapes(path: str, option: str = "--shapes") -> Mapping[str, ParamShape]
         raise Problem(f"{path}: {e.message}") from None
 
 
-def load_fqns(path: str) -> list[str]:
+def load_fqns(path: str, err: TextIO | None = None) -> list[str]:
     """The parameter FQNs a file names: one a line, or the parameters of a shapes file
-    or of a checkpoint (its directory too).
+    or of a checkpoint (its directory too, a DCP checkpoint's included).
 
     Raises:
         Problem: not UTF-8 text, or an FQN named twice, naming the file and the line.
     """
+    if is_dcp_checkpoint(path):
+        return list(load_shapes(path, "--fqns", err=err))
     path = _checkpoint_file(path, "--fqns")
     if path.endswith((".safetensors", ".json")):
         return list(load_shapes(path, "--fqns"))
@@ -206,3 +228,34 @@ def load_fqns(path: str) -> list[str]:
         where[fqn] = number
         fqns.append(fqn)
     return fqns
+
+
+def read_checkpoint(path: str, meshes: Mapping[str, Mesh] | None, err: TextIO | None) -> DcpLayouts:
+    """The layouts, shapes and meshes of the DCP checkpoint in the directory ``path``
+    (on ``meshes`` when given).
+
+    Raises:
+        Problem: torch, which reads the checkpoint's metadata, is not installed.
+        Reported: tensors no layout writes, each said on ``err``.
+    """
+    try:
+        from layout_algebra.torch_bridge import table_from_dcp  # noqa: PLC0415 (loads torch)
+    except ImportError as e:
+        raise torch_missing(e, "reading a DCP checkpoint") from None
+    try:
+        return table_from_dcp(path, mesh=meshes)
+    except PlanError as e:
+        say_problems(err, f"{escape(path)}: the checkpoint has", e.problems)
+        raise Reported from None
+
+
+def torch_missing(error: ImportError, what: str) -> Problem:
+    """The problem of torch missing for ``what``; ``error`` itself when it is another.
+
+    Raises:
+        ImportError: ``error``, when not torch is missing (a real fault, not the user's).
+    """
+    if not (error.name or "").startswith("torch") and "needs torch" not in str(error):
+        raise error
+    msg = f"{what} needs torch, which is not installed; pip install 'layout_algebra[torch]'"
+    return Problem(msg)

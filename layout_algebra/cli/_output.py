@@ -11,9 +11,11 @@ import contextlib
 import io
 import os
 import sys
+from collections.abc import Sequence
 from typing import Final, TextIO
 
-from layout_algebra._text import clip, escape
+from layout_algebra._text import clip, escape, listed
+from layout_algebra.errors import LayoutError
 
 __all__ = [
     "MAX_USAGE_CHARS",
@@ -25,6 +27,7 @@ __all__ = [
     "plural",
     "refuse",
     "say",
+    "say_problems",
     "silence_stdout",
     "tolerant",
     "unwritten",
@@ -55,6 +58,13 @@ class Usage(Problem):
 def plural(n: int, word: str) -> str:
     """``n`` and ``word``, in the plural unless ``n`` is 1: ``3 parameters``."""
     return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def say_problems(err: TextIO | None, what: str, problems: Sequence[LayoutError]) -> None:
+    """The problems of a ``PlanError``, one escaped line each, under ``what``."""
+    say(err, f"{PROG}: {what} {plural(len(problems), 'problem')}:")
+    for line in listed([escape(problem.message) for problem in problems]):
+        say(err, line)
 
 
 def say(stream: TextIO | None, line: str) -> None:

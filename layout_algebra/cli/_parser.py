@@ -240,7 +240,8 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, *, fingerprint: bool = 
         metavar="FILE",
         help=(
             "the model's parameter FQNs, for a plan whose keys hold patterns "
-            "(layers.*.attention): one FQN a line, a shapes.json or a .safetensors file"
+            "(layers.*.attention): one FQN a line, a shapes.json, a .safetensors file or "
+            "a checkpoint directory (DCP's too)"
         ),
     )
     add_owned_arguments(parser)
@@ -259,8 +260,9 @@ def _add_reshard(rsh: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help=(
-            "shapes.json, a .safetensors file, a model.safetensors.index.json or the "
-            "checkpoint directory holding one (a DCP checkpoint gives its own)"
+            "shapes.json, a .safetensors file, a model.safetensors.index.json, the "
+            "checkpoint directory holding one or a DCP checkpoint directory (a DCP "
+            "checkpoint as SRC gives its own)"
         ),
     )
     for side, run in (("", "saving"), ("to-", "loading")):
@@ -312,8 +314,8 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
         required=True,
         metavar="FILE",
         help=(
-            "shapes.json, a .safetensors file, a model.safetensors.index.json or the "
-            "checkpoint directory holding one"
+            "shapes.json, a .safetensors file, a model.safetensors.index.json, the "
+            "checkpoint directory holding one or a DCP checkpoint directory"
         ),
     )
     lnt.add_argument(
