@@ -2,9 +2,10 @@
 
 One spawn of ``WORLD_SIZE`` gloo ranks writes every checkpoint of ``SAVES`` with
 ``torch.distributed.checkpoint.save`` (a model laid out by ``distribute``, then wrapped by
-``fully_shard`` where the case says), and loads some of them under another layout
-(``LOADS``) with a default load planner that records its reads. Each rank reports the
-reads it made and whether the values it loaded are the saved ones, bit for bit.
+``fully_shard`` where the case says, saved with a ``"step"`` counter beside), and loads
+some of them under another layout (``LOADS``) with a default load planner that records
+its reads. Each rank reports the reads it made and whether the values it loaded are the
+saved ones, bit for bit.
 
 The cases are module-level values, so the test and the ranks read the same ones.
 """
@@ -261,7 +262,8 @@ def run(rank: int, root: str) -> dict[str, object]:
     factory = MeshFactory(WORLD_SIZE)
     for i, (name, case) in enumerate(SAVES.items()):
         model = _laid_out(case, factory, seed=i)
-        save(model.state_dict(), checkpoint_id=str(Path(root, name)))
+        state: dict[str, object] = {**model.state_dict(), "step": 1000 + i}  # bytes beside
+        save(state, checkpoint_id=str(Path(root, name)))
     loads: dict[str, object] = {}
     for name, job in LOADS.items():
         fresh = _laid_out(job.into, factory, seed=100)  # other values: the load must bring them
