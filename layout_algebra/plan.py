@@ -293,7 +293,9 @@ def _as_modules(modules: Mapping[str, ModulePlan]) -> FrozenMap[str, ModulePlan]
         msg = f"a plan's modules must map module FQNs to ModulePlan, got {quote(raw)}"
         raise LayoutError(msg)
     items = mapping_items(modules, "a plan's modules", "{'attn': ModulePlan(...)}")
-    frozen: FrozenMap[str, ModulePlan] = frozen_map_of(dict(items))
+    frozen: FrozenMap[str, ModulePlan] = frozen_map_of(
+        dict(modules) if type(raw) is dict else dict(items)
+    )
     keys, values = frozen.keys(), frozen.values()
     # Joined, the FQNs but the root's show an empty segment as '..' or a dot at either
     # end; a '*' is looked at one by one.
