@@ -314,3 +314,22 @@ assert "torch" not in sys.modules, "torch was imported"
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_checkpoint_without_torch_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    table = write(tmp_path / "t.json", to_json(to_tp2()))
+    script = f"""
+import sys
+sys.modules["torch"] = None  # as if torch were not installed
+from layout_algebra.cli import main
+sys.exit(main(["reshard", {str(tmp_path / "ckpt")!r}, {table!r}, "--to-mesh", "tp=2"]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        "layout-algebra: reading a DCP checkpoint needs torch, which is not installed; "
+        "pip install 'layout_algebra[torch]'\n"
+    )

@@ -110,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
             "Build the layout table of a plan: dense parameters on --mesh, expert "
             "parameters on --expert-mesh (axis names in mesh order, FSDP-owned axes "
             "included). Prints a summary, the placements dropped on axes a mesh lacks, "
-            "and the table; or every problem with its FQN."
+            "and the table; or every problem with its FQN. With --fingerprint it prints "
+            "only the fingerprint of the table (a table file's, or the plan's table's): "
+            "stored beside a checkpoint, it says at load whether the layouts changed."
         ),
     )
     _add_plan_arguments(check, fingerprint=True)
