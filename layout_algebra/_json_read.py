@@ -32,6 +32,7 @@ from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Partial, Placement, parse_placement
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape
+from layout_algebra.structure import structure_from_obj
 
 __all__ = [
     "at_field",
@@ -63,6 +64,7 @@ _MODULE_KEYS: Final = frozenset({"params"})
 _MODULE_OPTIONAL: Final = frozenset({"expert_parallel"})
 _SHAPES_KEYS: Final = frozenset({"version", "params"})
 _SHAPE_KEYS: Final = frozenset({"shape", "dtype"})
+_SHAPE_OPTIONAL: Final = frozenset({"structure"})
 
 
 # ---------------------------------------------------------------------------------------
@@ -504,23 +506,41 @@ def read_mesh(value: object, path: str) -> Mesh:
 
 
 def read_param_shape(value: object, path: str) -> ParamShape:
-    doc = _object(value, path, _SHAPE_KEYS)
+    doc = _object(value, path, _SHAPE_KEYS, _SHAPE_OPTIONAL)
     shape_path, dtype_path = at_field(path, "shape"), at_field(path, "dtype")
-    sizes = _list(doc["shape"], shape_path)
+    sizes = cast("list[int]", _list(doc["shape"], shape_path))
     for i, n in enumerate(sizes):
         if type(n) is not int:
             raise fail(at_index(shape_path, i), "expected a size (an int >= 0)", n)
     dtype = _str(doc["dtype"], dtype_path)
+    structure_path = at_field(path, "structure")
+    structure = (
+        structure_from_obj(_plain(doc["structure"], structure_path), structure_path)
+        if "structure" in doc
+        else {}
+    )
 
     def locate(_: LayoutError) -> str | None:
         if _fails(lambda: ParamShape((), dtype)):
             return dtype_path
-        for i, n in enumerate(cast("list[int]", sizes)):
+        for i, n in enumerate(sizes):
             if _fails(lambda: ParamShape((n,), "float32")):  # noqa: B023 (called at once)
                 return at_index(shape_path, i)
+        if not _fails(lambda: ParamShape(sizes, dtype)):
+            return structure_path  # a structure that does not fit the shape
         return shape_path
 
-    return _wrap(path, lambda: ParamShape(cast("list[int]", sizes), dtype), locate)
+    return _wrap(path, lambda: ParamShape(sizes, dtype, structure=structure), locate)
+
+
+def _plain(value: object, path: str) -> object:
+    """``value`` with each JSON object in it a dict, for a reader of plain JSON data."""
+    fields = _fields(value, path, at_key)
+    if fields is not None:
+        return {key: _plain(v, at_key(path, key)) for key, v in fields.items()}
+    if isinstance(value, list):
+        return [_plain(v, at_index(path, i)) for i, v in enumerate(value)]
+    return value
 
 
 def read_shapes(value: object, path: str = "") -> FrozenMap[str, ParamShape]:

@@ -1,6 +1,6 @@
 """Writing the JSON documents: each value's unstructured object, and its text.
 
-Each document has one function that writes its envelope (``table_doc``, ``plan_obj``,
+Each document has one function that writes its envelope (``_table_doc``, ``plan_obj``,
 ``shapes_obj``); the ``*_text`` functions lay that document out for people: its fields one
 per line, a table's entries, drops, a plan's parameters and a shapes document's
 parameters one per line, everything else as ``json.dumps`` writes it (ASCII, so any FQN
@@ -20,6 +20,7 @@ from layout_algebra.mesh import Mesh
 from layout_algebra.placements import format_placement
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape
+from layout_algebra.structure import structure_to_obj
 
 __all__ = [
     "FINGERPRINT",
@@ -139,7 +140,12 @@ def mesh_obj(mesh: Mesh) -> dict[str, int]:
 
 
 def shape_obj(shape: ParamShape) -> dict[str, object]:
-    return {"shape": list(shape.shape), "dtype": shape.dtype}
+    """A shape's object (``"structure"`` only when it has one, so a plain shape reads as
+    before)."""
+    obj: dict[str, object] = {"shape": list(shape.shape), "dtype": shape.dtype}
+    if shape.structure:
+        obj["structure"] = structure_to_obj(shape.structure)
+    return obj
 
 
 def shapes_obj(shapes: Iterable[tuple[str, ParamShape]]) -> dict[str, object]:

@@ -39,6 +39,7 @@ from layout_algebra.serialization import (
     shapes_to_json,
     to_json,
 )
+from layout_algebra.structure import Packed, Part
 from tests.strategies import (
     MESH_ROLES,
     axis_names,
@@ -949,6 +950,66 @@ def test_bad_shapes_documents(params: dict[str, Any], path: str, words: str) -> 
         shapes_from_json(json.dumps({"version": 1, "params": params}))
     assert info.value.path == path
     assert words in info.value.message
+
+
+QKV: Final = Packed([Part("q", 32, 128), Part("k", 8, 128), Part("v", 8, 128)])
+
+
+def test_a_shapes_structure_is_written_and_read_back() -> None:
+    shapes = {
+        "qkv.weight": ParamShape((6144, 16), "bfloat16", structure={0: QKV}),
+        "norm.weight": ParamShape((16,), "float32"),
+    }
+    text = shapes_to_json(shapes)
+    doc = json.loads(text)["params"]
+    assert doc["qkv.weight"]["structure"] == {
+        "0": [
+            {"name": "q", "count": 32, "size": 128},
+            {"name": "k", "count": 8, "size": 128},
+            {"name": "v", "count": 8, "size": 128},
+        ]
+    }
+    assert "structure" not in doc["norm.weight"]  # a plain shape reads as before
+    assert dict(shapes_from_json(text)) == shapes
+    assert shapes_from_json(text)["qkv.weight"].structure == {0: QKV}
+    for shape in shapes.values():
+        assert converter.structure(converter.unstructure(shape), ParamShape) == shape
+
+
+@pytest.mark.parametrize(
+    ("structure", "path", "words"),
+    [
+        ([1], 'params["w"].structure', "expected a structure"),
+        ({"0": [{"name": "q", "count": 3}]}, 'params["w"].structure', "spans 3 elements"),
+        ({"1": [{"name": "q", "count": 16}]}, 'params["w"].structure', "is for dim 1"),
+        ({"0": [{"name": "q", "count": "16"}]}, 'params["w"].structure["0"][0].count', "an int"),
+    ],
+)
+def test_bad_structures(structure: object, path: str, words: str) -> None:
+    params = {"w": {"shape": [16], "dtype": "float32", "structure": structure}}
+    reads: list[tuple[Callable[[], object], str]] = [
+        (lambda: shapes_from_json(json.dumps({"version": 1, "params": params})), path),
+        (
+            lambda: converter.structure(params, dict[str, ParamShape]),
+            path.removeprefix("params"),
+        ),
+    ]
+    for read, where in reads:
+        with pytest.raises(SerializationError) as info:
+            read()
+        assert info.value.path == where
+        assert words in info.value.message
+
+
+def test_a_structure_key_given_twice_is_refused() -> None:
+    text = (
+        '{"version": 1, "params": {"w": {"shape": [16], "dtype": "float32", '
+        '"structure": {"0": [{"name": "q", "count": 16}], "0": []}}}}'
+    )
+    with pytest.raises(SerializationError) as info:
+        shapes_from_json(text)
+    assert info.value.path == 'params["w"].structure["0"]'
+    assert "appears twice" in info.value.message
 
 
 def test_plan_keys_with_patterns_round_trip() -> None:
