@@ -207,3 +207,29 @@ def test_a_left_out_argument_is_a_layout_error_naming_it(
 ) -> None:
     with pytest.raises(LayoutError, match=f"needs the argument '{named}', which was not given"):
         cls(*args, **kwargs)
+
+
+def test_module_params_whose_keys_cannot_be_hashed_again_are_a_layout_error() -> None:
+    class Path(str):
+        __slots__ = ()
+        armed = False
+
+        def __hash__(self) -> int:
+            if Path.armed:
+                raise RuntimeError("no hashing me")
+            return str.__hash__(self)
+
+    ModulePlan({"w": {"tp": Shard(0)}})  # params with these paths already known
+    params = {Path("w"): {"tp": Shard(0)}}
+    Path.armed = True
+    with pytest.raises(LayoutError) as info:
+        ModulePlan(params)
+    assert info.value.fqn == "w"
+
+
+def test_equal_module_params_in_another_order_keep_their_order() -> None:
+    first = ModulePlan({"a": {"tp": Shard(0)}, "b": {"tp": Shard(1)}})
+    second = ModulePlan({"b": {"tp": Shard(1)}, "a": {"tp": Shard(0)}})
+    assert first == second and list(second.params) == ["b", "a"]
+    plan = ShardingPlan({"m": first, "n": second}, mesh_axes=["tp"])
+    assert list(build_table(plan, ["tp"])) == ["m.a", "m.b", "n.b", "n.a"]

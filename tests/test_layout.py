@@ -208,6 +208,26 @@ def test_a_table_checks_a_shared_layout_once_for_every_fqn() -> None:
     bad = SourceLayout("dense", ["tp"], [Partial()])
     with pytest.raises(LayoutError, match=r"^a: P"):
         ParamLayoutTable({"a": bad, "b": bad})
+    equal = SourceLayout("dense", ["tp"], [Partial()])  # equal, made apart: the first named
+    with pytest.raises(LayoutError) as info:
+        ParamLayoutTable({"ok": W, "a": bad, "b": equal})
+    assert (info.value.fqn, info.value.axis, info.value.placement) == ("a", "tp", "P(sum)")
+
+
+def test_a_str_subclass_fqn_is_its_text() -> None:
+    class Name(str):
+        __slots__ = ()
+        armed = False
+
+        def __hash__(self) -> int:
+            assert not Name.armed, "a str subclass's own __hash__ ran"
+            return str.__hash__(self)
+
+    given = {Name("w"): X}
+    Name.armed = True
+    table = ParamLayoutTable({"v": W}).with_entries(given)
+    assert list(table) == ["v", "w"] and all(type(f) is str for f in table)
+    assert table[Name("w")] is table["w"] and Name("w") in table
 
 
 @pytest.mark.parametrize(
@@ -217,6 +237,9 @@ def test_a_table_checks_a_shared_layout_once_for_every_fqn() -> None:
         ({3: W}, "a parameter FQN must be a non-empty string, got 3"),
         ({"w": "dense[tp=S(0)]"}, "w: 'dense[tp=S(0)]' is not a SourceLayout"),
         ({"w": Shard(0)}, "w: Shard(dim=0) is not a SourceLayout"),
+        ({"v": W, "w": ["dense"]}, "w: ['dense'] is not a SourceLayout"),  # unhashable
+        ({"v": W, "w": {"tp": Shard(0)}}, "w: {'tp': Shard(dim=0)} is not a SourceLayout"),
+        ({"v": W, "w": None}, "w: None is not a SourceLayout"),
         ([("w", W)], "a table's entries must be a mapping from FQN to SourceLayout"),
     ],
 )
