@@ -48,7 +48,7 @@ from layout_algebra.torch_bridge import (
     tied_pairs_from_module,
     to_torch,
 )
-from layout_algebra.torch_bridge._walk import named_modules, named_parameters, parameter_groups
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 from layout_algebra.torch_bridge.torchtitan import plan_from_torchtitan
 from layout_algebra.torch_bridge.transformers import _installed_release, _release_of
 from tests.test_walk import trees
@@ -95,7 +95,6 @@ def cyclic() -> _Cyclic:
 
 READERS: dict[str, Callable[[nn.Module], object]] = {
     "named_parameters": lambda m: list(named_parameters(m)),
-    "parameter_groups": lambda m: [list(group) for _, _, group in parameter_groups(m)],
     "named_modules": lambda m: list(named_modules(m)),
     "shapes_from_module": shapes_from_module,
     "table_from_module": table_from_module,
@@ -193,7 +192,7 @@ def test_a_cycle_in_torchs_own_walk_is_a_bind_error_too() -> None:
     renaming.lin.up = renaming
     with pytest.raises(RecursionError):  # torch's own walk of it
         list(renaming.named_parameters(remove_duplicate=False))
-    with pytest.raises(BindError, match="recursed past Python's limit: a module that contains"):
+    with pytest.raises(BindError, match=r"^module 'lin\.up' is the root module, which contains"):
         shapes_from_module(renaming)
     # a cycle torch's walk never enters (hidden by a class's named_modules) is walked as
     # torch walks it
@@ -569,10 +568,13 @@ def test_a_plan_as_deep_as_a_deep_model_is_read_up_to_the_bound() -> None:
     assert [fqn for fqn, _, _ in plan.named_placements()] == [f"{bottom}.weight", f"{bottom}.bias"]
 
 
-def test_a_style_over_a_deep_subtree_is_a_problem_not_a_recursion_error() -> None:
+def test_a_style_over_a_subtree_deeper_than_torch_walks_is_a_bind_error() -> None:
+    # torch's own walk (and so parallelize_module) recurses past Python's limit on it
     model = nn.Module()
     model.top = chain(3000)
-    with pytest.raises(PlanError, match=r"its submodules hold a\.a\.a"):
+    with pytest.raises(RecursionError):
+        list(model.named_parameters())
+    with pytest.raises(BindError, match="recursed past Python's limit"):
         plan_from_parallelize(model, {"top": ColwiseParallel()}, mesh_axes=["tp"])
 
 
@@ -615,3 +617,16 @@ class _Planned(nn.Sequential):
     def __init__(self, plan: dict[str, str]) -> None:
         super().__init__(nn.Linear(2, 2))
         self.tp_plan = plan
+
+
+def test_a_tree_deeper_than_torch_walks_is_a_bind_error() -> None:
+    """No cycle, but deeper than Python's recursion limit: torch's own walk recurses past it."""
+    root = nn.Module()
+    inner = root
+    for _ in range(sys.getrecursionlimit()):
+        inner.sub = nn.Module()
+        inner = inner.sub
+    inner.w = nn.Parameter(torch.ones(1))
+    with pytest.raises(BindError, match="recursed past Python's limit") as info:
+        shapes_from_module(root)
+    assert info.value.fqn is None

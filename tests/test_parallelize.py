@@ -567,7 +567,7 @@ def test_shard_beyond_a_parameters_dims() -> None:
 def test_arguments_are_checked() -> None:
     with pytest.raises(
         LayoutError,
-        match=r"plan_from_parallelize\(module=\.\.\.\) must be a torch.nn.Module, got None",
+        match=r"plan_from_parallelize\(module=\.\.\.\): must be a torch.nn.Module, got NoneType",
     ):
         plan_from_parallelize(None, {}, mesh_axes=AXES)  # type: ignore[arg-type]  # wrong on purpose
     with pytest.raises(

@@ -39,7 +39,6 @@ from layout_algebra import (
     format_placement,
     local_shape_and_offset,
 )
-from layout_algebra.layout import ByModule, Listed
 from layout_algebra.torch_bridge import (
     Binding,
     ParamBindings,
@@ -257,22 +256,20 @@ def test_bind_unknown_fqn_suggests_close_names(
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
-def test_bind_finds_an_fqn_the_module_lacks_in_a_table_kept_by_module(
+def test_bind_finds_an_fqn_the_module_lacks_wherever_the_table_has_it(
     meshes: dict[str, DeviceMesh], where: str
 ) -> None:
-    # Entries after the ghost are found by hash, not in step: they must not count for it.
     modules = list(make_plan().modules.items())
     at = {"first": 0, "middle": len(modules) // 2, "last": len(modules)}[where]
     modules.insert(at, ("ghost", ModulePlan({"weight": {"tp": Shard(0)}})))
     plan = ShardingPlan(dict(modules), mesh_axes=WORLD)
     table = build_table(plan, DENSE, expert_axes=WORLD)
-    assert type(table._items) is ByModule
     with pytest.raises(BindError, match=r"^ghost\.weight: unknown parameter FQN"):
         bind(table, make_model(), meshes)
 
 
 class _OwnWalk(ToyModel):
-    """A model whose class names its parameters itself: bind takes torch's walk."""
+    """A model whose class names its parameters itself: bind reads them as torch does."""
 
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
@@ -280,13 +277,13 @@ class _OwnWalk(ToyModel):
         yield from super().named_parameters(prefix, recurse, remove_duplicate)
 
 
-@pytest.mark.parametrize("walk", ["ours", "torch's"])
+@pytest.mark.parametrize("walk", ["torch's", "a class's own"])
 @pytest.mark.parametrize("shape", ["plan order", "reversed", "at the root", "completed"])
-def test_bind_of_a_table_kept_by_module_is_that_of_the_table_spelled_out(
+def test_bind_of_a_built_table_is_that_of_the_table_spelled_out(
     meshes: dict[str, DeviceMesh], shape: str, walk: str
 ) -> None:
     torch.manual_seed(0)
-    model = ToyModel() if walk == "ours" else _OwnWalk()
+    model = ToyModel() if walk == "torch's" else _OwnWalk()
     modules = dict(make_plan().modules)
     if shape == "reversed":
         modules = dict(reversed(modules.items()))
@@ -306,8 +303,6 @@ def test_bind_of_a_table_kept_by_module_is_that_of_the_table_spelled_out(
     if shape == "completed":  # layers.1's parameters then live under the root module
         names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
         table = complete_default(table, names, DENSE)
-        assert "" in table._items._modules  # type: ignore[attr-defined]
-    assert type(table._items) is ByModule
     spelled = ParamLayoutTable(dict(table.items()), tied=table.tied)
     ours, theirs = bind(table, model, meshes), bind(spelled, model, meshes)
     assert dict(ours) == dict(theirs)
@@ -336,12 +331,8 @@ def test_bind_of_a_pattern_plans_listed_table(
     listed = build_table(
         by_pattern, DENSE, expert_axes=WORLD, fqns=names if order == "module" else names[::-1]
     )
-    entries = listed._items
-    assert type(entries) is Listed
     assert listed == table
     assert dict(bind(listed, model, meshes)) == dict(bind(table, model, meshes))
-    # in step with the module, bind looks nothing up: the FQNs' dict is never made
-    assert (entries._by_fqn is None) == (order == "module")
 
 
 def test_bind_missing_mesh_role(table: ParamLayoutTable, dense: DeviceMesh) -> None:
@@ -478,6 +469,28 @@ def test_bindings_build_each_binding_once(
     model = make_model()
     bindings = bind(table, model, meshes)
     assert bindings[as_param(model.emb.weight)] is bindings[as_param(model.head.weight)]
+
+
+def test_bindings_sharing_one_binding_name_each_parameter(dense: DeviceMesh) -> None:
+    shared = Binding("first", dense["tp"], (tpt.Shard(0),))
+    other = Binding("other", dense["tp"], (tpt.Replicate(),))
+    a, b = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(4))
+    bindings = ParamBindings.sharing(
+        [("first", a, shared), ("second", b, shared), ("alias", a, shared)],
+        lambda first, fqn: BindError(f"{first} vs {fqn}"),
+    )
+    assert bindings[a] is shared  # bound under the FQN the shared binding has
+    assert bindings[b] == Binding("second", shared.mesh, shared.placements)
+    assert bindings[b] is bindings[b]  # made once, when first read
+    assert bindings.fqns().keys() == {"first", "second"}  # an alias keeps its first FQN
+    with pytest.raises(BindError, match=r"^first vs again$"):
+        ParamBindings.sharing(
+            [("first", a, shared), ("again", a, other)],
+            lambda first, fqn: BindError(f"{first} vs {fqn}"),
+        )
+    with pytest.raises(BindError, match=r"^ParamBindings\.sharing\(items=\.\.\.\): each item "):
+        wrong: list[tuple[str, object, Binding]] = [("w", "not a parameter", shared)]
+        ParamBindings.sharing(wrong, lambda first, fqn: BindError(fqn))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------
@@ -814,6 +827,7 @@ def test_the_bridge_surface() -> None:
 
     assert sorted(bridge.__all__) == [
         "Binding",
+        "DcpLayouts",
         "ParamBindings",
         "TorchPlacement",
         "bind",
@@ -828,6 +842,7 @@ def test_the_bridge_surface() -> None:
         "shapes_from_module",
         "shard_dims_from_torchtitan",
         "state_dict_fqn",
+        "table_from_dcp",
         "table_from_hf",
         "table_from_module",
         "table_from_parallelize",
@@ -913,6 +928,8 @@ class Calls:
             "state_dict_fqn": lambda: {"name": "layers.0._checkpoint_wrapped_module.w"},
             # refused, as it should be: not a transformers model (its own tests save them)
             "shapes_from_checkpoint": lambda: {"model": self.linear, "path": "model.safetensors"},
+            # refused, as it should be: no checkpoint there (its own tests write them)
+            "table_from_dcp": lambda: {"path": "no-such-checkpoint"},
         }
         return valid[name]()
 
@@ -925,7 +942,8 @@ def calls(world: DeviceMesh, dense: DeviceMesh, meshes: dict[str, DeviceMesh]) -
 def public_callables() -> list[str]:
     import layout_algebra.torch_bridge as bridge  # noqa: PLC0415
 
-    return [n for n in bridge.__all__ if callable(getattr(bridge, n)) and n != "TorchPlacement"]
+    values = {"TorchPlacement", "DcpLayouts"}  # a type alias, and a result value (test_dcp's)
+    return [n for n in bridge.__all__ if callable(getattr(bridge, n)) and n not in values]
 
 
 def call(name: str, kwargs: Mapping[str, object]) -> object:
@@ -944,6 +962,7 @@ def test_every_public_callable_has_a_valid_call(calls: Calls) -> None:
             "plan_from_torchtitan",
             "shard_dims_from_torchtitan",
             "shapes_from_checkpoint",
+            "table_from_dcp",
         }:
             with pytest.raises(LayoutError):
                 call(name, kwargs)
@@ -1034,6 +1053,7 @@ IMPORTERS: Final = frozenset(
         "shard_dims_from_torchtitan",
         "state_dict_fqn",
         "shapes_from_checkpoint",
+        "table_from_dcp",
     }
 )
 """The importers: their arguments are checked by their own tests (test_tables too)."""
@@ -1114,3 +1134,32 @@ def test_any_wrong_value_is_a_layout_error_or_works(calls: Calls, data: st.DataO
         call(name, kwargs)
     except LayoutError as e:
         assert len(str(e)) < 1000
+
+
+MODULE_ARGS: Final = [
+    ("bind", "module"),
+    ("managed_bindings", "owner"),
+    ("distribute", "module"),
+    ("table_from_module", "module"),
+    ("shapes_from_module", "module"),
+    ("tied_pairs_from_module", "module"),
+    ("plan_from_parallelize", "module"),
+    ("table_from_parallelize", "model"),
+    ("plan_from_hf", "model"),
+    ("table_from_hf", "model"),
+    ("plan_from_torchtitan", "model"),
+    ("shard_dims_from_torchtitan", "model"),
+    ("shapes_from_checkpoint", "model"),
+]
+
+
+@pytest.mark.parametrize(("name", "arg"), MODULE_ARGS)
+def test_every_module_argument_is_refused_by_one_rule(calls: Calls, name: str, arg: str) -> None:
+    """One check of "must be a module" for the whole bridge: one error class, one message."""
+    kwargs = calls.kwargs(name)
+    kwargs[arg] = "model"
+    with pytest.raises(BindError) as info:
+        call(name, kwargs)
+    assert str(info.value) == (
+        f"{name}({arg}=...): must be a torch.nn.Module, got str 'model'; pass the model itself"
+    )

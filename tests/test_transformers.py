@@ -885,7 +885,7 @@ def test_not_a_transformers_model() -> None:
     with pytest.raises(LayoutError, match=r"a Linear has neither tp_plan nor ep_plan"):
         plan_from_hf(nn.Linear(2, 2), mesh_axes=AXES)
     with pytest.raises(
-        LayoutError, match=r"plan_from_hf\(model=\.\.\.\) must be a torch.nn.Module"
+        LayoutError, match=r"plan_from_hf\(model=\.\.\.\): must be a torch.nn.Module"
     ):
         plan_from_hf("llama", mesh_axes=AXES)  # type: ignore[arg-type]  # wrong on purpose
     with pytest.raises(LayoutError, match=r"^plan_from_hf\(ep_axis=\.\.\.\): "):

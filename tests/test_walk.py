@@ -5,8 +5,8 @@
 objects themselves, and ``named_modules(module)`` those of
 ``module.named_modules(remove_duplicate=False)``: on random module trees with shared
 submodules, shared parameters, ``None`` children and ``None`` parameters, and on trees
-where a class overrides what torch's walk calls (then torch's walk is used from that
-module on). Cycles of modules are ``test_hostile_bridge``'s.
+where a class overrides what torch's walk calls; FQNs as torch's state dict gives them.
+Cycles of modules are ``test_hostile_bridge``'s.
 """
 
 from __future__ import annotations
@@ -32,12 +32,7 @@ from layout_algebra.torch_bridge import (
     table_from_module,
     tied_pairs_from_module,
 )
-from layout_algebra.torch_bridge._walk import (
-    named_modules,
-    named_parameters,
-    parameter_groups,
-    state_dict_fqn,
-)
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters, state_dict_fqn
 from tests.torch_oracle import MeshFactory
 
 T = TypeVar("T")
@@ -51,17 +46,9 @@ def our_pairs(module: nn.Module) -> list[tuple[str, int]]:
     return [(n, id(p)) for n, p in named_parameters(module)]
 
 
-def grouped_pairs(module: nn.Module) -> list[tuple[str, int]]:
-    groups = list(parameter_groups(module))
-    for fqn, prefix, _ in groups:  # a module's prefix is its FQN and a dot
-        assert prefix == (f"{fqn}." if fqn else "")
-    return [(prefix + n, id(p)) for _, prefix, group in groups for n, p in group if p is not None]
-
-
 def same_as_torch(module: nn.Module) -> None:
     expected = torch_pairs(module)
     assert our_pairs(module) == expected
-    assert grouped_pairs(module) == expected
     theirs = [(n, id(m)) for n, m in module.named_modules(remove_duplicate=False)]
     assert [(n, id(m)) for n, m in named_modules(module)] == theirs
 
@@ -308,7 +295,6 @@ def test_a_checkpoint_wrapper_is_walked_as_the_state_dict_names_it() -> None:
         theirs = [(state_dict_fqn(n), i) for n, i in torch_pairs(root)]
         assert any("_checkpoint_wrapped_module" in n for n, _ in torch_pairs(root))
         assert our_pairs(root) == theirs
-        assert grouped_pairs(root) == theirs
         modules = [
             (state_dict_fqn(n), id(m)) for n, m in root.named_modules(remove_duplicate=False)
         ]

@@ -60,9 +60,15 @@ def check_type(
         raise BindError(msg)
 
 
-def check_module(module: object, arg: str) -> None:
-    """Refuse anything but an ``nn.Module`` for ``arg``."""
+def check_module(module: object, arg: str) -> nn.Module:
+    """``module`` itself when it is an ``nn.Module``; anything else is refused for ``arg``.
+
+    Raises:
+        BindError: ``module`` is not an ``nn.Module``.
+    """
     check_type(module, nn.Module, arg, "a torch.nn.Module", "pass the model itself")
+    assert isinstance(module, nn.Module)
+    return module
 
 
 def check_table(table: object, arg: str) -> None:

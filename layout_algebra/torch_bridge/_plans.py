@@ -11,15 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from torch import nn
-
-from layout_algebra._text import quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.placements import Placement
 from layout_algebra.plan import ModulePlan, ShardingPlan
 
-__all__ = ["Problems", "axis_in", "check_module", "shard_dim", "sharding_plan"]
+__all__ = ["Problems", "axis_in", "shard_dim", "sharding_plan"]
 
 _MAX_LISTED: Final = 20
 
@@ -45,14 +42,6 @@ class Problems:
         if n > _MAX_LISTED:
             lines.append(f"  ... and {n - _MAX_LISTED} more (see .problems)")
         raise PlanError("\n".join(lines), problems=self.found)
-
-
-def check_module(module: object, arg: str) -> nn.Module:
-    """``module`` itself when it is an ``nn.Module``, else a ``LayoutError`` naming ``arg``."""
-    if not isinstance(module, nn.Module):
-        msg = f"{arg} must be a torch.nn.Module, got {quote(module)}; pass the model itself"
-        raise LayoutError(msg)
-    return module
 
 
 def axis_in(axis: AxisLike, axes: tuple[AxisName, ...], arg: str) -> AxisName:

@@ -1,52 +1,33 @@
-"""Every module and parameter of a module with its FQN, as torch's walks name them.
+"""Every module and parameter of a model with its FQN: torch's own walks, as the state
+dict names them.
 
-Torch's walk is two nested generators per module (``named_modules`` recursing into
-itself, ``_named_members`` around it), so on a model of a million parameters the walk
-costs more than anything the bridge does with what it yields. ``named_parameters`` here
-gives the pairs of ``named_parameters(remove_duplicate=False)`` in the same order with
-one loop over the modules and one over each module's own parameters: pre-order, children
-in registration order, a ``None`` child or parameter skipped, every alias kept (nothing
-is deduplicated). ``parameter_groups`` is the same walk a module at a time, for a
-caller's own loop over the parameters, and ``named_modules`` the modules themselves, as
-``named_modules(remove_duplicate=False)`` gives them.
+``named_parameters`` and ``named_modules`` are torch's ``named_parameters`` and
+``named_modules`` with ``remove_duplicate=False`` (every alias of a tied parameter, every
+place of a shared module), so a class that overrides how its members are named is read as
+torch reads it. Each FQN is given as torch's state dict gives it (``state_dict_fqn``):
+activation checkpointing's wrapper (``checkpoint_wrapper``,
+``apply_activation_checkpointing``) holds the wrapped module as
+``_checkpoint_wrapped_module``, a segment its state-dict hooks drop, so
+``layers.0._checkpoint_wrapped_module.attn.weight`` is ``layers.0.attn.weight``.
 
-It is torch's walk whenever a module of the tree could make the answer differ: the root's
-class overriding ``named_parameters`` or ``_named_members``, or any module's class
-overriding ``named_modules`` (those are what torch's walk calls). The modules are
-checked before the first pair is yielded, so a caller never sees half of one walk and
-half of the other.
-
-A module that holds one of its own ancestors (``root.block.parent = root``) makes every
-walk of the tree endless (torch's own recurses until ``RecursionError``): the walk keeps
-the modules whose subtree it is in, and meeting one of them again is a ``BindError``
-naming the path that closes the cycle. A module shared at two places of the tree, not
-inside itself, is walked at both, as torch walks it.
-
-Every FQN is given as torch's state dict gives it (``state_dict_fqn``): activation
-checkpointing's wrapper (``checkpoint_wrapper``, ``apply_activation_checkpointing``)
-holds the wrapped module as ``_checkpoint_wrapped_module``, a segment its state-dict hooks
-drop, so ``layers.0._checkpoint_wrapped_module.attn.weight`` is ``layers.0.attn.weight``
-(and the wrapper and the module it wraps share one FQN).
+A module that holds one of its own ancestors (``root.block.parent = root``) makes torch's
+walk recurse until ``RecursionError``: that is a ``BindError`` naming the path that closes
+the cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from itertools import islice
-from typing import Final, TypeAlias, TypeVar
+from collections.abc import Iterator
+from typing import Final, TypeVar
 
 from torch import nn
 
 from layout_algebra._text import quote
 from layout_algebra.errors import BindError, LayoutError
 
-__all__ = ["named_modules", "named_parameters", "parameter_groups", "state_dict_fqn"]
+__all__ = ["named_modules", "named_parameters", "state_dict_fqn"]
 
 T = TypeVar("T")
-
-_NAMED_MODULES = nn.Module.named_modules
-_NAMED_PARAMETERS = nn.Module.named_parameters
-_NAMED_MEMBERS = nn.Module._named_members
 
 _WRAPPER_SEGMENT: Final = "_checkpoint_wrapped_module"
 """The segment torch's activation-checkpoint wrapper adds, which its state dict drops."""
@@ -70,139 +51,65 @@ def state_dict_fqn(name: str) -> str:
     return ".".join(part for part in name.split(".") if part != _WRAPPER_SEGMENT)
 
 
-ParamGroup: TypeAlias = tuple[str, str, Iterable[tuple[str, "nn.Parameter | None"]]]
-"""A module's FQN, its prefix (the FQN and a dot, ``""`` for the root) and its
-``(name, parameter)`` pairs: each FQN is ``prefix + name``. A pair's parameter may be
-``None``, to be skipped. (Torch's own walk is one group of the root's: ``""``, ``""``
-and every FQN as a name.)"""
-
-
 def named_parameters(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
-    """``module.named_parameters(remove_duplicate=False)``, walked in one loop.
+    """``module.named_parameters(remove_duplicate=False)``, FQNs as the state dict gives them.
 
     Raises:
         BindError: a module of the tree holds one of its ancestors (a cycle).
     """
-    for _, prefix, group in parameter_groups(module):
-        for name, param in group:
-            if param is not None:
-                yield prefix + name, param
-
-
-def parameter_groups(module: nn.Module) -> Iterator[ParamGroup]:
-    """The pairs of ``module.named_parameters(remove_duplicate=False)``, a module at a time
-    (one group of them all, torch's own, when the root's class overrides how they are
-    named).
-
-    Raises:
-        BindError: a module of the tree holds one of its ancestors (a cycle).
-    """
-    root = type(module)
-    if root.named_parameters is not _NAMED_PARAMETERS or root._named_members is not _NAMED_MEMBERS:
-        pairs = _torch_walk(module.named_parameters(remove_duplicate=False))
-        yield "", "", ((state_dict_fqn(name), param) for name, param in pairs)
-        return
-    # _walk's loop and its _enter, inlined (a generator between the two, or a call per
-    # module, costs more than the walk's own work on a model of many small modules).
-    stack: list[tuple[str, nn.Module, int]] = [("", module, 0)]
-    pop, push = stack.pop, stack.extend
-    path: list[int] = []
-    inside: dict[int, str] = {}
-    visited = 0
-    while stack:
-        fqn, sub, depth = pop()
-        if type(sub).named_modules is not _NAMED_MODULES:
-            walked = _torch_walk(module.named_modules(remove_duplicate=False))
-            for raw, sub in islice(walked, visited, None):
-                fqn = state_dict_fqn(raw)
-                yield fqn, (f"{fqn}." if fqn else ""), sub._parameters.items()
-            return
-        children = sub._modules
-        if children:  # _enter, inlined
-            while len(path) > depth:
-                del inside[path.pop()]
-            key = id(sub)
-            if key in inside:
-                raise _cycle(fqn, inside[key])
-            inside[key] = fqn
-            path.append(key)
-        visited += 1
-        prefix = f"{fqn}." if fqn else ""
-        params = sub._parameters
-        if params:
-            yield fqn, prefix, params.items()
-        if children:
-            depth += 1
-            push(
-                [
-                    (prefix + k if k != _WRAPPER_SEGMENT else fqn, m, depth)
-                    for k, m in reversed(children.items())
-                    if m is not None
-                ]
-            )
+    for name, param in _torch_walk(module, module.named_parameters(remove_duplicate=False)):
+        yield state_dict_fqn(name), param
 
 
 def named_modules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """``module.named_modules(remove_duplicate=False)``: every module at every FQN.
+    """``module.named_modules(remove_duplicate=False)``, FQNs as the state dict gives them.
 
     Raises:
         BindError: a module of the tree holds one of its ancestors (a cycle).
     """
-    for fqn, _, sub in _walk(module):
-        yield fqn, sub
+    for name, sub in _torch_walk(module, module.named_modules(remove_duplicate=False)):
+        yield state_dict_fqn(name), sub
 
 
-def _walk(module: nn.Module) -> Iterator[tuple[str, str, nn.Module]]:
-    """Each module of the tree with its FQN and prefix, as ``named_modules`` walks them."""
-    # Pre-order, names joined as torch joins them (an empty FQN takes no dot). Each entry
-    # of the stack holds its depth; ``path`` holds the ids of the modules with children
-    # whose subtree the walk is in, ``inside`` the same ids, each with its FQN (see _enter).
-    stack: list[tuple[str, nn.Module, int]] = [("", module, 0)]
-    pop, push = stack.pop, stack.extend
-    path: list[int] = []
-    inside: dict[int, str] = {}
-    visited = 0
-    while stack:
-        fqn, sub, depth = pop()
-        if type(sub).named_modules is not _NAMED_MODULES:
-            # Torch's walk of the modules from here on (the ones so far are its first).
-            walked = _torch_walk(module.named_modules(remove_duplicate=False))
-            for raw, sub in islice(walked, visited, None):
-                fqn = state_dict_fqn(raw)
-                yield fqn, (f"{fqn}." if fqn else ""), sub
-            return
-        children = sub._modules
-        if children:  # a module without children is no one's ancestor
-            _enter(path, inside, depth, id(sub), fqn)
-        visited += 1
-        prefix = f"{fqn}." if fqn else ""
-        yield fqn, prefix, sub
-        if children:  # pushed last first, so popped in registration order
-            depth += 1
-            push(
-                [
-                    (prefix + k if k != _WRAPPER_SEGMENT else fqn, m, depth)
-                    for k, m in reversed(children.items())
-                    if m is not None
-                ]
-            )
+def _torch_walk(root: nn.Module, walk: Iterator[tuple[str, T]]) -> Iterator[tuple[str, T]]:
+    """Torch's walk of ``root``, its ``RecursionError`` (a cycle, or a tree that deep) a
+    ``BindError``."""
+    try:
+        yield from walk
+    except RecursionError:
+        raise _find_cycle(root) or _too_deep() from None
 
 
-def _enter(path: list[int], inside: dict[int, str], depth: int, key: int, fqn: str) -> None:
-    """Note that the walk enters the subtree of the module ``key`` (its id) at ``fqn``, at
-    ``depth``: ``path`` and ``inside`` keep the ids of the modules it is inside (held by
-    the walk's stack, so no id is reused meanwhile), and ``inside`` their FQNs.
+def _too_deep() -> BindError:
+    msg = (
+        "the model's own walk of its modules recursed past Python's limit: a module that "
+        "contains itself (a cycle of submodules) or a tree that deep; keep back-references "
+        "out of the module tree (a weakref.ref, or an attribute set with object.__setattr__)"
+    )
+    return BindError(msg)
 
-    Raises:
-        BindError: the walk is already inside that module (a cycle).
+
+def _find_cycle(root: nn.Module) -> BindError | None:
+    """The error naming the first module, in torch's walk order, that is one of its own
+    ancestors; ``None`` when there is none (the walk only went that deep).
+
+    The modules torch's walk enters are followed: a class whose ``named_modules`` is its
+    own decides its subtree, which is not entered here.
     """
-    while len(path) > depth:  # the subtrees the walk has left since
-        del inside[path.pop()]
-    first = inside.get(key)
-    if first is not None:
-        raise _cycle(fqn, first)
-    inside[key] = fqn
-    path.append(key)
+    # Depth first, iterative; each entry holds the path of (FQN, module) from the root.
+    stack: list[list[tuple[str, nn.Module]]] = [[("", root)]]
+    while stack:
+        path = stack.pop()
+        fqn, sub = path[-1]
+        for first, ancestor in path[:-1]:
+            if ancestor is sub:
+                return _cycle(state_dict_fqn(fqn), state_dict_fqn(first))
+        if type(sub).named_modules is not nn.Module.named_modules:
+            continue
+        prefix = f"{fqn}." if fqn else ""
+        children = [[*path, (prefix + name, child)] for name, child in sub.named_children()]
+        stack.extend(reversed(children))
+    return None
 
 
 def _cycle(fqn: str, first: str) -> BindError:
@@ -215,17 +122,3 @@ def _cycle(fqn: str, first: str) -> BindError:
         "set with object.__setattr__)"
     )
     return BindError(msg, fqn=fqn)
-
-
-def _torch_walk(walk: Iterator[tuple[str, T]]) -> Iterator[tuple[str, T]]:
-    """Torch's own walk, its ``RecursionError`` (a cycle, or a tree that deep) a ``BindError``."""
-    try:
-        yield from walk
-    except RecursionError:
-        msg = (
-            "the model's own walk of its modules (a class of it overrides named_modules or "
-            "named_parameters) recursed past Python's limit: a module that contains itself "
-            "(a cycle of submodules) or a tree that deep; keep back-references out of the "
-            "module tree (a weakref.ref, or an attribute set with object.__setattr__)"
-        )
-        raise BindError(msg) from None

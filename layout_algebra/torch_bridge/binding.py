@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
@@ -15,7 +13,7 @@ from torch.distributed.tensor import placement_types as tpt
 from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError, LayoutError
-from layout_algebra.layout import ByModule, Listed, ParamLayoutTable, SourceLayout
+from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Replicate, Shard, StridedShard, format_placement
 from layout_algebra.torch_bridge._checks import (
     check_meshes,
@@ -25,9 +23,9 @@ from layout_algebra.torch_bridge._checks import (
     owned_names,
     parameters,
 )
-from layout_algebra.torch_bridge._walk import named_parameters, parameter_groups, state_dict_fqn
+from layout_algebra.torch_bridge._walk import named_parameters, state_dict_fqn
 from layout_algebra.torch_bridge.convert import from_torch, to_torch
-from layout_algebra.torch_bridge.param_map import Binding, ParamBindings, _ParamRef, _Slot
+from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 
 __all__ = ["bind", "default_binding", "managed_bindings"]
 
@@ -35,60 +33,23 @@ DEFAULT_FQN: Final = "<default>"
 """The ``fqn`` of a ``default_binding`` before ``managed_bindings`` names its parameter."""
 
 _MAX_LISTED: Final = 5
-_END: Final[tuple[None, SourceLayout]] = (None, SourceLayout("<end>", (), ()))
-"""Past the table's last entry: no FQN matches ``None``."""
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Automatic garbage collection off for a bulk build, back on (if it was) after.
-
-    A build that keeps one tracked object per parameter would otherwise trigger full
-    collections that rescan the whole model heap, costing more than the build itself.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _slice(mesh: DeviceMesh, axes: tuple[str, ...]) -> DeviceMesh:
-    """The sub-mesh of ``mesh`` over ``axes``: the mesh itself when they are its names."""
-    if mesh.mesh_dim_names == axes:
-        return mesh
-    if len(axes) == 1:
-        return mesh[axes[0]]
-    return mesh[axes]
 
 
 class _Binder:
-    """Layouts checked and sliced once each, whatever the number of parameters."""
+    """Each distinct layout prepared once: its binding (mesh slice, torch placements) and
+    the dims a parameter needs for it; each distinct (mesh role, axes) sliced once."""
 
     def __init__(self, meshes: Mapping[str, DeviceMesh]) -> None:
         self.meshes = meshes
         self.slices: dict[tuple[str, tuple[str, ...]], DeviceMesh] = {}
-        self.by_value: dict[SourceLayout, _Slot] = {}
-        # id of a layout -> it and its slot: the entry holds the layout, so no id stands
-        # for another object while the binder lives
-        self.by_id: dict[int, tuple[SourceLayout, _Slot]] = {}
+        self.prepared: dict[SourceLayout, tuple[Binding, int]] = {}
 
-    def slot(self, fqn: str, layout: SourceLayout) -> _Slot:
-        hit = self.by_id.get(id(layout))
-        if hit is not None and hit[0] is layout:
-            return hit[1]
-        found = self.by_value.get(layout)
-        if found is None:
-            found = self.by_value[layout] = self._prepare(fqn, layout)
-        self.by_id[id(layout)] = (layout, found)
-        return found
-
-    def _prepare(self, fqn: str, layout: SourceLayout) -> _Slot:
+    def prepare(self, fqn: str, layout: SourceLayout) -> tuple[Binding, int]:
+        """The binding of ``layout`` (named ``fqn``, the first parameter it binds) and the
+        number of dims a parameter needs for it: one more than the highest dim it shards."""
         if not layout.axes:
             # a plain parameter (no source axes) stays a plain tensor: no mesh is needed
-            return _Slot(None, (), 0)
+            return Binding(fqn, None, ()), 0
         mesh = self.meshes.get(layout.mesh)
         if mesh is None:
             given = [clip(role) for role in self.meshes]
@@ -107,7 +68,7 @@ class _Binder:
         sub = self.slices.get(key)
         if sub is None:
             sub = self.slices[key] = self._new_slice(fqn, layout, mesh, axes)
-        return _Slot(sub, placements, min_ndim)
+        return Binding(fqn, sub, placements), min_ndim
 
     def _new_slice(
         self, fqn: str, layout: SourceLayout, mesh: DeviceMesh, axes: tuple[str, ...]
@@ -131,7 +92,7 @@ class _Binder:
                 )
                 raise BindError(msg, fqn=fqn, axis=axis, placement=p)
         try:
-            return _slice(mesh, axes)
+            return mesh[axes]
         except (RuntimeError, KeyError, ValueError) as e:
             msg = (
                 f"{fqn}: torch cannot slice the {layout.mesh!r} mesh (dims {list(names)}) "
@@ -223,108 +184,30 @@ def bind(
     check_table(table, "bind(table=...)")
     check_module(module, "bind(module=...)")
     binder = _Binder(check_meshes(meshes, "bind(meshes=...)"))
+    layouts = dict(table.items())  # one plain dict lookup per parameter walked
+    found: set[str] = set()  # the table's FQNs the module has
 
-    with _gc_paused():
-        return _bind(table, module, binder)
-
-
-def _bind(table: ParamLayoutTable, module: nn.Module, binder: _Binder) -> ParamBindings:  # noqa: PLR0915 (one hot loop: a call per parameter costs more than its work)
-    """The map of every parameter of ``module`` that ``table`` names, checked.
-
-    The hot loop: one pass over the module's parameters, a lookup or two each, filling
-    the map as it goes (one weak reference per parameter carries its entry). After the
-    last parameter, an FQN of the table the module lacks raises. Entries are counted as
-    they are found (a table kept by module iterates by a generator, which has no exact
-    length hint): FQNs are distinct, so each is found once.
-
-    How an entry is found depends on how the table keeps its entries:
-
-    - a table kept by module (as ``build_table`` makes from most plans): each walked
-      module's inner map is found once per run of modules of one kind, and each
-      parameter in it by its own name; the binding keeps the module's prefix and that
-      name (``_ParamRef.head`` and ``tail``), so no FQN string is made per parameter;
-    - any other table: tables usually list parameters in the module's order, so the
-      table is walked alongside and only an FQN out of step is looked up by hash. An
-      entry found in step is bound under the table's own FQN string, so the map shares
-      it and the walk's copy is freed at once (new memory is what this machine pays most
-      for).
-
-    The checks and the map are inline in the one loop: a call per parameter would cost
-    more than the loop's own work.
-
-    Measured interleaved (``make bench``), 100,000 parameters, against
-    ``dict(named_parameters)``: torch's walk and two generators (walk, check) feeding
-    the map took 1.50x in module order and 1.98x shuffled; the walk a module at a time
-    (``parameter_groups``) with the checks and the map in one loop takes 1.13-1.28x
-    and 1.57-1.70x. The walk and a weak reference per parameter alone take 0.6x; a
-    shuffled table adds a hash of every freshly walked FQN and a probe into a dict cold
-    from the walk (0.4x). A table kept by module took 1.37-1.41x, its inner map looked
-    up per module and an FQN made per parameter; 1.11-1.20x with neither.
-    """
-    out = ParamBindings()
-    drop, setdefault = out._drop, out._refs.setdefault  # the map is filled here, once
-    get_slot = binder.by_id.get
-    kept = table._items
-    by_module = kept if type(kept) is ByModule else None
-    if by_module is not None:
-        key_of, inner_of = by_module.lookups()
-    last_key: object = None
-    inner: Mapping[str, SourceLayout] | None = None
-    entries = iter(() if by_module is not None else table.items())
-    next_fqn, next_layout = next(entries, _END)
-    by_fqn: Mapping[str, SourceLayout] | None = None
-    found = 0  # entries of the table found, in step or by hash
-    for module_fqn, prefix, group in parameter_groups(module):
-        if by_module is not None:  # by_module.inner(module_fqn), once per run of a kind
-            key = key_of(module_fqn)
-            if key is not last_key:
-                last_key = key
-                inner = None if key is None else inner_of[id(key)][1]  # key held by modules
-        for name, param in group:
-            if param is None:
+    def matched() -> Iterator[tuple[str, nn.Parameter, Binding]]:
+        for fqn, param in named_parameters(module):
+            layout = layouts.get(fqn)
+            if layout is None:
                 continue
-            head = ""  # the FQN is head + tail: tail itself when head is empty
-            if by_module is not None:
-                layout = inner.get(name) if inner is not None else None
-                if layout is not None:
-                    head, tail = prefix, name  # no string made: the FQN is spelled if asked
-                else:  # a dotted path (or none): by the whole FQN
-                    tail = prefix + name
-                    looked_up = by_module.get(tail)
-                    if looked_up is None:
-                        continue
-                    layout = looked_up
-            else:
-                tail = prefix + name
-                if tail == next_fqn:  # the table's string: the walk's is freed at once
-                    tail, layout = next_fqn, next_layout
-                    next_fqn, next_layout = next(entries, _END)
-                else:
-                    if by_fqn is None:  # the table's own dict, or its listed entries' own
-                        by_fqn = kept.as_dict() if type(kept) is Listed else kept
-                    looked_up = by_fqn.get(tail)
-                    if looked_up is None:
-                        continue
-                    layout = looked_up
-            found += 1
-            hit = get_slot(id(layout))  # binder.slot's own first lookup, inlined
-            slot = (
-                hit[1] if hit is not None and hit[0] is layout else binder.slot(head + tail, layout)
-            )
-            if slot.min_ndim and param.dim() < slot.min_ndim:
-                raise binder.dim_error(head + tail, layout, param)
-            pid = id(param)
-            ref = _ParamRef(param, drop)
-            first = setdefault(pid, ref)
-            if first is ref:
-                ref.pid, ref.tail, ref.entry = pid, tail, slot
-                if head:  # unset, it reads as ""
-                    ref.head = head
-            elif first.entry is not slot:  # equal layouts share one slot
-                raise _alias_conflict(first.fqn, table[first.fqn], head + tail, layout)
-    if found < len(table):
-        names = {fqn for fqn, _ in named_parameters(module)}
-        unknown = next(fqn for fqn in table if fqn not in names)
+            found.add(fqn)
+            prepared = binder.prepared.get(layout)
+            if prepared is None:
+                prepared = binder.prepared[layout] = binder.prepare(fqn, layout)
+            binding, min_ndim = prepared
+            if param.dim() < min_ndim:
+                raise binder.dim_error(fqn, layout, param)
+            yield fqn, param, binding
+
+    def conflict(first: str, fqn: str) -> BindError:
+        return _alias_conflict(first, table[first], fqn, table[fqn])
+
+    out = ParamBindings.sharing(matched(), conflict)
+    if len(found) < len(layouts):
+        names = [fqn for fqn, _ in named_parameters(module)]
+        unknown = next(fqn for fqn in layouts if fqn not in found)
         raise _unknown_fqn(unknown, module, names)
     return out
 
@@ -365,30 +248,30 @@ def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_
         )
         raise BindError(msg, axis=names[0])
     replicate = to_torch(Replicate())
-    return Binding(DEFAULT_FQN, _slice(mesh, source), (replicate,) * len(source))
+    return Binding(DEFAULT_FQN, mesh[source], (replicate,) * len(source))
 
 
-def _managed_params(owner: nn.Module, ignored: set[int]) -> list[tuple[str, nn.Parameter]]:
+def _managed_params(owner: nn.Module, ignored: set[nn.Parameter]) -> list[tuple[str, nn.Parameter]]:
     """The parameters ``fully_shard(owner)`` will manage, each once, with an FQN.
 
     As torch walks it: the owner and its submodules, not descending into a submodule
     already wrapped by ``fully_shard``; each module's own parameters, minus ignored ones.
     A parameter seen twice (tied) keeps its first FQN, in ``named_parameters`` order.
+    (Parameters and modules hash by identity, as in torch's own walks.)
     """
     out: list[tuple[str, nn.Parameter]] = []
-    seen_params: set[int] = set()
-    seen_modules: set[int] = set()
+    seen_params: set[nn.Parameter] = set()
+    seen_modules: set[nn.Module] = set()
     stack: list[tuple[str, nn.Module]] = [("", owner)]
     while stack:
         prefix, mod = stack.pop()
-        if id(mod) in seen_modules:
+        if mod in seen_modules:
             continue
-        seen_modules.add(id(mod))
+        seen_modules.add(mod)
         for name, param in mod.named_parameters(recurse=False):
-            pid = id(param)
-            if pid in ignored or pid in seen_params:
+            if param in ignored or param in seen_params:
                 continue
-            seen_params.add(pid)
+            seen_params.add(param)
             out.append((f"{prefix}.{name}" if prefix else name, param))
         children = [
             (state_dict_fqn(f"{prefix}.{name}" if prefix else name), child)
@@ -439,11 +322,9 @@ def managed_bindings(
             "a Binding or None",
             "pass default_binding(world_mesh)",
         )
-    ignored: set[int] = set()
+    ignored: set[nn.Parameter] = set()
     if ignored_params is not None:
-        ignored = {
-            id(p) for p in parameters(ignored_params, "managed_bindings(ignored_params=...)")
-        }
+        ignored = set(parameters(ignored_params, "managed_bindings(ignored_params=...)"))
     managed = _managed_params(owner, ignored)
     pairs: list[tuple[nn.Parameter, Binding]] = []
     missing: list[str] = []

@@ -34,7 +34,7 @@ from layout_algebra.torch_bridge._checks import (
     spmd_local,
 )
 from layout_algebra.torch_bridge._walk import named_modules, named_parameters
-from layout_algebra.torch_bridge.binding import _slice, bind
+from layout_algebra.torch_bridge.binding import bind
 from layout_algebra.torch_bridge.convert import from_torch
 from layout_algebra.torch_bridge.param_map import Binding
 
@@ -105,7 +105,7 @@ def distribute(
         )
     _check_source(table, owned_names(owned, "distribute(owned=...)"))
     bindings = bind(table, module, checked)
-    moved: dict[int, tuple[nn.Parameter, Binding]] = {}  # id -> the parameter, its binding
+    moved: dict[nn.Parameter, Binding] = {}  # parameters hash by identity
     for param, binding in bindings.items():
         if isinstance(param, DTensor):
             msg = (
@@ -114,21 +114,22 @@ def distribute(
             )
             raise BindError(msg, fqn=binding.fqn)
         if binding.mesh is not None:
-            moved[id(param)] = (param, binding)
+            moved[param] = binding
     slots = _slots(module, moved)
-    new: dict[int, nn.Parameter] = {}
     with torch.no_grad():
-        for pid, (param, binding) in moved.items():
-            new[pid] = _distributed(param, binding, table[binding.fqn], src_data_rank)
+        new = {
+            param: _distributed(param, binding, table[binding.fqn], src_data_rank)
+            for param, binding in moved.items()
+        }
     done: list[tuple[nn.Module, str, nn.Parameter]] = []
     try:
         for sub, name, old in slots:
-            setattr(sub, name, new[id(old)])
+            setattr(sub, name, new[old])
             done.append((sub, name, old))
     except Exception as e:
         for sub, name, old in reversed(done):
             setattr(sub, name, old)
-        fqn = bindings[slots[len(done)][2]].fqn
+        fqn = moved[slots[len(done)][2]].fqn
         msg = (
             f"{fqn}: its module refused the DTensor parameter ({quote(e)}); the model is "
             "left as it was; distribute a model whose modules accept new parameters"
@@ -156,9 +157,12 @@ def _check_source(table: ParamLayoutTable, owned: frozenset[str]) -> None:
 
 
 def _slots(
-    module: nn.Module, moved: Mapping[int, tuple[nn.Parameter, Binding]]
+    module: nn.Module, moved: Mapping[nn.Parameter, Binding]
 ) -> list[tuple[nn.Module, str, nn.Parameter]]:
     """Where each parameter of ``moved`` is registered: every ``(module, name, it)``.
+
+    Registrations are read with torch's own ``nn.Module.named_parameters``, not a class's
+    override of it: an override may name a parameter no module registers.
 
     Raises:
         BindError: a parameter registered under a name torch cannot register again (a
@@ -166,15 +170,15 @@ def _slots(
             module (a class whose ``named_parameters`` makes its own).
     """
     out: list[tuple[nn.Module, str, nn.Parameter]] = []
-    walked: set[int] = set()  # a module shared at two places has its slots once
-    found: set[int] = set()
+    found: set[nn.Parameter] = set()
+    walked: set[nn.Module] = set()  # a module shared at two places has its slots once
     for path, sub in named_modules(module):
-        if id(sub) in walked:
+        if sub in walked:
             continue
-        walked.add(id(sub))
-        for name, p in sub._parameters.items():
-            hit = None if p is None else moved.get(id(p))
-            if hit is None or hit[0] is not p:
+        walked.add(sub)
+        own = nn.Module.named_parameters(sub, recurse=False, remove_duplicate=False)
+        for name, p in own:
+            if p not in moved:
                 continue
             if not name or "." in name:
                 fqn = param_fqn(path, name)
@@ -186,9 +190,9 @@ def _slots(
                 )
                 raise BindError(msg, fqn=fqn)
             out.append((sub, name, p))
-            found.add(id(p))
-    for pid, (_, binding) in moved.items():
-        if pid not in found:
+            found.add(p)
+    for param, binding in moved.items():
+        if param not in found:
             msg = (
                 f"{binding.fqn}: no module of the model registers this parameter (its class "
                 "makes it in named_parameters), so distribute cannot replace it; register "
@@ -234,25 +238,23 @@ class _Roles:
     def __init__(self, roles: dict[DeviceMesh, str], *, by_name: bool = False) -> None:
         self.roles = roles  # checked, the caller's read once (_check_roles)
         self.by_name = by_name  # no roles given: transformers' expert mesh known by its names
-        self.cache: dict[tuple[int, tuple[str, ...]], str] = {}
-        self.keep: list[DeviceMesh] = []  # keeps cached ids valid for the call
+        self.found: dict[tuple[DeviceMesh, tuple[str, ...]], str] = {}  # by value
 
     def of(self, mesh: DeviceMesh, source: tuple[str, ...]) -> str:
-        key = (id(mesh), source)
-        found = self.cache.get(key)
+        key = (mesh, source)
+        found = self.found.get(key)
         if found is None:
-            found = self.cache[key] = self._find(mesh, source)
-            self.keep.append(mesh)
+            found = self.found[key] = self._find(mesh, source)
         return found
 
     def _find(self, mesh: DeviceMesh, source: tuple[str, ...]) -> str:
         role = self.roles.get(mesh)  # a dict finds a mesh by identity, then equality
         if role is not None:
             return role
-        mine = _slice(mesh, source)
+        mine = mesh[source]
         for candidate, role in self.roles.items():
             names = candidate.mesh_dim_names or ()
-            if all(a in names for a in source) and _slice(candidate, source) == mine:
+            if all(a in names for a in source) and candidate[source] == mine:
                 return role
         if (
             self.by_name
@@ -312,25 +314,20 @@ def table_from_module(
     owned_axes = owned_names(owned, "table_from_module(owned=...)")
     role_of = _Roles(checked, by_name=roles is None)
     entries: dict[str, SourceLayout] = {}
-    # id of each parameter -> it, its layout and its FQNs (the entry holds the parameter)
-    seen: dict[int, tuple[nn.Parameter, SourceLayout, list[str]]] = {}
-    interned: dict[SourceLayout, SourceLayout] = {}
+    aliases: dict[nn.Parameter, list[str]] = {}  # each parameter's FQNs (hashed by identity)
     local: list[str] = []  # spmd_types shards, refused together
     for fqn, param in named_parameters(module):
-        hit = seen.get(id(param))
-        if hit is not None and hit[0] is param:
-            entries[fqn] = hit[1]
-            hit[2].append(fqn)
+        names = aliases.get(param)
+        if names is not None:
+            entries[fqn] = entries[names[0]]
+            names.append(fqn)
             continue
+        aliases[param] = [fqn]
         if spmd_local(param):
             local.append(fqn)
-        layout = _layout_of(fqn, param, owned_axes, role_of)
-        layout = interned.setdefault(layout, layout)
-        entries[fqn] = layout
-        seen[id(param)] = (param, layout, [fqn])
+        entries[fqn] = _layout_of(fqn, param, owned_axes, role_of)
     refuse_spmd_local(local, "table_from_module")
-    tied = [group for _, _, group in seen.values() if len(group) > 1]
-    return ParamLayoutTable(entries, tied=tied)
+    return ParamLayoutTable(entries, tied=[names for names in aliases.values() if len(names) > 1])
 
 
 def _check_roles(roles: object) -> dict[DeviceMesh, str]:
@@ -404,13 +401,12 @@ def tied_pairs_from_module(module: nn.Module) -> tuple[tuple[str, str], ...]:
             ancestors (a cycle of submodules, naming the path that closes it).
     """
     check_module(module, "tied_pairs_from_module(module=...)")
-    names: dict[int, tuple[nn.Parameter, list[str]]] = {}  # each entry holds its parameter
+    aliases: dict[nn.Parameter, list[str]] = {}  # each parameter's FQNs (hashed by identity)
     for fqn, param in named_parameters(module):
-        names.setdefault(id(param), (param, []))[1].append(fqn)
+        aliases.setdefault(param, []).append(fqn)
     return tuple(
-        (group[i], later)
-        for _, group in names.values()
-        if len(group) > 1
-        for i in range(len(group))
-        for later in group[i + 1 :]
+        (names[i], later)
+        for names in aliases.values()
+        for i in range(len(names))
+        for later in names[i + 1 :]
     )

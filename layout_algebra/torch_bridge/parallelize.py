@@ -50,7 +50,8 @@ from layout_algebra.axes import AxisLike, as_axes
 from layout_algebra.errors import LayoutError
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
 from layout_algebra.plan import ShardingPlan, param_fqn
-from layout_algebra.torch_bridge._plans import Problems, axis_in, check_module, sharding_plan
+from layout_algebra.torch_bridge._checks import check_module
+from layout_algebra.torch_bridge._plans import Problems, axis_in, sharding_plan
 from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 
 __all__ = ["ParallelizePlan", "plan_from_parallelize"]
@@ -103,20 +104,15 @@ def _style_kind(style: ParallelStyle) -> tuple[_Kind | None, str]:
     return None, f"a {type(style).__qualname__}, which is not one of torch's styles read here"
 
 
-_Slot: TypeAlias = tuple[int, int, str]
-"""What a parameter FQN names after the walk: ``(0, id(param), "")`` for a parameter no
-style replaced, ``(1, id(module), name)`` for the new one a style registered there."""
-
-
 class _Walk:
     """One walk of a plan over a module, as ``parallelize_module`` walks it."""
 
     def __init__(self, problems: Problems) -> None:
         self.problems = problems
-        # (id of module, parameter name) -> its placement: the parameter slots a style
-        # re-registered. The walk keeps the modules alive, so the ids are stable.
-        self.written: dict[tuple[int, str], Placement] = {}
-        self.distributed: dict[int, tuple[str, str]] = {}  # id of module -> (key, path)
+        # (module, parameter name) -> its placement: the parameter slots a style
+        # re-registered (modules hash by identity, as in torch's own walks)
+        self.written: dict[tuple[nn.Module, str], Placement] = {}
+        self.distributed: dict[nn.Module, tuple[str, str]] = {}  # module -> (key, path)
         self.applied = 0
 
     def plan(self, module: nn.Module, path: str, plan: object, key: str, *, depth: int = 0) -> None:
@@ -199,7 +195,7 @@ class _Walk:
             )
             self.problems.add(msg, fqn=path)
             return
-        earlier = self.distributed.get(id(module))
+        earlier = self.distributed.get(module)
         if earlier is not None:
             msg = (
                 f"{where} (plan key {key!r}): {type(style).__name__} distributes a module that "
@@ -209,13 +205,11 @@ class _Walk:
             )
             self.problems.add(msg, fqn=path)
             return
-        self.distributed[id(module)] = (key, path)
+        self.distributed[module] = (key, path)
         named = self.placements(module, path, style, kind, key)
         if named is None:
             return
-        for name, param in module._parameters.items():
-            if param is None:
-                continue
+        for name, param in module.named_parameters(recurse=False):
             p = named.get(name, _R)  # distribute_module replicates what the style leaves
             fqn = param_fqn(path, name)
             if isinstance(p, Shard) and p.dim >= param.ndim:
@@ -227,7 +221,7 @@ class _Walk:
                 )
                 self.problems.add(msg, fqn=fqn, placement=shown)
                 continue
-            self.written[id(module), name] = p
+            self.written[module, name] = p
 
     def placements(
         self, module: nn.Module, path: str, style: ParallelStyle, kind: _Kind, key: str
@@ -243,7 +237,7 @@ class _Walk:
             )
             self.problems.add(msg, fqn=path)
             return None
-        own = [n for n, p in module._parameters.items() if p is not None]
+        own = [n for n, _ in module.named_parameters(recurse=False)]
         if kind == "sequence":
             return dict.fromkeys(own, _R)
         linear = isinstance(module, nn.Linear)
@@ -266,11 +260,11 @@ class _Walk:
 def _nested_parameters(module: nn.Module) -> list[str]:
     """The names ``module.named_parameters()`` gives that hold a dot (a submodule's), each
     parameter under its first name, walked without recursion (a deep subtree is fine)."""
-    seen: set[int] = set()  # ids of parameters the module holds, so none is reused
+    seen: set[nn.Parameter] = set()  # parameters hash by identity
     out: list[str] = []
     for name, param in named_parameters(module):
-        if id(param) not in seen:
-            seen.add(id(param))
+        if param not in seen:
+            seen.add(param)
             if "." in name:
                 out.append(name)
     return out
@@ -338,17 +332,22 @@ def plan_from_parallelize(
     problems.raise_any()
 
     placements: dict[str, dict[str, Placement]] = {}
-    holders: dict[_Slot, list[str]] = {}
+    # The FQNs naming one parameter afterwards: one no style replaced, or the new one a
+    # style registered in a module's slot.
+    kept: dict[nn.Parameter, list[str]] = {}
+    new: dict[tuple[nn.Module, str], list[str]] = {}
+    groups: list[list[str]] = []  # both, in the order first named
     for path, owner in modules:
-        for leaf, param in owner._parameters.items():
-            if param is None:
-                continue
+        for leaf, param in owner.named_parameters(recurse=False, remove_duplicate=False):
             fqn = param_fqn(path, leaf)
-            p = walk.written.get((id(owner), leaf))
+            p = walk.written.get((owner, leaf))
             if p is None:
-                holders.setdefault((0, id(param), ""), []).append(fqn)
+                group = kept.setdefault(param, [])
             else:
                 placements[fqn] = {name: p}
-                holders.setdefault((1, id(owner), leaf), []).append(fqn)
-    tied = [(group[0], other) for group in holders.values() for other in group[1:]]
+                group = new.setdefault((owner, leaf), [])
+            if not group:
+                groups.append(group)
+            group.append(fqn)
+    tied = [(group[0], other) for group in groups for other in group[1:]]
     return sharding_plan(placements, mesh_axes=axes, tied_pairs=tied)

@@ -100,45 +100,26 @@ class Binding:
         return Binding(fqn, self.mesh, self.placements)
 
 
-@attrs.frozen
-class _Slot:
-    """One layout prepared against the meshes: its slice, torch placements, dim needs."""
+class _Entry(weakref.ref[nn.Parameter]):
+    """A weak reference to a bound parameter that carries its FQN and binding.
 
-    mesh: DeviceMesh | None
-    placements: tuple[TorchPlacement, ...]
-    min_ndim: int
-    """The parameter needs more dims than the highest dim any placement shards."""
-
-
-class _ParamRef(weakref.ref[nn.Parameter]):
-    """A weak reference to a bound parameter that carries its entry.
-
-    Its FQN is kept in two parts, spelled when asked for: ``bind`` walks a module at a
-    time, so a parameter found in its module's map keeps the module's prefix (shared by
-    its siblings) and its own name (the module's own string), and no string is made per
-    parameter; one bound under a whole FQN keeps that FQN as its tail and no head (one
-    store fewer in the hot loop: an unset slot reads as ``""``).
+    ``binding`` may be one shared by many parameters (``ParamBindings.sharing``), under
+    another FQN: the parameter's own is made from it when first read.
     """
 
-    __slots__ = ("entry", "head", "pid", "tail")
-    pid: int
-    head: str
-    tail: str
-    entry: _Slot | Binding
-    """The slot of the parameter's layout until its ``Binding`` is made, then that."""
-
-    @property
-    def fqn(self) -> str:
-        """The FQN the parameter is bound under."""
-        return getattr(self, "head", "") + self.tail  # "" + fqn is fqn itself, not a copy
+    __slots__ = ("binding", "fqn", "key")
+    key: int
+    """The parameter's ``id``: its entry's key while it lives."""
+    fqn: str
+    binding: Binding
 
 
-def _dropper(refs: dict[int, _ParamRef]) -> Callable[[_ParamRef], None]:
+def _dropper(refs: dict[int, _Entry]) -> Callable[[_Entry], None]:
     # a closure over the dict, not over the mapping: a dropped mapping is not kept alive
-    def drop(ref: _ParamRef) -> None:
+    def drop(ref: _Entry) -> None:
         # runs while the parameter is being collected, before its id can be reused
-        if refs.get(ref.pid) is ref:
-            del refs[ref.pid]
+        if refs.get(ref.key) is ref:
+            del refs[ref.key]
 
     return drop
 
@@ -183,17 +164,9 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
     Iteration yields the parameters still alive, in binding order.
     """
 
-    # One weak reference per parameter is the only object made per parameter: it holds
-    # the entry, and a ``Binding`` made by ``bind`` is built on first access from the
-    # FQN and the shared slot of its layout.
-    #
-    # Measured against a read-only wrapper over torch.utils.weak.WeakIdKeyDictionary
-    # (tests/bench/bench_bind.py, 100,000 parameters, a shuffled table, on 2 shared
-    # cores): bind takes 244 ms filling this map, and the same walk, lookups and checks
-    # take 342 ms filling the wrapper; dict(named_parameters) alone takes 155 ms. The
-    # wrapper pays a Python-level WeakIdRef.__init__, __hash__ and __eq__ per parameter
-    # and one value object beside each key; here the key is the C-level int id and the
-    # weak reference itself carries the entry.
+    # Keyed by each parameter's id, its entry a weak reference to it whose callback
+    # removes the entry before the id can be reused (what torch.utils.weak's
+    # WeakIdKeyDictionary does, with one object per parameter instead of a key and a value).
     __slots__ = ("__weakref__", "_drop", "_fqn_index", "_refs")
 
     def __init__(self, items: Iterable[tuple[nn.Parameter, Binding]] = ()) -> None:
@@ -202,27 +175,72 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         Raises:
             BindError: ``items`` is not an iterable of ``(nn.Parameter, Binding)`` pairs.
         """
-        self._refs: dict[int, _ParamRef] = {}
+        self._refs: dict[int, _Entry] = {}
         self._fqn_index: dict[str, int] | None = None
         self._drop = _dropper(self._refs)
+        self._fill(((binding.fqn, param, binding) for param, binding in _pairs(items)), None)
+
+    @classmethod
+    def sharing(
+        cls,
+        items: Iterable[tuple[str, nn.Parameter, Binding]],
+        conflict: Callable[[str, str], Exception],
+    ) -> ParamBindings:
+        """Bindings for ``items``: each parameter bound as its ``Binding``, under the FQN
+        given beside it.
+
+        One ``Binding`` may serve every parameter of one layout: a parameter's own,
+        ``binding.with_fqn(fqn)``, is made when it is first read. A parameter given again
+        (an alias) keeps its first FQN; given again with another ``Binding`` object, the
+        exception ``conflict(first_fqn, fqn)`` is raised.
+
+        Raises:
+            BindError: an item is not an ``(fqn, nn.Parameter, Binding)`` triple.
+        """
+        out = cls()
+        out._fill(items, conflict)
+        return out
+
+    def _fill(
+        self,
+        items: Iterable[tuple[object, object, object]],
+        conflict: Callable[[str, str], Exception] | None,
+    ) -> None:
+        """Bind each parameter of ``items`` not bound yet; one given again with another
+        ``Binding`` raises ``conflict(first_fqn, fqn)`` (with no ``conflict``, the first
+        binding wins)."""
         refs, drop = self._refs, self._drop
-        for param, binding in _pairs(items):
-            pid = id(param)
-            if pid not in refs:
-                ref = refs[pid] = _ParamRef(param, drop)
-                ref.pid, ref.tail, ref.entry = pid, binding.fqn, binding
+        for fqn, param, binding in items:
+            if not (
+                isinstance(fqn, str)
+                and isinstance(param, nn.Parameter)
+                and isinstance(binding, Binding)
+            ):
+                shown = f"({kind(fqn)}, {kind(param)}, {kind(binding)})"
+                msg = (
+                    "ParamBindings.sharing(items=...): each item must be an (fqn, "
+                    f"nn.Parameter, Binding) triple, got {shown}"
+                )
+                raise BindError(msg)
+            key = id(param)
+            first = refs.get(key)
+            if first is None or first() is not param:
+                entry = refs[key] = _Entry(param, drop)
+                entry.key, entry.fqn, entry.binding = key, fqn, binding
+            elif conflict is not None and first.binding is not binding:
+                raise conflict(first.fqn, fqn)
 
     @staticmethod
-    def _binding(ref: _ParamRef) -> Binding:
-        entry = ref.entry
-        if isinstance(entry, Binding):
-            return entry
-        made = ref.entry = Binding(ref.fqn, entry.mesh, entry.placements)  # on first access
-        return made
+    def _binding(entry: _Entry) -> Binding:
+        """The parameter's own binding, made from a shared one when first read."""
+        binding = entry.binding
+        if binding.fqn != entry.fqn:
+            binding = entry.binding = binding.with_fqn(entry.fqn)
+        return binding
 
     def __getitem__(self, param: nn.Parameter) -> Binding:
-        ref = self._refs.get(id(param))
-        if ref is None or ref() is not param:
+        entry = self._refs.get(id(param))
+        if entry is None or entry() is not param:
             raw: object = param
             shown = (
                 f"this parameter (shape {tuple(param.shape)})"
@@ -234,11 +252,11 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
                 "the bindings with managed_bindings(..., default=...)"
             )
             raise _MissingBinding(msg)
-        return self._binding(ref)
+        return self._binding(entry)
 
     def __iter__(self) -> Iterator[nn.Parameter]:
-        for ref in list(self._refs.values()):
-            param = ref()
+        for entry in list(self._refs.values()):
+            param = entry()
             if param is not None:
                 yield param
 
@@ -246,8 +264,8 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         return len(self._refs)
 
     def __contains__(self, param: object) -> bool:
-        ref = self._refs.get(id(param))
-        return ref is not None and ref() is param
+        entry = self._refs.get(id(param))
+        return entry is not None and entry() is param
 
     def __repr__(self) -> str:
         return f"ParamBindings(<{len(self)} parameters>)"
@@ -263,21 +281,23 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         if self._fqn_index is None:
             # entries are only ever removed, never added, so the index never goes stale:
             # a removed entry's id is simply no longer found
-            self._fqn_index = {ref.fqn: pid for pid, ref in self._refs.items()}
-        pid = self._fqn_index.get(fqn)
-        ref = None if pid is None else self._refs.get(pid)
-        param = None if ref is None else ref()
-        if ref is None or param is None:
+            self._fqn_index = {entry.fqn: key for key, entry in self._refs.items()}
+        key = self._fqn_index.get(fqn)
+        entry = None if key is None else self._refs.get(key)
+        param = None if entry is None else entry()
+        if entry is None or param is None:
             close = did_you_mean(fqn, self._fqn_index)
             msg = (
                 f"{clip(fqn)}: no live parameter is bound under this FQN{close}; bind the "
                 "parameter first (a table entry), or look it up by the FQN it was bound under"
             )
             raise _MissingBinding(msg, fqn=fqn)
-        return param, self._binding(ref)
+        return param, self._binding(entry)
 
     def fqns(self) -> dict[str, Binding]:
         """Every binding of a live parameter, by the FQN it was bound under."""
         return {
-            ref.fqn: self._binding(ref) for ref in list(self._refs.values()) if ref() is not None
+            entry.fqn: self._binding(entry)
+            for entry in list(self._refs.values())
+            if entry() is not None
         }

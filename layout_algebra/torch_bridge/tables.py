@@ -18,6 +18,7 @@ from layout_algebra.axes import AxisLike, as_axes, as_axis
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.mesh import Mesh
 from layout_algebra.plan import ShardingPlan
+from layout_algebra.torch_bridge._checks import check_module
 from layout_algebra.torch_bridge._walk import named_parameters
 from layout_algebra.torch_bridge.parallelize import ParallelizePlan, plan_from_parallelize
 from layout_algebra.torch_bridge.transformers import plan_from_hf
@@ -74,9 +75,11 @@ def table_from_hf(
     [['lm_head.weight', 'model.embed_tokens.weight']]
 
     Raises:
+        BindError: ``model`` is not an ``nn.Module``.
         LayoutError: what ``plan_from_hf``, ``build_table`` and ``complete_default``
             raise (a ``PlanError`` holding every problem of the plan).
     """
+    check_module(model, "table_from_hf(model=...)")
     dense = _axes(mesh_axes, "mesh_axes")
     expert = None if expert_axes is None else _axes(expert_axes, "expert_axes")
     ep = None if ep_axis is None or expert is None else as_axis(ep_axis).name
@@ -103,9 +106,11 @@ def table_from_parallelize(
     no style touches stay plain tensors (``dense[]``), tied parameters one group.
 
     Raises:
+        BindError: ``model`` is not an ``nn.Module``.
         LayoutError: what ``plan_from_parallelize``, ``build_table`` and
             ``complete_default`` raise.
     """
+    check_module(model, "table_from_parallelize(model=...)")
     dense = _axes(mesh_axes, "mesh_axes")
     sharding = plan_from_parallelize(model, plan, axis=axis, mesh_axes=dense)
     return _complete(model, sharding, dense, None)

@@ -48,7 +48,8 @@ from layout_algebra.errors import LayoutError
 from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
 from layout_algebra.plan import ShardingPlan, param_fqn
-from layout_algebra.torch_bridge._plans import Problems, check_module, shard_dim, sharding_plan
+from layout_algebra.torch_bridge._checks import check_module
+from layout_algebra.torch_bridge._plans import Problems, shard_dim, sharding_plan
 from layout_algebra.torch_bridge._walk import named_modules, named_parameters, state_dict_fqn
 
 __all__ = ["plan_from_torchtitan", "shard_dims_from_torchtitan", "state_dict_fqn"]
@@ -264,9 +265,9 @@ def _tied(root: nn.Module) -> list[tuple[str, str]]:
     output head (``enable_weight_tying``), that pair: parallelizing registers a parameter
     per module, and torchtitan's ``init_weights`` ties them again.
     """
-    holders: dict[int, list[str]] = {}
+    holders: dict[nn.Parameter, list[str]] = {}  # parameters hash by identity
     for name, param in named_parameters(root):
-        holders.setdefault(id(param), []).append(state_dict_fqn(name))
+        holders.setdefault(param, []).append(name)
     tied = [(group[0], other) for group in holders.values() for other in group[1:]]
     if getattr(root, "enable_weight_tying", False) is True:
         pair = ("tok_embeddings.weight", "lm_head.weight")  # in the model's order

@@ -71,7 +71,8 @@ from layout_algebra.placements import (
     format_placement,
 )
 from layout_algebra.plan import ShardingPlan, param_fqn
-from layout_algebra.torch_bridge._plans import Problems, check_module, shard_dim, sharding_plan
+from layout_algebra.torch_bridge._checks import check_module
+from layout_algebra.torch_bridge._plans import Problems, shard_dim, sharding_plan
 from layout_algebra.torch_bridge._walk import named_modules, named_parameters, state_dict_fqn
 
 __all__ = ["KNOWN_STYLES", "STYLES_BY_RELEASE", "plan_from_hf"]
