@@ -23,6 +23,7 @@ from layout_algebra import (
     LayoutError,
     ModulePlan,
     ParamLayoutTable,
+    Placement,
     Shard,
     ShardingPlan,
     SourceLayout,
@@ -220,7 +221,7 @@ def test_module_params_whose_keys_cannot_be_hashed_again_are_a_layout_error() ->
             return str.__hash__(self)
 
     ModulePlan({"w": {"tp": Shard(0)}})  # params with these paths already known
-    params = {Path("w"): {"tp": Shard(0)}}
+    params: dict[str, dict[str, Placement]] = {Path("w"): {"tp": Shard(0)}}
     Path.armed = True
     with pytest.raises(LayoutError) as info:
         ModulePlan(params)

@@ -223,7 +223,7 @@ def test_a_str_subclass_fqn_is_its_text() -> None:
             assert not Name.armed, "a str subclass's own __hash__ ran"
             return str.__hash__(self)
 
-    given = {Name("w"): X}
+    given: dict[str, SourceLayout] = {Name("w"): X}
     Name.armed = True
     table = ParamLayoutTable({"v": W}).with_entries(given)
     assert list(table) == ["v", "w"] and all(type(f) is str for f in table)
