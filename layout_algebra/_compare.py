@@ -36,6 +36,17 @@ def checkpoint_diff(
     layouts are spelled. Entries in one table only are added or removed; tied groups
     are not compared (a checkpoint does not record them).
 
+    >>> from layout_algebra import ParamShape, Replicate, Shard, SourceLayout
+    >>> meshes = {"dense": Mesh({"dp": 2, "tp": 2})}
+    >>> shapes = {"w": ParamShape((4, 4), "float32")}
+    >>> def one(axes, *placements):
+    ...     return ParamLayoutTable({"w": SourceLayout("dense", axes, placements)})
+    >>> saved = one(["dp", "tp"], Shard(0), Replicate())
+    >>> print(checkpoint_diff(saved, one(["dp"], Shard(0)), shapes, meshes))
+    (no differences)
+    >>> print(checkpoint_diff(saved, one(["dp"], Shard(1)), shapes, meshes))
+    w: dense[dp=S(0), tp=R] -> dense[dp=S(1)]
+
     Args:
         old: the layouts a checkpoint was saved under (``table_from_dcp(...).table``).
         new: the layouts it would be loaded under.
