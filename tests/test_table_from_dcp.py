@@ -17,7 +17,7 @@ import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -278,6 +278,28 @@ def test_dcp_layouts_checks_its_fields(field: str, value: object) -> None:
     fields[field] = value
     with pytest.raises(LayoutError, match=f"DcpLayouts.{field}"):
         DcpLayouts(**fields)  # type: ignore[arg-type]  # wrong on purpose
+
+
+class Index(NamedTuple):
+    """A storage index of another form than torch's ``MetadataIndex``."""
+
+    fqn: str
+    offset: tuple[object, ...]
+
+
+def test_storage_entries_of_other_forms_say_nothing_of_ranks(tmp_path: Path) -> None:
+    """Entries whose index or file name is not ``FileSystemWriter``'s are no evidence."""
+    layout, shape, mesh = KNOWN["rowwise"]
+    _, chunks, _ = saved_by(layout, shape, mesh)
+    path = write_metadata(tmp_path, {"w": (shape, chunks, {})})
+    md = FileSystemReader(path).read_metadata()
+    md.storage_data = {
+        MetadataIndex("w", torch.Size([0, 0])): SimpleNamespace(relative_path="shard-0.bin"),
+        Index("w", ("a",)): SimpleNamespace(relative_path="__1_0.distcp"),
+        "w": None,
+    }
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(md))
+    assert table_from_dcp(path, mesh=mesh).table["w"] == layout
 
 
 def test_roles_are_tried_in_order(tmp_path: Path) -> None:

@@ -192,11 +192,16 @@ def _writers(metadata: Metadata) -> dict[tuple[str, tuple[int, ...]], int]:
     for index, info in storage.items():
         fqn, offset = getattr(index, "fqn", None), getattr(index, "offset", None)
         name = getattr(info, "relative_path", None)
-        if not isinstance(fqn, str) or offset is None or not isinstance(name, str):
-            continue
+        if (
+            not isinstance(fqn, str)
+            or not isinstance(offset, tuple)  # torch.Size is one
+            or not all(type(o) is int for o in offset)
+            or not isinstance(name, str)
+        ):
+            continue  # what the names say is evidence, never required
         m = _WRITER.fullmatch(name)
         if m is not None:
-            out[fqn, tuple(int(o) for o in offset)] = int(m.group(1))
+            out[fqn, tuple(offset)] = int(m.group(1))
     return out
 
 
