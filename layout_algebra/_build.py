@@ -286,10 +286,10 @@ class _Sort:
 class Builder:
     """The entries of one ``build_table`` call, parameter by parameter, and its problems.
 
-    Each distinct named placements resolves once per kind of module (expert-parallel or
-    not): named placements are interned values, so the memo is keyed by value at the
-    cost of a cached hash, and every layout is the one interned object. Placements with
-    a problem are never memoised, so every parameter holding them is reported.
+    Each distinct named placements resolves once in expert-parallel modules and once in
+    the others: named placements are interned values, so the memo is keyed by value at
+    the cost of a cached hash, and every layout is the one interned object. Placements
+    with a problem are never memoised, so every parameter holding them is reported.
     """
 
     def __init__(self, dense: TargetMesh, expert: TargetMesh | None) -> None:

@@ -225,15 +225,6 @@ class DictView(Mapping[K, V]):
         return self._items.items()
 
 
-def getter(mapping: Mapping[K, V]) -> Callable[[K], V | None]:
-    """``mapping.get`` at dict speed: a view's own dict's ``get`` (a C method), for the
-    loops that look up every parameter."""
-    if isinstance(mapping, DictView):
-        items: Mapping[K, V] = mapping._items
-        return items.get
-    return mapping.get
-
-
 def read_once(value: Mapping[K, V], arg: str, example: str) -> Mapping[K, V]:
     """``value`` itself when a ``dict``, a ``FrozenMap`` or no mapping at all (the caller
     refuses that), else its items read once into a dict (``mapping_dict``): what a caller
@@ -253,7 +244,7 @@ def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
     if type(raw) is dict:
         return dict(raw)
     if type(raw) is FrozenMap:
-        return dict(raw._items)
+        return dict(raw.items())
     if not isinstance(raw, Mapping):
         msg = f"a FrozenMap is made from a mapping such as {{'tp': 2}}, got {quote(raw)}"
         raise LayoutError(msg)

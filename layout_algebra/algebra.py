@@ -63,7 +63,7 @@ def _check_role(mesh: object, arg: str = "mesh") -> str:
 def _as_fqns(fqns: Iterable[str], example: str) -> tuple[str, ...]:
     """The argument ``fqns`` read once, each checked to be a parameter FQN; a ``str``
     subclass is taken as the plain text it holds, so its own ``__hash__`` or ``__eq__``
-    never runs in the lookups that follow (at C speed when each is a plain ``str``).
+    never runs in the lookups that follow (in one pass when each is a plain ``str``).
 
     Raises:
         LayoutError: naming ``fqns``: not a collection of non-empty strings.

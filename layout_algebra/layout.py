@@ -200,7 +200,7 @@ def check_fqn(name: object, arg: str) -> str:
 
 
 def check_fqns(names: Sequence[object], arg: str) -> None:
-    """Every one of ``names`` a parameter FQN (``check_fqn``), at C speed when each is a
+    """Every one of ``names`` a parameter FQN (``check_fqn``), in one pass when each is a
     non-empty plain ``str``.
 
     Raises:

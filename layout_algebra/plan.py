@@ -40,8 +40,8 @@ class NamedLike(Protocol):
     """Named placements as a planner writes them: any mapping keyed by axis name.
 
     ``{"tp": Shard(0), "dp_shard": Replicate()}`` or ``{AxisName("tp"): Shard(0)}``. Only
-    the read side of a mapping, so mypy accepts a dict literal that mixes placement kinds
-    or key kinds (a union of ``Mapping`` types would infer ``dict[str, object]`` for it).
+    the read side of a mapping, so mypy accepts a dict literal that mixes placement classes
+    or key types (a union of ``Mapping`` types would infer ``dict[str, object]`` for it).
     Anything that is not a ``Mapping`` is still rejected at run time.
     """
 
