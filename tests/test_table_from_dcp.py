@@ -310,6 +310,11 @@ def test_roles_are_tried_in_order(tmp_path: Path) -> None:
     got = table_from_dcp(path, mesh={"dense": dense, "expert": expert})
     assert got.table["emb"] == SourceLayout("dense", ["tp"], [S0])
     assert got.table["w1"] == SourceLayout("expert", ["ep", "tp"], [S0, S1])
+    # sizes by axis stand for a Mesh, as everywhere
+    assert table_from_dcp(path, mesh={"dense": {"tp": 4}, "expert": {"ep": 2, "tp": 2}}) == got
+    # the expert mesh first: the dense weight is written by it too (S(0) on both axes)
+    swapped = table_from_dcp(path, mesh={"expert": expert, "dense": dense})
+    assert swapped.table["emb"] == SourceLayout("expert", ["ep", "tp"], [S0, S0])
 
 
 @pytest.mark.parametrize(
