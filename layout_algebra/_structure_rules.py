@@ -20,11 +20,12 @@ however many parameters share it; ``ranks`` are global ranks, row-major over
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Final, NamedTuple
 
 from layout_algebra._ranks import Chain, chain_of, index_vector, source_runs
 from layout_algebra._shards import Runs
+from layout_algebra._text import ranks_str, ranks_text
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh, as_mesh
@@ -35,7 +36,7 @@ from layout_algebra.structure import EXPERTS, Packed, Part
 __all__ = ["StructureProblem", "structure_problems"]
 
 _SHOWN: Final = 4
-"""How many ranks, boundaries or holdings a message spells out."""
+"""How many shard boundaries a message spells out."""
 
 
 class StructureProblem(NamedTuple):
@@ -165,16 +166,13 @@ def _check_dim(at: _Dim, chain: Chain) -> StructureProblem | None:
     return None
 
 
-def _span_text(runs: Sequence[range]) -> str:
-    return ", ".join(str(r.start) if len(r) == 1 else f"{r.start}-{r.stop - 1}" for r in runs)
-
-
 def _holding(packed: Packed, runs: Runs) -> str:
     """What of each part ``runs`` hold: ``gate 0-31, up 0-31``; ``no gate``."""
     out = []
     for part, start, stop in packed.spans():
         mine = _within(runs, start, stop)
-        out.append(f"{part.name} {_span_text(mine)}" if mine else f"no {part.name}")
+        shown = ", ".join(ranks_str(r) for r in mine)
+        out.append(f"{part.name} {shown}" if mine else f"no {part.name}")
     return ", ".join(out)
 
 
@@ -216,7 +214,7 @@ def _packed_problem(at: _Dim, prefix: Chain, mixed: dict[int, Runs]) -> Structur
         )
     msg = (
         f"{where} of {layout} shards dim {dim} {packed} as one block, not part by part "
-        f"({'; '.join(examples)}), on {_ranks_text(ranks)}: each part must be sharded on "
+        f"({'; '.join(examples)}), on {ranks_text(ranks)}: each part must be sharded on "
         f"its own; {fix}"
     )
     return StructureProblem("packed-contiguous", msg, ranks, axis, shown)
@@ -250,7 +248,7 @@ def _cut_problem(
         f"{where} of {layout} cuts the units of {part.name} ({part.count} units of "
         f"{part.size}) in dim {dim} {packed}: {how}shard boundaries fall inside a unit at "
         f"row{'s' if len(bounds) != 1 else ''} {', '.join(map(str, bounds[:_SHOWN]))}{more}, "
-        f"on {_ranks_text(ranks)}; make the size of {axis!r} divide {part.count} "
+        f"on {ranks_text(ranks)}; make the size of {axis!r} divide {part.count} "
         f"({_divisors(part.count)}), or replicate dim {dim} on {axis!r}"
     )
     return StructureProblem("cuts-unit", msg, ranks, axis, shown)
@@ -270,13 +268,7 @@ def _experts_problem(at: _Dim, part: Part, prefix: Chain, held: list[int]) -> St
     )
     msg = (
         f"{where} of {layout} splits the {part.count} experts of dim {dim} unevenly "
-        f"({why}): {per} experts per shard, so {_ranks_text(ranks)} hold fewer; make the "
+        f"({why}): {per} experts per shard, so {ranks_text(ranks)} hold fewer; make the "
         f"size of {axis!r} divide {part.count} ({_divisors(part.count)})"
     )
     return StructureProblem("experts", msg, ranks, axis, shown)
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    shown = ", ".join(map(str, ranks[:_SHOWN]))
-    more = f" and {len(ranks) - _SHOWN} more" if len(ranks) > _SHOWN else ""
-    return f"rank{'s' if len(ranks) != 1 else ''} {shown}{more}"
