@@ -536,7 +536,9 @@ def _hazards(
 
 
 def table_from_dcp(
-    path: str | os.PathLike[str], *, mesh: Mesh | Mapping[str, Mesh] | None = None
+    path: str | os.PathLike[str],
+    *,
+    mesh: Mesh | Mapping[str, Mesh | Mapping[str, int]] | None = None,
 ) -> DcpLayouts:
     """The layouts, shapes and meshes a DCP checkpoint directory was saved under.
 
@@ -550,7 +552,8 @@ def table_from_dcp(
 
     Args:
         path: the checkpoint directory (``dcp.save``'s ``checkpoint_id``).
-        mesh: the mesh the checkpoint was saved on, or one per mesh role.
+        mesh: the mesh the checkpoint was saved on, or one per mesh role (each a
+            ``Mesh`` or its sizes by axis, ``{"dense": {"tp": 4}}``).
 
     Returns:
         ``DcpLayouts``: ``.table`` (composed layouts), ``.shapes``, ``.meshes`` and
