@@ -927,6 +927,7 @@ class _Run:
         self.default_dim, self.dims = default_dim, dims
         self.owner = _owners(table)
         self.counts: dict[_Key, int] = {}
+        self.keys: list[_Key | None] = []  # by parameter, in table order
         self.no_shape = False
         self.hits = 0
         self.found: dict[_Key, _Found] = {}
@@ -940,12 +941,16 @@ class _Run:
 
     def count(self) -> None:
         """One pass over the parameters: count the storages of each signature."""
-        counts, owner = self.counts, self.owner
+        counts, owner, keys = self.counts, self.owner, self.keys
+        first: dict[_Key, _Key] = {}  # each signature as one tuple: the report finds it fast
         for fqn, layout in self.table.items():
             key = self._key(fqn, layout)
             if key is None:
                 self.no_shape = True
+                keys.append(None)
                 continue
+            key = first.setdefault(key, key)
+            keys.append(key)
             if fqn in self.shapes:
                 self.hits += 1
             storage = 0 if owner.get(fqn, fqn) != fqn else 1  # a tied alias is no storage
@@ -985,8 +990,7 @@ class _Run:
         per_expert: set[str] = set()  # shapes of experts stored one by one, said once
         if self.no_shape or any(f.problems or f.note for f in self.found.values()):
             fused = fused_experts(self.table, self.shapes) if self.no_shape else {}
-            for fqn, layout in self.table.items():
-                key = self._key(fqn, layout)
+            for fqn, key in zip(self.table, self.keys, strict=True):
                 if key is None:
                     if fqn not in fused:
                         msg = (

@@ -3,10 +3,11 @@
 Building the table; the planner's dicts (new ones per parameter, or reused) and a plan
 by pattern, to a table; completing and tying the table; the JSON round trip; planning a
 checkpoint reshard; binding a table to a live model; linting a whole table with its
-shapes; lint and reshard_plan of a DeepSeek-V3-shaped table on 16,384 ranks
-(``--full``: at its full size). Each compares against a baseline measured in this same
-process and prints its own report; the end prints every target in one table (``tests.bench.targets``) with PASS
-or MISS. ``--quick`` runs smaller scales as a smoke test. The exit status is 0 either
+shapes; lint and reshard_plan of a DeepSeek-V3-shaped table on 16,384 ranks, and
+torch's load planning beside reshard_plan (``--full``: on the largest case it plans in
+about a minute). Each compares against a baseline measured in this same process and
+prints its own report; the end prints every target in one table (``tests.bench.targets``)
+with PASS or MISS. ``--quick`` runs smaller scales as a smoke test. The exit status is 0 either
 way: timings depend on the machine.
 """
 

@@ -3,11 +3,12 @@
 The table has DeepSeek-V3's shapes (61 layers, the first 3 dense, 256 experts in
 per-expert modules and a shared expert in the others: about 45,000 tensors, bf16) and
 about twenty distinct (layout, shape) signatures, FSDP over ``dp_shard``. Each figure is
-a ratio in this process: against building the table from its layouts by FQN, and
+a ratio in this process: against building the table from its plan (``build_table``), and
 against the same call on a 16-rank world; the memory is the peak of building the table
-and its shapes and linting it. By default the table keeps 16 of the layers (about 10,000
-tensors, a short run; ``--full``: all 61, the size the targets are set for), where the
-per-world work weighs more against the per-tensor work. Run alone with
+and its shapes and linting it (``--quick``: 8 layers, where the work per world weighs
+more against the work per tensor). Then torch's own load planning beside
+``reshard_plan`` on a smaller case (4 layers, 64 ranks; ``--full``: 8 layers, the
+largest torch plans in about a minute here). Run alone with
 ``python -m tests.bench.bench_world [--quick] [--full]``.
 """
 
@@ -20,7 +21,7 @@ import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeVar
 
-from layout_algebra import ParamLayoutTable, Replicate, Shard, SourceLayout
+from layout_algebra import ModulePlan, ParamLayoutTable, Shard, ShardingPlan, build_table
 from layout_algebra.checkpoint import ReshardPlan, reshard_plan
 from layout_algebra.lint import LintReport, lint
 from layout_algebra.mesh import Mesh
@@ -28,7 +29,7 @@ from layout_algebra.placements import Placement
 from layout_algebra.shapes import ParamShape
 from tests.bench.targets import record
 
-__all__ = ["WORLDS", "deepseek_entries", "deepseek_table", "main", "run"]
+__all__ = ["WORLDS", "build", "deepseek_plan", "deepseek_table", "main", "run", "run_torch"]
 
 T = TypeVar("T")
 
@@ -85,62 +86,70 @@ RESHARD_GROWTH_TARGET: Final = 3.0
 MEMORY_TARGET: Final = 2.0
 
 
-def _layout(role: str, placements: Sequence[Placement]) -> SourceLayout:
-    axes = ["tp"] if role == "dense" else ["ep", "tp"]
-    return SourceLayout(role, axes, placements)
-
-
-def deepseek_entries(
-    layers: int = LAYERS,
-) -> tuple[dict[str, SourceLayout], dict[str, ParamShape]]:
-    """Layouts and shapes by FQN shaped as DeepSeek-V3's (``layers`` of its 61 layers)."""
-    r, col, row = Replicate(), Shard(0), Shard(1)
-    entries: dict[str, SourceLayout] = {}
+def deepseek_plan(layers: int = LAYERS) -> tuple[ShardingPlan, dict[str, ParamShape]]:
+    """A plan and shapes shaped as DeepSeek-V3's (``layers`` of its 61 layers): TP on the
+    attention and MLP projections, experts over ``ep`` and ``tp``, the rest replicated."""
+    col, row, ep = {"tp": Shard(0)}, {"tp": Shard(1)}, {"ep": Shard(0)}
+    modules: dict[str, dict[str, dict[str, Placement]]] = {}
+    experts: set[str] = set()
     shapes: dict[str, ParamShape] = {}
 
-    def add(fqn: str, layout: SourceLayout, shape: tuple[int, ...]) -> None:
-        entries[fqn] = layout
+    def add(fqn: str, named: Mapping[str, Placement], shape: tuple[int, ...]) -> None:
+        module, name = fqn.rsplit(".", 1)
+        modules.setdefault(module, {})[name] = dict(named)
         shapes[fqn] = ParamShape(shape, "bfloat16")  # one object per tensor, as a reader makes
 
-    add("model.embed_tokens.weight", _layout("dense", [col]), (VOCAB, HIDDEN))
+    add("model.embed_tokens.weight", col, (VOCAB, HIDDEN))
     for i in range(layers):
         p = f"model.layers.{i}"
-        add(f"{p}.input_layernorm.weight", _layout("dense", [r]), (HIDDEN,))
-        add(f"{p}.post_attention_layernorm.weight", _layout("dense", [r]), (HIDDEN,))
+        add(f"{p}.input_layernorm.weight", {}, (HIDDEN,))
+        add(f"{p}.post_attention_layernorm.weight", {}, (HIDDEN,))
         a = f"{p}.self_attn"
-        add(f"{a}.q_a_proj.weight", _layout("dense", [r]), (Q_LORA, HIDDEN))
-        add(f"{a}.q_a_layernorm.weight", _layout("dense", [r]), (Q_LORA,))
-        add(f"{a}.q_b_proj.weight", _layout("dense", [col]), (HEADS * (NOPE + ROPE), Q_LORA))
-        add(f"{a}.kv_a_proj_with_mqa.weight", _layout("dense", [r]), (KV_LORA + ROPE, HIDDEN))
-        add(f"{a}.kv_a_layernorm.weight", _layout("dense", [r]), (KV_LORA,))
-        add(f"{a}.kv_b_proj.weight", _layout("dense", [col]), (HEADS * (NOPE + V_HEAD), KV_LORA))
-        add(f"{a}.o_proj.weight", _layout("dense", [row]), (HIDDEN, HEADS * V_HEAD))
+        add(f"{a}.q_a_proj.weight", {}, (Q_LORA, HIDDEN))
+        add(f"{a}.q_a_layernorm.weight", {}, (Q_LORA,))
+        add(f"{a}.q_b_proj.weight", col, (HEADS * (NOPE + ROPE), Q_LORA))
+        add(f"{a}.kv_a_proj_with_mqa.weight", {}, (KV_LORA + ROPE, HIDDEN))
+        add(f"{a}.kv_a_layernorm.weight", {}, (KV_LORA,))
+        add(f"{a}.kv_b_proj.weight", col, (HEADS * (NOPE + V_HEAD), KV_LORA))
+        add(f"{a}.o_proj.weight", row, (HIDDEN, HEADS * V_HEAD))
         m = f"{p}.mlp"
         if i < DENSE_LAYERS:
-            add(f"{m}.gate_proj.weight", _layout("dense", [col]), (INTER, HIDDEN))
-            add(f"{m}.up_proj.weight", _layout("dense", [col]), (INTER, HIDDEN))
-            add(f"{m}.down_proj.weight", _layout("dense", [row]), (HIDDEN, INTER))
+            add(f"{m}.gate_proj.weight", col, (INTER, HIDDEN))
+            add(f"{m}.up_proj.weight", col, (INTER, HIDDEN))
+            add(f"{m}.down_proj.weight", row, (HIDDEN, INTER))
             continue
-        add(f"{m}.gate.weight", _layout("dense", [r]), (EXPERTS, HIDDEN))
-        add(f"{m}.gate.e_score_correction_bias", _layout("dense", [r]), (EXPERTS,))
+        add(f"{m}.gate.weight", {}, (EXPERTS, HIDDEN))
+        add(f"{m}.gate.e_score_correction_bias", {}, (EXPERTS,))
         for e in range(EXPERTS):
-            x = f"{m}.experts.{e}"
-            add(f"{x}.gate_proj.weight", _layout("expert", [r, col]), (MOE_INTER, HIDDEN))
-            add(f"{x}.up_proj.weight", _layout("expert", [r, col]), (MOE_INTER, HIDDEN))
-            add(f"{x}.down_proj.weight", _layout("expert", [r, row]), (HIDDEN, MOE_INTER))
+            for name, dim, shape in (
+                ("gate_proj", 0, (MOE_INTER, HIDDEN)),
+                ("up_proj", 0, (MOE_INTER, HIDDEN)),
+                ("down_proj", 1, (HIDDEN, MOE_INTER)),
+            ):
+                add(f"{m}.experts.{e}.{name}.weight", {**ep, "tp": Shard(dim)}, shape)
+                experts.add(f"{m}.experts.{e}.{name}")
         s = f"{m}.shared_experts"
-        add(f"{s}.gate_proj.weight", _layout("dense", [col]), (MOE_INTER, HIDDEN))
-        add(f"{s}.up_proj.weight", _layout("dense", [col]), (MOE_INTER, HIDDEN))
-        add(f"{s}.down_proj.weight", _layout("dense", [row]), (HIDDEN, MOE_INTER))
-    add("model.norm.weight", _layout("dense", [r]), (HIDDEN,))
-    add("lm_head.weight", _layout("dense", [col]), (VOCAB, HIDDEN))
-    return entries, shapes
+        add(f"{s}.gate_proj.weight", col, (MOE_INTER, HIDDEN))
+        add(f"{s}.up_proj.weight", col, (MOE_INTER, HIDDEN))
+        add(f"{s}.down_proj.weight", row, (HIDDEN, MOE_INTER))
+    add("model.norm.weight", {}, (HIDDEN,))
+    add("lm_head.weight", col, (VOCAB, HIDDEN))
+    plan = ShardingPlan(
+        {m: ModulePlan(params, expert_parallel=m in experts) for m, params in modules.items()},
+        mesh_axes=["dp_shard", "ep", "tp"],
+    )
+    return plan, shapes
+
+
+def build(plan: ShardingPlan) -> ParamLayoutTable:
+    """The table of ``plan``: dense ``(dp_shard, tp)``, experts ``(dp_shard, ep, tp)``."""
+    return build_table(plan, ["dp_shard", "tp"], expert_axes=["dp_shard", "ep", "tp"])
 
 
 def deepseek_table(layers: int = LAYERS) -> tuple[ParamLayoutTable, dict[str, ParamShape]]:
-    """The table of ``deepseek_entries`` and its shapes."""
-    entries, shapes = deepseek_entries(layers)
-    return ParamLayoutTable(entries), shapes
+    """The table of ``deepseek_plan`` and its shapes."""
+    plan, shapes = deepseek_plan(layers)
+    return build(plan), shapes
 
 
 def _timed(f: Callable[[], T]) -> tuple[float, T]:
@@ -270,10 +279,10 @@ def run_torch(*, layers: int, worlds: tuple[str, str]) -> None:
 
 def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
     """Measure and print the report; how many targets were met, of how many."""
-    layers = LAYERS if full else (8 if quick else 16)
+    layers = 8 if quick else LAYERS
     repeats = 1 if quick else 3
-    entries, shapes = deepseek_entries(layers)
-    build, table = _best(lambda: ParamLayoutTable(entries), repeats)
+    plan, shapes = deepseek_plan(layers)
+    built, table = _best(lambda: build(plan), repeats)
 
     def linted(world: str) -> Callable[[], LintReport]:
         return lambda: lint(table, shapes, mesh_sizes=WORLDS[world], fsdp=FSDP)
@@ -291,10 +300,10 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
     lint_large, report = _best(linted("16384"), repeats)
     reshard_small, _ = _best(resharded("16", "16 (to)"), repeats)
     reshard_large, _ = _best(resharded("16384", "16384 (to)"), repeats)
-    plan: ReshardPlan = reshard_plan(
+    large: ReshardPlan = reshard_plan(
         table, table, shapes, src_sizes=WORLDS["16384"], dst_sizes=WORLDS["16384 (to)"], fsdp=FSDP
     )
-    one_rank, reads = _best(lambda: plan.reads(12_345), repeats)
+    one_rank, reads = _best(lambda: large.reads(12_345), repeats)
     memory_small = _peak(lambda: lint(*deepseek_table(layers), mesh_sizes=WORLDS["16"], fsdp=FSDP))
     memory_large = _peak(
         lambda: lint(*deepseek_table(layers), mesh_sizes=WORLDS["16384"], fsdp=FSDP)
@@ -302,7 +311,7 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
     n = len(table)
     kinds = len(report.coverage)
     print(f"world scale: DeepSeek-V3-shaped table, {layers} layers, {n:,} tensors, {kinds} kinds")
-    print(f"  building the table                 {build:8.3f} s")
+    print(f"  building the table (build_table)   {built:8.3f} s")
     print(f"  lint, 16 ranks                     {lint_small:8.3f} s")
     print(f"  lint, 16,384 ranks                 {lint_large:8.3f} s")
     print(f"  reshard_plan + report, 16 -> 16    {reshard_small:8.3f} s")
@@ -313,9 +322,9 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
         f"{memory_large / 2**20:.1f} MiB"
     )
     checks = [
-        ("lint 16,384 ranks / building the table", lint_large / build, LINT_TARGET),
+        ("lint 16,384 ranks / building the table", lint_large / built, LINT_TARGET),
         ("lint 16,384 ranks / lint 16 ranks", lint_large / lint_small, LINT_GROWTH_TARGET),
-        ("reshard + report 16k / building the table", reshard_large / build, RESHARD_TARGET),
+        ("reshard + report 16k / building the table", reshard_large / built, RESHARD_TARGET),
         (
             "reshard + report 16k / at 16 ranks",
             reshard_large / reshard_small,
