@@ -131,19 +131,15 @@ def _as_params(params: Mapping[str, NamedLike]) -> ModuleParams:
     """``params`` checked and frozen: each path (all at once, one by one only to name a
     bad one), and each named placements (``as_named``).
 
-    A model's modules are of a few sorts, so a planner's new dict for each module most
-    often equals params already checked: those are interned by their paths (in order),
-    a few sorts for each, and a dict equal to one of them is that value.
+    Params are interned by their paths (in order), a few sorts for each: a model's
+    modules are of a few sorts, so a planner's new dict for each module most often
+    equals one of them, and is that value (``_known_params``).
 
     Raises:
         LayoutError: naming the path that is bad, or the parameter whose placements are.
     """
     raw: object = params
-    if type(raw) is dict:
-        known = _known_params(raw)
-        if known is not None:
-            return known
-    elif not isinstance(raw, Mapping):
+    if type(raw) is not dict and not isinstance(raw, Mapping):
         msg = (
             f"a module plan's params must map parameter paths to named placements, got {quote(raw)}"
         )
@@ -160,19 +156,25 @@ def _as_params(params: Mapping[str, NamedLike]) -> ModuleParams:
                 raise LayoutError(msg, fqn=_shown_key(path))
     frozen: ModuleParams = frozen_map_of({path: as_named(path, named) for path, named in items})
     if len(frozen) <= _MAX_INTERNED_PARAMS and sum(map(len, frozen)) <= _MAX_INTERNED_PATHS:
-        sorts = intern((_PARAMS, tuple(frozen)), [])
+        sorts = intern((_PARAMS, *frozen), [])
         if type(sorts) is list and len(sorts) < _MAX_SORTS:
             sorts.append(({path: dict(named) for path, named in frozen.items()}, frozen))
     return frozen
 
 
 def _known_params(params: dict[object, object]) -> ModuleParams | None:
-    """The interned params equal to ``params`` (paths in the same order), or ``None``."""
+    """The interned params equal to ``params`` (paths in the same order), or ``None``.
+
+    The sort found moves first among those with its paths: modules of one sort come
+    in runs (a layer's norms), so the next one compares with it first.
+    """
     try:
-        sorts = interned_get((_PARAMS, tuple(params)))
+        sorts = interned_get((_PARAMS, *params))
         if type(sorts) is list:
-            for plain, frozen in sorts:
+            for i, (plain, frozen) in enumerate(sorts):
                 if params == plain:
+                    if i:
+                        sorts.insert(0, sorts.pop(i))
                     return frozen  # type: ignore[no-any-return]  # kept as ModuleParams
     except Exception:  # a key or value whose hash or == raises: the full check names it
         return None
