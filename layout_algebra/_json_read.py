@@ -13,12 +13,13 @@ of that object in its document (``""`` for the document itself).
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final, TypeVar, cast
 
 from layout_algebra._frozen import FrozenMap
 from layout_algebra._json_write import FINGERPRINT, FORMAT_VERSION
-from layout_algebra._text import clip, quote
+from layout_algebra._text import MAX_QUOTED, clip, quote
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
 from layout_algebra.layout import (
@@ -587,7 +588,30 @@ class _Pairs(tuple[tuple[str, object], ...]):
     __slots__ = ()
 
     def __repr__(self) -> str:  # messages show it as the object it spells
-        return "{" + ", ".join(f"{k!r}: {v!r}" for k, v in self) + "}"
+        return _SHOWN.repr(self)
+
+
+class _Shown(reprlib.Repr):
+    """How a message shows a value read from JSON: objects as dicts in their order, a few
+    levels deep (however deep the document nests)."""
+
+    def repr__Pairs(self, value: _Pairs, level: int) -> str:  # reprlib's name for the type
+        if not value:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in value]
+        return (
+            "{"
+            + ", ".join(items[: self.maxdict])
+            + (", ...}" if len(items) > self.maxdict else "}")
+        )
+
+
+_SHOWN: Final = _Shown()
+_SHOWN.maxlevel = 8
+_SHOWN.maxstring = _SHOWN.maxlong = _SHOWN.maxother = MAX_QUOTED
+_SHOWN.maxdict = _SHOWN.maxlist = 16
 
 
 class _NonFinite(Exception):

@@ -701,6 +701,21 @@ def test_messages_quote_at_most_a_few_hundred_characters(doc: dict[str, Any]) ->
     assert len(info.value.path) < 400
 
 
+@pytest.mark.parametrize("depth", [1, 50, 900])
+def test_a_deeply_nested_value_is_shown_a_few_levels_deep(depth: int) -> None:
+    nested = '{"a": ' * depth + '["S(0)"]' + "}" * depth
+    for text, path in [
+        (f'{{"version": 1, "entries": {{"w": {nested}}}}}', 'entries["w"].axes'),
+        (f'{{"version": 1, "entries": [{nested}]}}', "entries"),
+    ]:
+        with pytest.raises(SerializationError) as info:
+            from_json(text)
+        assert info.value.path == path
+        assert "{'a': " in info.value.message  # shown as the object it is, never its type
+        assert "cannot be shown" not in info.value.message
+        assert len(info.value.message) < 1000
+
+
 def test_a_huge_plan_key_is_quoted_briefly() -> None:
     doc = {"version": 1, "mesh_axes": [], "modules": {"a": {"params": {HUGE + "..": {}}}}}
     with pytest.raises(SerializationError) as info:
