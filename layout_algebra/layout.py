@@ -474,14 +474,3 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
 _FINGERPRINT_VERSION: Final = "layout-algebra-fingerprint-v1"
 """The first line of the text a fingerprint digests: a new format gets a new version."""
 
-
-# TEMPORARY-COMPAT: names other modules still import; removed with them.
-class ByModule:
-    pass
-
-
-class Listed:
-    pass
-
-
-_CheckedEntries = dict
