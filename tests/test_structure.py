@@ -381,6 +381,8 @@ def test_transformers_structure_is_what_the_config_says(name: str) -> None:
     from layout_algebra.torch_bridge import shapes_from_module  # noqa: PLC0415
 
     model = _hf(name)
+    if name == "phi3":
+        model._tp_plan = {}  # its own plan computes qkv_proj and gate_up_proj whole
     config = model.config
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -445,6 +447,30 @@ def test_tp_over_more_ranks_than_kv_heads_is_flagged_naming_the_heads() -> None:
             structure_problems(layout, shapes[fqn], {"tp": 2}) for fqn, layout in table.items()
         )
     )
+
+
+def test_what_the_models_own_plan_computes_whole_has_no_structure() -> None:
+    """Phi-3's plan gathers qkv_proj's and gate_up_proj's outputs (colwise_gather_output)
+    and splits o_proj's and down_proj's whole inputs: their S(0) is right, nothing flags."""
+    from layout_algebra.torch_bridge import shapes_from_module, table_from_hf  # noqa: PLC0415
+
+    model = _hf("phi3")
+    shapes = shapes_from_module(model)
+    assert {fqn for fqn, s in shapes.items() if s.structure} == set()
+    table = table_from_hf(model, mesh_axes=("tp",))
+    assert str(table["model.layers.0.self_attn.qkv_proj.weight"]) == "dense[tp=S(0)]"
+    assert not [
+        p
+        for fqn, layout in table.items()
+        for p in structure_problems(layout, shapes[fqn], {"tp": 2})
+    ]
+    model._tp_plan = {"model.layers.*.self_attn.qkv_proj": "colwise"}  # local rows: flagged
+    shapes = shapes_from_module(model)
+    table = table_from_hf(model, mesh_axes=("tp",))
+    fqn = "model.layers.0.self_attn.qkv_proj.weight"
+    assert [p.kind for p in structure_problems(table[fqn], shapes[fqn], {"tp": 2})] == [
+        "packed-contiguous"
+    ]
 
 
 def test_moe_experts_over_ep_are_flagged_when_they_do_not_divide() -> None:

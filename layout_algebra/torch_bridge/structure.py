@@ -17,6 +17,14 @@ Read from the modules themselves and, for transformers models, their config:
 The head dim is the attention module's ``head_dim`` when it has one, else the config's.
 What is not read is left out (no structure); ``structure=`` adds or overrides by FQN or
 pattern.
+
+A weight whose module the model's own ``tp_plan`` gives a style that computes it whole
+(``colwise_gather_output`` and ``colwise_rep`` gather the output before it is used,
+``rowwise_split_input`` and ``rowwise_rep`` split a whole input to match the weight) is
+left out too: its shards never meet its structure, as Phi-3's fused ``qkv_proj`` and
+``gate_up_proj`` under its own plan. To lint another plan for such a model, give the
+structure with ``structure=`` (``structure_from_module`` of the model with its
+``tp_plan`` emptied reads it).
 """
 
 from __future__ import annotations
@@ -216,6 +224,27 @@ class _Reader:
             self.put(path, "", leaf, dim, packed)
 
 
+_WHOLE_STYLES: Final = frozenset(
+    {"colwise_gather_output", "colwise_rep", "rowwise_split_input", "rowwise_rep"}
+)
+"""transformers' styles whose module computes on the whole weight's output or input."""
+
+
+def _computed_whole(model: nn.Module) -> Matcher[str]:
+    """The keys of the model's own ``tp_plan`` (``*`` one segment, as its layer numbers)
+    whose style computes the module whole; none when it has no such plan."""
+    try:
+        plan = getattr(model, "tp_plan", None)
+    except Exception:  # a model that cannot say: every structure is kept
+        plan = None
+    rules: list[Rule[str]] = []
+    if isinstance(plan, Mapping):
+        for key, style in list(plan.items()):
+            if isinstance(key, str) and key and style in _WHOLE_STYLES:
+                rules.append(Rule(key, str(style)))
+    return Matcher(rules)
+
+
 def structure_from_module(
     module: nn.Module, *, structure: Mapping[str, Structure] | None = None
 ) -> dict[str, FrozenMap[int, Packed]]:
@@ -233,7 +262,12 @@ def structure_from_module(
     for path, sub in named_modules(module):
         reader.module(path, sub)
         fqns.extend(param_fqn(path, leaf) for leaf in _own(sub))
-    found = {fqn: FrozenMap(dict(sorted(s.items()))) for fqn, s in reader.found.items()}
+    whole = _computed_whole(module)
+    found = {
+        fqn: FrozenMap(dict(sorted(s.items())))
+        for fqn, s in reader.found.items()
+        if not (whole.best(fqn) or whole.best(fqn.rpartition(".")[0]))
+    }
     if structure is not None:
         found.update(_overrides(structure, fqns))
     return found
