@@ -1,0 +1,225 @@
+"""``training_cost`` against the real thing: FSDP2 and AdamW / SGD on 4 gloo ranks.
+
+A small model (an embedding and a head of 11 rows, which FSDP shards unevenly, and a
+``layers`` ModuleList of two MLP blocks) is wrapped by torch's own ``fully_shard`` per
+layer and at the root, and trained one real step: plain FSDP over 4 ranks in bf16 mixed
+precision (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``) with
+AdamW; tensor parallelism (``parallelize_module``) on a ``dp_shard=2 x tp=2`` mesh,
+``reshard_after_forward=False``, AdamW; HSDP on ``dp_replicate=2 x dp_shard=2`` with SGD
+and momentum. The prediction is built from the source table (``table_from_module`` before
+FSDP) composed by the package, never from what torch made of it.
+
+On every rank: the local bytes of the parameters (``to_local()``), of their gradients
+(``p.grad.to_local()``) and of the optimizer's state (``optimizer.state[p]``, ``step``
+included) equal ``by_kind``; the bytes through the collectives FSDP2 calls in this torch
+(``dist.all_gather_single``, ``dist.reduce_scatter_single``, ``dist.all_reduce``), counted
+by wrapping them for the step, equal ``traffic``; and the largest all-gather output equals
+``largest_buffer``. One spawn runs the three cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from layout_algebra import compose_table
+from layout_algebra.torch_bridge import shapes_from_module, table_from_module
+from layout_algebra.training import Training, training_cost
+from tests.torch_oracle import MeshFactory, on_gloo
+
+WORLD_SIZE: Final = 4
+VOCAB: Final = 11
+DIM: Final = 8
+HIDDEN: Final = 12
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(DIM, HIDDEN)
+        self.w2 = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.w2(torch.relu(self.w1(x)))
+        return out
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.emb(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+_COLLECTIVES: Final = {
+    "all_gather_single": ("all_gather", "output_tensor", 0),
+    "all_gather_into_tensor": ("all_gather", "output_tensor", 0),
+    "reduce_scatter_single": ("reduce_scatter", "input", 1),
+    "reduce_scatter_tensor": ("reduce_scatter", "input", 1),
+    "all_reduce": ("all_reduce", "tensor", 0),
+}
+"""What each wrapped function moves: its kind, and the argument holding the buffer
+counted (the gathered output, the scattered input, the reduced tensor) by name and
+position."""
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()
+
+
+@contextmanager
+def counting() -> Iterator[dict[str, list[int]]]:
+    """Every buffer the wrapped ``torch.distributed`` collectives move, by kind."""
+    seen: dict[str, list[int]] = {"all_gather": [], "reduce_scatter": [], "all_reduce": []}
+    saved = {name: getattr(dist, name) for name in _COLLECTIVES}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        kind, arg, at = _COLLECTIVES[name]
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            tensor = kwargs[arg] if arg in kwargs else args[at]
+            seen[kind].append(_nbytes(tensor))
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    for name, fn in saved.items():
+        setattr(dist, name, wrap(name, fn))
+    try:
+        yield seen
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+def _case(
+    rank: int,
+    meshes: MeshFactory,
+    sizes: dict[str, int],
+    *,
+    tp: bool,
+    fsdp: str | tuple[str, str],
+    training: Training,
+) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = Net()
+    world = meshes(sizes)
+    if tp:
+        plan = {"layers.*.w1": ColwiseParallel(), "layers.*.w2": RowwiseParallel()}
+        parallelize_module(model, world["tp"], plan)
+    source = table_from_module(model)
+    shapes = shapes_from_module(model)
+    fsdp_mesh = world[fsdp]
+    policy = MixedPrecisionPolicy(
+        param_dtype=getattr(torch, training.param_dtype) if training.param_dtype else None,
+        reduce_dtype=getattr(torch, training.reduce_dtype) if training.reduce_dtype else None,
+    )
+    options: dict[str, Any] = {"mesh": fsdp_mesh, "mp_policy": policy}
+    if not training.reshard_after_forward:
+        options["reshard_after_forward"] = False
+    for layer in model.layers:
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
+    optimizer: torch.optim.Optimizer
+    if training.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    tokens = torch.arange(12).reshape(2, 6) % VOCAB
+    with counting() as seen:
+        loss = model(tokens).float().square().mean()
+        loss.backward()
+        optimizer.step()
+
+    params = list(model.parameters())
+    measured = {
+        "params": sum(_nbytes(p) for p in params),
+        "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(
+            _nbytes(v)
+            for p in params
+            for v in optimizer.state[p].values()
+            if isinstance(v, torch.Tensor)
+        ),
+        **{kind: sum(found) for kind, found in seen.items()},
+        "largest": max(seen["all_gather"], default=0),
+    }
+    composed = compose_table(source, fsdp={"dense": fsdp}, mesh_sizes={"dense": sizes})
+    cost = training_cost(composed, shapes, {"dense": sizes}, training, tied=composed.tied)
+    predicted = {
+        **{kind: cost.by_kind[kind][rank] for kind in ("params", "grads", "optimizer")},
+        **{kind: row[rank] for kind, row in cost.traffic.items()},
+        "largest": cost.largest_buffer[rank],
+    }
+    return {"measured": measured, "predicted": predicted}
+
+
+CASES: Final[dict[str, dict[str, Any]]] = {
+    "fsdp, bf16 mixed precision, AdamW": {
+        "sizes": {"dp_shard": 4},
+        "tp": False,
+        "fsdp": "dp_shard",
+        "training": Training(param_dtype="bfloat16", reduce_dtype="float32", units=["layers.*"]),
+    },
+    "fsdp x tp, no reshard after forward, AdamW": {
+        "sizes": {"dp_shard": 2, "tp": 2},
+        "tp": True,
+        "fsdp": "dp_shard",
+        "training": Training(units=["layers.*"], reshard_after_forward=False),
+    },
+    "hsdp, SGD with momentum": {
+        "sizes": {"dp_replicate": 2, "dp_shard": 2},
+        "tp": False,
+        "fsdp": ("dp_replicate", "dp_shard"),
+        "training": Training(optimizer="sgd", units=["layers.*"]),
+    },
+}
+
+
+def scenario(rank: int) -> dict[str, dict[str, Any]]:
+    meshes = MeshFactory(WORLD_SIZE)
+    return {
+        name: _case(
+            rank,
+            meshes,
+            case["sizes"],
+            tp=case["tp"],
+            fsdp=case["fsdp"],
+            training=case["training"],
+        )
+        for name, case in CASES.items()
+    }
+
+
+@pytest.mark.distributed
+def test_training_cost_equals_fsdp2_and_the_optimizer_on_every_rank() -> None:
+    by_rank = on_gloo(scenario, world_size=WORLD_SIZE)
+    wrong = [
+        (name, rank, got["measured"], got["predicted"])
+        for rank, results in enumerate(by_rank)
+        for name, got in results.items()
+        if got["measured"] != got["predicted"]
+    ]
+    assert not wrong, "\n".join(map(str, wrong))
+    # the cases exercise every collective and an uneven, padded shard
+    totals = {k: sum(r[n]["measured"][k] for r in by_rank for n in r) for k in ("all_reduce",)}
+    assert totals["all_reduce"] > 0
