@@ -1,10 +1,9 @@
 """How ``build_table`` turns a plan into entries: the machinery behind the algebra.
 
-A plan's parameters are laid out in a few ways: each distinct named placements (an
-interned value, so equal ones are one object) is resolved once per mesh, and every
-parameter then costs its FQN and a dict insertion. A plan by pattern is matched against
-the model's FQNs (``_patterns.Matcher``), each distinct answer of the matcher decided
-once. Tied parameters are merged in place into the entries of one call.
+A model's modules are of a few sorts (equal params, an interned value): each sort is
+resolved once, and every parameter then costs its FQN and a dict insertion. A plan by
+pattern is matched against the model's FQNs (``_patterns.Matcher``), each distinct
+answer of the matcher resolved once. Tied groups give the layouts their members take.
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from layout_algebra.axes import AxisLike, AxisName, as_axes, axis_name_set, chec
 from layout_algebra.errors import (
     LayoutError,
     OwnedAxisError,
-    PlanError,
     TiedLayoutConflict,
     UnknownAxisError,
 )
+from layout_algebra.fsdp import plan_error
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout, interned, partial_error
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
 from layout_algebra.plan import ModuleParams, ModulePlan, NamedPlacements, ShardingPlan, as_pairs
@@ -33,13 +32,10 @@ __all__ = [
     "Builder",
     "TargetMesh",
     "join_tied",
-    "problem_report",
     "run_meshes",
 ]
 
 _REPLICATE: Final = Replicate()
-_MAX_LISTED: Final = 50
-"""How many problems a ``PlanError`` message spells out (``.problems`` holds them all)."""
 
 
 @attrs.frozen
@@ -250,14 +246,6 @@ def join_tied(
                     changes[fqn] = joined
             kept.append(group)
     return changes, tuple(kept), conflicts
-
-
-def problem_report(problems: list[LayoutError]) -> str:
-    lines = [f"the plan has {len(problems)} problem{'s' if len(problems) != 1 else ''}:"]
-    lines.extend(f"  - {p.message}" for p in problems[:_MAX_LISTED])
-    if len(problems) > _MAX_LISTED:
-        lines.append(f"  ... and {len(problems) - _MAX_LISTED} more (see .problems)")
-    return "\n".join(lines)
 
 
 _Resolved: TypeAlias = tuple[SourceLayout, str, tuple[tuple[str, Placement], ...]]
@@ -487,7 +475,7 @@ class Builder:
         self.entries.update(changes)
         self.problems.extend(conflicts)
         if self.problems:
-            raise PlanError(problem_report(self.problems), problems=self.problems)
+            raise plan_error("the plan", self.problems)
         return ParamLayoutTable(self.entries, tied=groups, dropped=self.drops)
 
 

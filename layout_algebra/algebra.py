@@ -15,7 +15,7 @@ from typing import Final
 import attrs
 
 from layout_algebra._args import as_items, plain_str
-from layout_algebra._build import Builder, TargetMesh, join_tied, problem_report, run_meshes
+from layout_algebra._build import Builder, TargetMesh, join_tied, run_meshes
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
 from layout_algebra._patterns import is_pattern
 from layout_algebra._text import clip, escape, quote
@@ -27,7 +27,8 @@ from layout_algebra.axes import (
     axis_name_set,
     check_distinct_axes,
 )
-from layout_algebra.errors import LayoutError, PlanError
+from layout_algebra.errors import LayoutError
+from layout_algebra.fsdp import plan_error
 from layout_algebra.layout import (
     ParamLayoutTable,
     SourceLayout,
@@ -281,7 +282,7 @@ def build_table(
             "which only the model's parameter FQNs can resolve; pass them as "
             "build_table(..., fqns=[n for n, _ in model.named_parameters()])"
         )
-        raise PlanError(problem_report([LayoutError(msg)]), problems=[LayoutError(msg)])
+        raise plan_error("the plan", [LayoutError(msg)])
     return builder.table(pairs)
 
 
