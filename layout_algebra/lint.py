@@ -649,9 +649,14 @@ class _Examiner:
                         hi - lo for lo, hi in (chunk_bounds(h, fsdp, f) for f in range(fsdp))
                     ]
             cut = [cuts[h] for h in held]
-            kept[dim] = (reads[dim].axes, [c[f] for f in range(fsdp) for c in cut])
-            allocated = [-(-h // fsdp) for h in held]
-            padded[dim] = (reads[dim].axes, allocated * fsdp)
+            chained = [c[f] for f in range(fsdp) for c in cut]  # by index on the chain
+            if len(cuts) == 1:  # every source piece alike: FSDP's index alone decides
+                (h,) = cuts
+                kept[dim] = ((parts.shard.name,), cuts[h])
+                padded[dim] = ((), [-(-h // fsdp)])
+            else:
+                kept[dim] = (reads[dim].axes, chained)
+                padded[dim] = (reads[dim].axes, [-(-h // fsdp) for h in held] * fsdp)
             placement = format_placement(layout.placement_on(parts.shard))
             if dim > 0 and any(h % fsdp for h in held):
                 flags = [h % fsdp != 0 for h in held]
@@ -665,7 +670,7 @@ class _Examiner:
                     "let FSDP shard dim 0"
                 )
                 problems.append(("fsdp-uneven", msg, ranks, parts.shard.name, placement))
-            storage = self._storage(layout, parts, shape, kept, reads)
+            storage = self._storage(layout, parts, shape, (kept, chained), reads)
             if storage is not None:
                 problems.append(storage)
         cover = next((r.cover for r in reads if r.cover is not None), None)
@@ -692,16 +697,22 @@ class _Examiner:
         layout: SourceLayout,
         parts: FsdpParts,
         shape: ParamShape,
-        kept: Sequence[Factor],
+        rows: tuple[Sequence[Factor], Sequence[int]],
         reads: Sequence[DimRead],
     ) -> _Problem | None:
-        """Where DTensor's reading differs from the rows FSDP2 keeps, as a problem."""
+        """Where DTensor's reading differs from the rows FSDP2 keeps, as a problem.
+
+        ``rows`` are the rows kept by dim, and on FSDP's dim by index on its whole chain.
+        """
         assert parts.shard is not None
         dim = parts.shard_dim
+        kept, chained = rows
         differ = fsdp_runs_differ(shape.shape[dim], reads[dim].chain, self.owned)
+        if all(d is None for d in differ):
+            return None
         flags = [
             d is not None and (k > 0 or r > 0)
-            for d, k, r in zip(differ, kept[dim][1], reads[dim].lengths, strict=True)
+            for d, k, r in zip(differ, chained, reads[dim].lengths, strict=True)
         ]
         if not any(flags):
             return None
@@ -751,7 +762,11 @@ def _uneven_note(
     least = shape.itemsize * math.prod(min(v) for _, v in kept)
     most = shape.itemsize * math.prod(max(v) for _, v in kept)
     total = shape.itemsize * math.prod(sum(v) for _, v in kept) * copies
-    allocated = shape.itemsize * math.prod(sum(v) for _, v in padded) * copies
+    allocated = (
+        shape.itemsize
+        * math.prod(sum(v) for _, v in padded)
+        * (world // math.prod(len(v) for _, v in padded))
+    )
     padding = allocated - total
     if not padding and least == most:
         return None
