@@ -579,3 +579,33 @@ def test_torchtitan_structure_is_what_its_modules_say(name: str) -> None:
         assert fused == _heads("kv_groups", attention.n_kv_heads, (per_kv + 2) * head_dim)
         o = head_dim
     assert shapes["layers.0.attention.wo.weight"].structure == {1: Packed([Part("o", heads, o)])}
+
+
+@pytest.mark.xfail(strict=True, reason="until lint calls structure_problems (lint.py's wiring)")
+def test_lint_reports_the_problems_inside_a_dim_with_their_fqn() -> None:
+    from layout_algebra import ParamLayoutTable, lint  # noqa: PLC0415
+
+    tp = SourceLayout("dense", ["tp"], [S0])
+    table = ParamLayoutTable({"k.weight": tp, "gate_up.weight": tp, "experts.w": tp})
+    shapes = {
+        "k.weight": ParamShape((512, 64), "bfloat16", structure={0: K4}),
+        "gate_up.weight": ParamShape((128, 64), "bfloat16", structure={0: GATE_UP}),
+        "experts.w": ParamShape((6, 64), "bfloat16", structure={0: EXPERTS6}),
+    }
+    report = lint(
+        table, shapes, mesh_sizes={"dense": {"dp_shard": 2, "tp": 8}}, fsdp={"dense": "dp_shard"}
+    )
+    found = [(p.fqn, p.kind, p.axis, p.ranks) for p in report.problems]
+    assert found == [
+        ("k.weight", "cuts-unit", "tp", tuple(range(16))),
+        ("gate_up.weight", "packed-contiguous", "tp", tuple(range(16))),
+        ("experts.w", "experts", "tp", (6, 7, 14, 15)),
+    ]
+    assert report.problems[0].message.startswith("k.weight: S(0) on axis 'tp' (8 ranks)")
+    fsdp_only = lint(
+        ParamLayoutTable({"k.weight": SourceLayout("dense", [], [])}),
+        {"k.weight": shapes["k.weight"]},
+        mesh_sizes={"dense": {"dp_shard": 16}},
+        fsdp={"dense": "dp_shard"},
+    )
+    assert fsdp_only.ok
