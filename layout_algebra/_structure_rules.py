@@ -148,10 +148,8 @@ def _check_dim(at: _Dim, chain: Chain) -> StructureProblem | None:
         for part, start, stop in packed.spans():
             cuts: dict[int, list[int]] = {}
             for i, runs in enumerate(rows):
-                inside = sorted(
-                    {e for r in _within(runs, start, stop) for e in (r.start, r.stop)}
-                    - set(range(0, part.length + 1, part.size))
-                )
+                ends = {e for r in _within(runs, start, stop) for e in (r.start, r.stop)}
+                inside = sorted(e for e in ends if e % part.size)
                 if inside:
                     cuts[i] = [start + e for e in inside]
             if cuts:

@@ -609,3 +609,15 @@ def test_lint_reports_the_problems_inside_a_dim_with_their_fqn() -> None:
         fsdp={"dense": "dp_shard"},
     )
     assert fsdp_only.ok
+
+
+def test_huge_unit_counts_cost_what_the_shards_do() -> None:
+    """A billion experts over ep=3 (not divisible) and 2**40 rows of heads: the rules
+    follow the shards' boundaries, never the units one by one."""
+    experts = Packed([Part("experts", 10**9)])
+    shape = ParamShape((10**9, 4), "bfloat16", structure={0: experts})
+    (p,) = structure_problems(_layout(("ep", S0)), shape, {"ep": 3})
+    assert p.kind == "experts"
+    heads = Packed([Part("q", 2**33, 128)])
+    big = ParamShape((2**40, 1), "bfloat16", structure={0: heads})
+    assert structure_problems(_layout(("tp", S0)), big, {"tp": 8}) == ()
