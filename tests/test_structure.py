@@ -505,6 +505,16 @@ def test_a_user_structure_overrides_by_fqn_or_pattern() -> None:
     assert shapes["model.layers.0.mlp.gate_up_proj.weight"].structure == {0: pairs}
     assert shapes["model.layers.0.self_attn.o_proj.weight"].structure == {}
     assert shapes["model.layers.0.self_attn.qkv_proj.weight"].structure == {0: mine}
+    by_module = shapes_from_module(
+        _hf("gpt_oss"),
+        structure={
+            "model.layers.*.self_attn.q_proj": {0: Packed([Part("q", 32)])},
+            "model.layers.0.self_attn.q_proj.bias": {},
+        },
+    )
+    q = "model.layers.0.self_attn.q_proj"
+    assert by_module[f"{q}.weight"].structure == {0: Packed([Part("q", 32)])}
+    assert by_module[f"{q}.bias"].structure == {}  # its own key wins
 
 
 @pytest.mark.parametrize(

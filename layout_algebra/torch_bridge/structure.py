@@ -250,7 +250,9 @@ def structure_from_module(
 ) -> dict[str, FrozenMap[int, Packed]]:
     """Each parameter's structure by FQN, as the model says it (see the module's doc),
     with ``structure`` (by FQN or pattern, ``*`` one segment) given for what it names:
-    the most specific key's structure replaces the parameter's (``{}`` drops it).
+    the most specific key's structure replaces the parameter's (``{}`` drops it); a key
+    naming a module gives each of its parameters that structure, unless a key names the
+    parameter itself.
 
     Raises:
         LayoutError: ``structure`` is not a mapping of FQN or pattern to ``{dim: Packed}``,
@@ -258,10 +260,10 @@ def structure_from_module(
             different structures (naming the keys).
     """
     reader = _Reader(module)
-    fqns: list[str] = []
+    params: list[tuple[str, str]] = []  # (module path, parameter FQN)
     for path, sub in named_modules(module):
         reader.module(path, sub)
-        fqns.extend(param_fqn(path, leaf) for leaf in _own(sub))
+        params.extend((path, param_fqn(path, leaf)) for leaf in _own(sub))
     whole = _computed_whole(module)
     found = {
         fqn: FrozenMap(dict(sorted(s.items())))
@@ -269,13 +271,15 @@ def structure_from_module(
         if not (whole.best(fqn) or whole.best(fqn.rpartition(".")[0]))
     }
     if structure is not None:
-        found.update(_overrides(structure, fqns))
+        found.update(_overrides(structure, params))
     return found
 
 
 def _overrides(
-    structure: Mapping[str, Structure], fqns: list[str]
+    structure: Mapping[str, Structure], params: list[tuple[str, str]]
 ) -> dict[str, FrozenMap[int, Packed]]:
+    """The structure ``structure`` gives each parameter: by its own FQN (or a pattern of
+    it), else by its module's (every parameter of ``layers.*.mlp.gate_up_proj``)."""
     arg = "shapes_from_module(structure=...)"
     raw: object = structure
     if not isinstance(raw, Mapping):
@@ -293,8 +297,8 @@ def _overrides(
         rules.append(Rule(key, as_structure(value, f"{arg}[{clip(key)!r}]")))
     matcher = Matcher(rules)
     out: dict[str, FrozenMap[int, Packed]] = {}
-    for fqn in dict.fromkeys(fqns):
-        best = matcher.best(fqn)
+    for path, fqn in dict.fromkeys(params):
+        best = matcher.best(fqn) or (matcher.best(path) if path else ())
         if len({r.value for r in best}) > 1:
             keys = ", ".join(repr(r.key) for r in best)
             msg = (
@@ -308,7 +312,7 @@ def _overrides(
     if unused:
         keys = ", ".join(repr(clip(r.key)) for r in unused[:5])
         msg = (
-            f"{arg} has keys that match no parameter: {keys}; check them against "
+            f"{arg} has keys that match no parameter or module: {keys}; check them against "
             "model.named_parameters() (a * stands for one dotted segment)"
         )
         raise LayoutError(msg)
