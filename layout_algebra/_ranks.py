@@ -18,12 +18,14 @@ from typing import TypeAlias
 
 import attrs
 
+from layout_algebra._shards import chunk_bounds, shard_dim_of
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import fsdp_storage_runs, local_runs
+from layout_algebra.fsdp import fsdp_storage_runs
+from layout_algebra.geometry import local_runs
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.mesh import Mesh
-from layout_algebra.placements import Partial, Placement, Replicate, Shard, StridedShard
+from layout_algebra.placements import Placement, Shard, StridedShard
 
 __all__ = [
     "Chain",
@@ -56,23 +58,12 @@ def check_table(value: object, arg: str) -> ParamLayoutTable:
     return value
 
 
-def chunk_bounds(n: int, chunks: int, index: int) -> tuple[int, int]:
-    """Bounds of chunk ``index`` when ``torch.chunk`` cuts ``n`` items into ``chunks``:
-    10 over 4 → 0:3, 3:6, 6:9, 9:10; 2 over 4 → 0:1, 1:2, 2:2, 2:2."""
-    size = -(-n // chunks)
-    return min(size * index, n), min(size * (index + 1), n)
-
-
 def _split(p: Placement) -> tuple[int, int] | None:
     """The dim ``p`` shards and its split factor (1 for ``Shard``), or ``None``."""
-    match p:
-        case Shard(dim):
-            return dim, 1
-        case StridedShard(dim, split_factor=k):
-            return dim, k
-        case Replicate() | Partial():
-            return None
-    raise AssertionError(p)  # pragma: no cover - the union is closed
+    dim = shard_dim_of(p)
+    if dim is None:
+        return None
+    return dim, p.split_factor if isinstance(p, StridedShard) else 1
 
 
 def chain_of(layout: SourceLayout, dim: int, sizes: Mapping[str, int]) -> Chain:

@@ -30,27 +30,17 @@ from layout_algebra._args import (
 )
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, check_table, read_dim
+from layout_algebra._shards import check_dims, check_layout, size_of
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import (
-    MAX_WORLD,
-    FsdpAxes,
-    as_role_sizes,
-    as_sizes,
-    check_dims,
-    check_layout,
-    compose_table,
-    plan_error,
-    size_of,
-    world_size,
-)
+from layout_algebra.fsdp import FsdpAxes, compose_table, plan_error
 from layout_algebra.layout import (
     ParamLayoutTable,
     SourceLayout,
     check_fqn,
     partial_error,
 )
-from layout_algebra.mesh import Mesh
+from layout_algebra.mesh import MAX_WORLD, Mesh, as_mesh, as_role_sizes, world_size
 from layout_algebra.shapes import (
     DTYPE_BYTES,
     ParamShape,
@@ -232,8 +222,8 @@ def _check_layout(layout: SourceLayout, fqn: str | None = None) -> None:
         raise LayoutError(msg, fqn=fqn, axis=error.axis, placement=error.placement)
 
 
-def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None) -> dict[str, int]:
-    checked = as_sizes(sizes, "mesh_sizes")
+def _check_sizes(layout: SourceLayout, sizes: Mapping[str, int], fqn: str | None) -> Mesh:
+    checked = as_mesh(sizes, "mesh_sizes")
     for axis in layout.axes:
         size_of(checked, axis, layout, fqn)
     return checked
@@ -899,8 +889,7 @@ def reshard_plan(
     world_size(dst_roles, "dst_sizes")  # the bound on the world
     if src_roles:
         world_size(src_roles, "src_sizes")
-    src_meshes = {role: Mesh(sizes) for role, sizes in src_roles.items()}
-    dst_meshes = {role: Mesh(sizes) for role, sizes in dst_roles.items()}
+    src_meshes, dst_meshes = src_roles, dst_roles
     planner = _Planner(src_meshes, dst_meshes)
     fqns, kinds, problems = _plan_all(planner, src, dst, shapes)
     if problems:

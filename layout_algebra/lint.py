@@ -36,11 +36,11 @@ from layout_algebra._ranks import (
     RankSum,
     chain_of,
     check_table,
-    chunk_bounds,
     fsdp_runs_differ,
     index_vector,
     read_dim,
 )
+from layout_algebra._shards import chunk_bounds, shard_dim_of
 from layout_algebra._text import (
     MAX_LISTED,
     clip,
@@ -52,23 +52,22 @@ from layout_algebra._text import (
     ranks_text,
 )
 from layout_algebra._text import human_bytes as human_bytes  # noqa: PLC0414  # the CLI reads it here
-from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName, axis_name_set
-from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.geometry import (
+from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
+from layout_algebra.errors import LayoutError
+from layout_algebra.fsdp import (
     FsdpAxes,
     FsdpParts,
-    Runs,
     as_fsdp_axes,
-    as_role_sizes,
     as_shard_dims,
-    compose_table,
+    compose_entry,
+    owned_names,
     plan_error,
     split_fsdp,
-    world_size,
 )
+from layout_algebra.geometry import Runs
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn
-from layout_algebra.mesh import Mesh
-from layout_algebra.placements import Partial, Replicate, Shard, StridedShard, format_placement
+from layout_algebra.mesh import Mesh, as_role_sizes, world_size
+from layout_algebra.placements import StridedShard, format_placement
 from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
 
 __all__ = [
@@ -569,11 +568,9 @@ def _failed(role: str, problem: _Problem) -> _Found:
 
 def _placement_dims(layout: SourceLayout) -> Iterator[tuple[str, str, int]]:
     for axis, p in zip(layout.axes, layout.placements, strict=True):
-        match p:
-            case Shard(d) | StridedShard(d):
-                yield axis.name, format_placement(p), d
-            case Replicate() | Partial():
-                pass
+        dim = shard_dim_of(p)
+        if dim is not None:
+            yield axis.name, format_placement(p), dim
 
 
 class _Examiner:
@@ -907,13 +904,13 @@ def lint(
             "dims in its layouts"
         )
         raise LayoutError(msg)
-    meshes = {role: Mesh(role_sizes) for role, role_sizes in sizes.items()}
+    meshes = sizes
     run = _Run(
         table,
         shapes,
         meshes,
         roles=roles,
-        owned=axis_name_set(owned, "owned"),
+        owned=owned_names(owned),
         default_dim=default_dim,
         dims=dims,
     )
@@ -983,7 +980,7 @@ class _Run:
                 got = done.get((layout, dim))
                 if got is None:
                     try:
-                        got = _compose(layout, dim, self.roles, self.meshes, self.owned)
+                        got = compose_entry(layout, dim, self.roles, self.meshes, self.owned)
                     except LayoutError as e:
                         got = e
                     done[layout, dim] = got
@@ -1086,35 +1083,3 @@ class _Run:
             Coverage(layout, shape, n, cover[layout, shape])
             for (layout, shape), n in tensors.items()
         )
-
-
-def _compose(
-    layout: SourceLayout,
-    shard_dim: int,
-    fsdp: Mapping[str, tuple[tuple[AxisName, ...], AxisName]],
-    meshes: Mapping[str, Mesh],
-    owned: frozenset[str],
-) -> SourceLayout:
-    """``layout`` through ``compose_fsdp`` on its role: ``compose_table`` of one entry."""
-    role = layout.mesh
-    sizes = meshes.get(role)
-    if sizes is None:
-        msg = (
-            f"{layout}: no sizes for mesh role {role!r} (mesh_sizes has {sorted(meshes)}); "
-            f"give mesh_sizes={{{role!r}: {{axis: n, ...}}, ...}}"
-        )
-        raise LayoutError(msg)
-    table = ParamLayoutTable({"p": layout})
-    try:
-        composed = compose_table(
-            table,
-            fsdp={r: (rep[0], shard) if rep else shard for r, (rep, shard) in fsdp.items()},
-            mesh_sizes={role: sizes},
-            shard_dim=shard_dim,
-            owned=owned,
-        )
-    except PlanError as e:
-        first = e.problems[0]
-        message = first.message.removeprefix("p: ")
-        raise LayoutError(message, axis=first.axis, placement=first.placement) from None
-    return composed["p"]
