@@ -631,3 +631,12 @@ def test_huge_unit_counts_cost_what_the_shards_do() -> None:
     heads = Packed([Part("q", 2**33, 128)])
     big = ParamShape((2**40, 1), "bfloat16", structure={0: heads})
     assert structure_problems(_layout(("tp", S0)), big, {"tp": 8}) == ()
+
+
+def test_shapes_json_carries_the_structure_read_off_a_model() -> None:
+    from layout_algebra.serialization import shapes_from_json, shapes_to_json  # noqa: PLC0415
+    from layout_algebra.torch_bridge import shapes_from_module  # noqa: PLC0415
+
+    shapes = shapes_from_module(_hf("gpt_oss"))
+    assert any(s.structure for s in shapes.values())
+    assert shapes_from_json(shapes_to_json(shapes)) == shapes
