@@ -384,6 +384,7 @@ def dcp_chunks(
     reads it, from the first row the rank holds, which is the rank's data only where its
     rows are contiguous (always with even shards; ``lint`` reports where not).
 
+    >>> from layout_algebra import Shard
     >>> layout = SourceLayout("dense", ["dp_shard", "tp"], [Shard(0), Shard(1)])
     >>> [str(c) for c in dcp_chunks(layout, (4, 6), {"dp_shard": 2, "tp": 2})]
     ['[0:2, 0:3]', '[0:2, 3:6]', '[2:4, 0:3]', '[2:4, 3:6]']
