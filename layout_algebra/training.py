@@ -57,6 +57,7 @@ __all__ = [
     "BudgetExcess",
     "Training",
     "TrainingCost",
+    "cost_lines",
     "parse_bytes",
     "training_cost",
     "training_from_obj",
@@ -318,32 +319,41 @@ class TrainingCost:
         return tuple(map(sum, zip(*self.by_kind.values(), strict=True)))
 
     def __str__(self) -> str:
-        names = [*KINDS, "total", *TRAFFIC]
-        rows = [
-            (*kinds, sum(kinds), *sent)
-            for kinds, sent in zip(
-                zip(*(self.by_kind[k] for k in KINDS), strict=True),
-                zip(*(self.traffic[t] for t in TRAFFIC), strict=True),
-                strict=True,
-            )
-        ]
-        groups = rank_groups(rows)
-        if len(rows) <= _MAX_RANK_ROWS:
-            groups = [(range(r, r + 1), row) for r, row in enumerate(rows)]
-        shown = groups[:_MAX_RANK_ROWS]
-        table = [["rank", *names]] + [
-            [ranks_str(ranks), *(human_bytes(b) for b in row)] for ranks, row in shown
-        ]
-        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-        lines = ["training memory per rank, and bytes per step through each collective:"]
-        lines.extend(
-            "  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in table
-        )
-        if len(shown) < len(groups):
-            lines.append(f"  ... {len(rows) - shown[-1][0].stop} more ranks")
+        lines = cost_lines(self.by_kind, self.traffic)
         if self.over_budget is not None:
             lines.append(self.over_budget.message)
         return "\n".join(lines)
+
+
+def cost_lines(
+    by_kind: Mapping[str, Sequence[int]], traffic: Mapping[str, Sequence[int]]
+) -> list[str]:
+    """The breakdown a person reads: one row per rank, or per range of ranks with equal
+    bytes in a large world; a column per kind of memory, the total, one per collective."""
+    names = [*KINDS, "total", *TRAFFIC]
+    rows = [
+        (*kinds, sum(kinds), *sent)
+        for kinds, sent in zip(
+            zip(*(by_kind[k] for k in KINDS), strict=True),
+            zip(*(traffic[t] for t in TRAFFIC), strict=True),
+            strict=True,
+        )
+    ]
+    groups = rank_groups(rows)
+    if len(rows) <= _MAX_RANK_ROWS:
+        groups = [(range(r, r + 1), row) for r, row in enumerate(rows)]
+    shown = groups[:_MAX_RANK_ROWS]
+    table = [["rank", *names]] + [
+        [ranks_str(ranks), *(human_bytes(b) for b in row)] for ranks, row in shown
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["training memory per rank, and bytes per step through each collective:"]
+    lines.extend(
+        "  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in table
+    )
+    if len(shown) < len(groups):
+        lines.append(f"  ... {len(rows) - shown[-1][0].stop} more ranks")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------
