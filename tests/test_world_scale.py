@@ -226,7 +226,7 @@ def test_grouped_reshard_equals_the_per_rank_reference(
     dst = compose_table(table, fsdp=fsdp, mesh_sizes=dst_sizes, shard_dim=dim)
     world = Mesh(dst_sizes["dense"]).size
     expected = [0] * world
-    reads = [0] * world
+    reads: list[list[tuple[object, ...]]] = [[] for _ in range(world)]
     for fqn, layout in dst.items():
         shape = shapes.get(fqn) or shapes["p0"]
         saved = dcp_chunks(src[fqn], shape.shape, src_sizes[src[fqn].mesh])
@@ -234,21 +234,24 @@ def test_grouped_reshard_equals_the_per_rank_reference(
         for rank, where in enumerate(_coordinates(role)):
             local, offset = local_shape_and_offset(shape.shape, layout, role, where)
             for chunk in saved:
-                box = [
-                    (max(o, d), min(o + n, d + m))
-                    for o, n, d, m in zip(chunk.offsets, chunk.sizes, offset, local, strict=True)
-                ]
-                if all(
-                    o < d + m and d < o + n
-                    for o, n, d, m in zip(chunk.offsets, chunk.sizes, offset, local, strict=True)
-                ):
-                    reads[rank] += 1
-                    expected[rank] += math.prod(hi - lo for lo, hi in box) * shape.itemsize
+                spans = list(zip(chunk.offsets, chunk.sizes, offset, local, strict=True))
+                if not all(o < d + m and d < o + n for o, n, d, m in spans):
+                    continue
+                starts = [max(o, d) for o, _, d, _ in spans]
+                lengths = tuple(
+                    min(o + n, d + m) - a for (o, n, d, m), a in zip(spans, starts, strict=True)
+                )
+                storage = tuple(a - o for a, (o, _, _, _) in zip(starts, spans, strict=True))
+                dest = tuple(a - d for a, (_, _, d, _) in zip(starts, spans, strict=True))
+                reads[rank].append((fqn, chunk, dest, storage, lengths))
+                expected[rank] += math.prod(lengths) * shape.itemsize
     assert plan.bytes_read == tuple(expected)
-    assert [len(plan.reads(r)) for r in range(world)] == reads
-    assert sum(r.numel * shapes["p0"].itemsize for r in plan.reads(0) if r.fqn == "p0") == sum(
-        r.numel * shapes["p0"].itemsize for r in plan.reads(0) if r.fqn == "p0"
-    )
+    for rank in range(world):
+        got = [
+            (r.fqn, r.chunk, r.dest_offsets, r.storage_offsets, r.lengths) for r in plan.reads(rank)
+        ]
+        assert got == reads[rank]
+    assert plan.total == sum(plan.by_param.values())
 
 
 def test_the_certificate_tells_once_from_twice_and_from_a_gap() -> None:
