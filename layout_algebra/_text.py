@@ -1,10 +1,12 @@
 """How messages and reports show what they were given: bounded quotes, one "did you
-mean", escaped names and aligned columns.
+mean", escaped names, aligned columns, bytes, lists of problems and runs of ranks.
 
 Every message of the package that shows an input value goes through ``quote`` (its
 ``repr``, at most a few hundred characters) or ``clip`` (a name shown as it is), so a
 50 MB string in a document gives a message of a few hundred characters, and a value
-whose ``repr`` fails or is unbounded (a 5,000-digit int) still gives a message.
+whose ``repr`` fails or is unbounded (a 5,000-digit int) still gives a message. Every
+report spells bytes with ``human_bytes``, lists problems with ``listed`` and names ranks
+with ``ranks_text``, so they read alike at 8 ranks and at 16,384.
 """
 
 from __future__ import annotations

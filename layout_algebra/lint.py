@@ -45,13 +45,13 @@ from layout_algebra._text import (
     MAX_LISTED,
     clip,
     exact_bytes,
+    human_bytes,
     listed,
     quote,
     rank_groups,
     ranks_str,
     ranks_text,
 )
-from layout_algebra._text import human_bytes as human_bytes  # noqa: PLC0414  # the CLI reads it here
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName
 from layout_algebra.errors import LayoutError
 from layout_algebra.fsdp import (
