@@ -360,28 +360,32 @@ class Builder:
         spelled in plan order and entered with their sorts' layouts in one pass.
         """
         problems = len(self.problems)
-        sorts: dict[tuple[ModuleParams, bool], _Sort] = {}
+        # The sorts of modules that are not, and that are, expert-parallel.
+        sorts: tuple[dict[ModuleParams, _Sort], ...] = ({}, {})
         paths: list[tuple[str, ...]] = []
         layouts: list[tuple[SourceLayout, ...]] = []
         for spec in plan.modules.values():
-            sort = sorts.get((spec.params, spec.expert_parallel))
+            of_flag = sorts[spec.expert_parallel]
+            sort = of_flag.get(spec.params)
             if sort is None:
                 sort = self._sort(spec)
                 if sort is None:
                     del self.problems[problems:]
                     return False
-                sorts[spec.params, spec.expert_parallel] = sort
+                of_flag[spec.params] = sort
             if sort.params is not spec.params:  # equal params may order their paths apart
                 sort = sort.in_order_of(spec.params)
             paths.append(sort.paths)
             layouts.append(sort.layouts)
+        if WILDCARD in "\n".join(plan.modules) or any(
+            WILDCARD in "\n".join(sort.paths) for of_flag in sorts for sort in of_flag.values()
+        ):
+            return None
         fqns = [
             f"{module}.{path}" if module else path
             for module, names in zip(plan.modules, paths, strict=True)
             for path in names
         ]
-        if WILDCARD in "\n".join(fqns):
-            return None
         entries = dict(zip(fqns, chain.from_iterable(layouts), strict=True))
         if len(entries) != len(fqns):
             return False

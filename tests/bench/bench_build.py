@@ -2,8 +2,8 @@
 
 At ``SCALE`` parameters: ``ShardingPlan`` of the module plans, then ``build_table``
 (a plan checks its modules when it is made, so ``build_table`` alone would leave that
-work out), against the original on the same plan's dicts; best of several interleaved
-runs with the garbage collector off.
+work out), against the original on the same plan's dicts; the CPU time of the best of
+several interleaved runs with the garbage collector off.
 
 Then the same model planned with a key per layer (``keyed_plan``: ``layers.{i}.*`` for
 the norms, ``shared_expert.*.weight`` in each MoE layer), built with the model's FQNs:
@@ -46,6 +46,7 @@ __all__ = [
     "agree",
     "built_anew",
     "built_by_fqn",
+    "cpu_timed",
     "keyed_plan",
     "main",
     "retained",
@@ -86,12 +87,22 @@ def built_anew(
 
 def timed(fn: Callable[[], _T]) -> float:
     """Seconds one call of ``fn`` takes, collected garbage first and the collector off."""
+    return _timed(fn, time.perf_counter)
+
+
+def cpu_timed(fn: Callable[[], _T]) -> float:
+    """CPU seconds of this process one call of ``fn`` takes, as ``timed``: for pure
+    Python work on both sides, so other work on the machine does not count."""
+    return _timed(fn, time.process_time)
+
+
+def _timed(fn: Callable[[], _T], clock: Callable[[], float]) -> float:
     gc.collect()
     gc.disable()
     try:
-        start = time.perf_counter()
+        start = clock()
         result = fn()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
     finally:
         gc.enable()
     del result
@@ -196,7 +207,7 @@ def measure(n: int, repeats: int) -> Measured:
     best = dict.fromkeys(sides, float("inf"))
     for _ in range(repeats):  # interleaved, so every side sees the same machine
         for name, side in sides.items():
-            best[name] = min(best[name], timed(side))
+            best[name] = min(best[name], cpu_timed(side))
     return Measured(params=param_count(plain), keys=keys, **best)
 
 

@@ -6,7 +6,8 @@ shares storage. Each is measured at ``SCALE`` parameters on the table of the MoE
 (``baseline.moe_plan``) and of the same model by pattern (``baseline.pattern_plan``
 with the model's FQNs), and on the plan by pattern without its norm keys, whose norms
 are then completed as plain parameters (``plain=True``), beside the time
-``build_table`` took; best of several interleaved runs with the garbage collector off.
+``build_table`` took; the CPU time of the best of several interleaved runs with the
+garbage collector off.
 Run alone with ``python -m tests.bench.bench_complete [--quick]``.
 """
 
@@ -29,7 +30,7 @@ from tests.bench.baseline import (
     pattern_plan,
     sharding_plan,
 )
-from tests.bench.bench_build import timed
+from tests.bench.bench_build import cpu_timed
 
 __all__ = ["SCALE", "main", "measure", "run"]
 
@@ -72,9 +73,9 @@ def measure(n: int, repeats: int) -> tuple[int, list[tuple[str, float, float]]]:
     best = {label: float("inf") for label in [*builds, *(c[0] for c in cases)]}
     for _ in range(repeats):  # interleaved, so every side sees the same machine
         for label, build in builds.items():
-            best[label] = min(best[label], timed(build))
+            best[label] = min(best[label], cpu_timed(build))
         for label, _, call in cases:
-            best[label] = min(best[label], timed(call))
+            best[label] = min(best[label], cpu_timed(call))
     return len(fqns), [(label, best[label], best[built]) for label, built, _ in cases]
 
 
