@@ -3,8 +3,8 @@ block, experts the shards cannot split.
 
 Only source axes count: FSDP's own axes never compute on their shards (they all-gather
 before use), so a composed layout's owned axes are set aside. The rows each rank holds
-along a structured dim are those DTensor gives it (``geometry.local_runs``, torch.chunk
-semantics), over the source axes that shard the dim, in the layout's order.
+along a structured dim are those DTensor gives it (``_ranks.source_runs``, torch.chunk
+semantics), over the source axes that shard the dim (its chain), in the layout's order.
 
 A packed dim (several parts) is right when every rank holds, of each part, the rows it
 would hold were the part sharded on its own: ``_S(0, 2)`` on ``[gate: 64 | up: 64]`` over
