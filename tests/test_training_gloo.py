@@ -6,15 +6,16 @@ layer and at the root, and trained one real step: plain FSDP over 4 ranks in bf1
 precision (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``) with
 AdamW; tensor parallelism (``parallelize_module``) on a ``dp_shard=2 x tp=2`` mesh,
 ``reshard_after_forward=False``, AdamW; HSDP on ``dp_replicate=2 x dp_shard=2`` with SGD
-and momentum. The prediction is built from the source table (``table_from_module`` before
-FSDP) composed by the package, never from what torch made of it.
+and momentum; transformers' own Llama (two layers, bf16 compute). The prediction is
+built from the source table (``table_from_module`` before FSDP) composed by the
+package, never from what torch made of it.
 
 On every rank: the local bytes of the parameters (``to_local()``), of their gradients
 (``p.grad.to_local()``) and of the optimizer's state (``optimizer.state[p]``, ``step``
 included) equal ``by_kind``; the bytes through the collectives FSDP2 calls in this torch
 (``dist.all_gather_single``, ``dist.reduce_scatter_single``, ``dist.all_reduce``), counted
 by wrapping them for the step, equal ``traffic``; and the largest all-gather output equals
-``largest_buffer``. One spawn runs the three cases.
+``largest_buffer``. One spawn runs the four cases.
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ class Net(nn.Module):
         return out
 
 
+def tiny_llama() -> nn.Module:
+    """transformers' Llama with two layers of width 16 and a vocabulary of ``VOCAB``."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 - only this case
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model: nn.Module = LlamaForCausalLM(config)
+    return model
+
+
 _COLLECTIVES: Final = {
     "all_gather_single": ("all_gather", "output_tensor", 0),
     "all_gather_into_tensor": ("all_gather", "output_tensor", 0),
@@ -118,9 +135,11 @@ def _case(
     tp: bool,
     fsdp: str | tuple[str, str],
     training: Training,
+    llama: bool = False,
 ) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = Net()
+    model: nn.Module = tiny_llama() if llama else Net()
+    layers: nn.ModuleList = model.get_submodule("model.layers" if llama else "layers")  # type: ignore[assignment]
     world = meshes(sizes)
     if tp:
         plan = {"layers.*.w1": ColwiseParallel(), "layers.*.w2": RowwiseParallel()}
@@ -135,7 +154,7 @@ def _case(
     options: dict[str, Any] = {"mesh": fsdp_mesh, "mp_policy": policy}
     if not training.reshard_after_forward:
         options["reshard_after_forward"] = False
-    for layer in model.layers:
+    for layer in layers:
         fully_shard(layer, **options)
     fully_shard(model, **options)
     optimizer: torch.optim.Optimizer
@@ -146,7 +165,8 @@ def _case(
 
     tokens = torch.arange(12).reshape(2, 6) % VOCAB
     with counting() as seen:
-        loss = model(tokens).float().square().mean()
+        out = model(tokens)
+        loss = (out.logits if llama else out).float().square().mean()
         loss.backward()
         optimizer.step()
 
@@ -186,6 +206,13 @@ CASES: Final[dict[str, dict[str, Any]]] = {
         "fsdp": "dp_shard",
         "training": Training(units=["layers.*"], reshard_after_forward=False),
     },
+    "transformers Llama, bf16 mixed precision, AdamW": {
+        "sizes": {"dp_shard": 4},
+        "tp": False,
+        "fsdp": "dp_shard",
+        "llama": True,
+        "training": Training(param_dtype="bfloat16", units=["model.layers.*"]),
+    },
     "hsdp, SGD with momentum": {
         "sizes": {"dp_replicate": 2, "dp_shard": 2},
         "tp": False,
@@ -205,6 +232,7 @@ def scenario(rank: int) -> dict[str, dict[str, Any]]:
             tp=case["tp"],
             fsdp=case["fsdp"],
             training=case["training"],
+            llama=case.get("llama", False),
         )
         for name, case in CASES.items()
     }
@@ -220,6 +248,8 @@ def test_training_cost_equals_fsdp2_and_the_optimizer_on_every_rank() -> None:
         if got["measured"] != got["predicted"]
     ]
     assert not wrong, "\n".join(map(str, wrong))
-    # the cases exercise every collective and an uneven, padded shard
-    totals = {k: sum(r[n]["measured"][k] for r in by_rank for n in r) for k in ("all_reduce",)}
-    assert totals["all_reduce"] > 0
+    # every case moves bytes through FSDP2's collectives; HSDP's through all_reduce too
+    for name in CASES:
+        measured = [results[name]["measured"] for results in by_rank]
+        assert all(m["all_gather"] > 0 and m["reduce_scatter"] > 0 for m in measured), name
+        assert all((m["all_reduce"] > 0) == name.startswith("hsdp") for m in measured), name
