@@ -64,7 +64,7 @@ __all__ = [
     "training_to_obj",
 ]
 
-OPTIMIZERS: Final = {"adamw": 2, "sgd": 1, "none": 0}
+OPTIMIZERS: Final = FrozenMap({"adamw": 2, "sgd": 1, "none": 0})
 """States per parameter, shaped as its shard, by optimizer: AdamW's ``exp_avg`` and
 ``exp_avg_sq``, SGD's ``momentum_buffer``."""
 
@@ -400,10 +400,11 @@ def _measure(
         dim, world = parts.shard_dim, mesh[parts.shard.name]
         source = read_dim(shape.shape[dim], reads[dim].chain[1:])
         # FSDP2 chunks each rank's source rows (torch.chunk) and pads to the first chunk
-        cut = [
-            [hi - lo for lo, hi in (chunk_bounds(h, world, f) for f in range(world))]
-            for h in source.lengths
-        ]
+        cuts: dict[int, list[int]] = {}  # by rows held: a few distinct counts
+        for h in source.lengths:
+            if h not in cuts:
+                cuts[h] = [hi - lo for lo, hi in (chunk_bounds(h, world, f) for f in range(world))]
+        cut = [cuts[h] for h in source.lengths]
         kept[dim] = (reads[dim].axes, [c[f] for f in range(world) for c in cut])
         shard[dim] = (source.axes, [-(-h // world) for h in source.lengths])
     return _Sharded(layout.mesh, tuple(kept), tuple(shard), world, bool(parts.replicate))
@@ -661,17 +662,19 @@ class _Model:
         largest single buffer, per rank: each distinct unit's buffers computed once."""
         buffers: dict[_UnitKey, _Buffers] = {}
         order: list[tuple[str, _UnitKey]] = []
-        world = self.world
-        traffic = {name: [0] * world for name in TRAFFIC}
+        uses: dict[tuple[_UnitKey, int], int] = {}  # (unit, all-gathers per step): units
         for unit, group in self.units.items():
             signature = frozenset(group.items())
-            found = buffers.get(signature)
-            if found is None:
-                found = buffers[signature] = self.buffers(group)
+            if signature not in buffers:
+                buffers[signature] = self.buffers(group)
             passes = 2 if self.training.reshard_after_forward and unit else 1
-            for name, row, times in zip(TRAFFIC, found, (passes, 1, 1), strict=True):
-                traffic[name] = [a + times * b for a, b in zip(traffic[name], row, strict=True)]
+            uses[signature, passes] = uses.get((signature, passes), 0) + 1
             order.append((unit, signature))
+        world = self.world
+        traffic = {name: [0] * world for name in TRAFFIC}
+        for (signature, passes), n in uses.items():
+            for name, row, times in zip(TRAFFIC, buffers[signature], (passes, 1, 1), strict=True):
+                traffic[name] = [a + n * times * b for a, b in zip(traffic[name], row, strict=True)]
         gathers = {k: b[0] for k, b in buffers.items()}
         transient = _transient(order, gathers, world, self.training.reshard_after_forward)
         largest = [0] * world
