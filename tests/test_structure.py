@@ -9,10 +9,13 @@ models is compared with what their configs say.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from layout_algebra import LayoutError, ParamShape, SerializationError, Shard, SourceLayout
 from layout_algebra._structure_rules import StructureProblem, structure_problems
@@ -640,3 +643,73 @@ def test_shapes_json_carries_the_structure_read_off_a_model() -> None:
     shapes = shapes_from_module(_hf("gpt_oss"))
     assert any(s.structure for s in shapes.values())
     assert shapes_from_json(shapes_to_json(shapes)) == shapes
+
+
+# ---------------------------------------------------------------------------------------
+# the rules against torch's own split of an index vector
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> tuple[Packed, SourceLayout, dict[str, int]]:
+    """A packed dim of 1-3 parts (or experts) and 1-2 source axes sharding it."""
+    if draw(st.booleans()):
+        packed = Packed([Part("experts", draw(st.integers(1, 9)))])
+    else:
+        n = draw(st.integers(1, 3))
+        equal = draw(st.booleans())
+        first = (draw(st.integers(1, 6)), draw(st.integers(1, 4)))
+        parts = [
+            Part(f"p{i}", *(first if equal else (draw(st.integers(1, 6)), draw(st.integers(1, 4)))))
+            for i in range(n)
+        ]
+        packed = Packed(parts)
+    axes = ["tp", "ep"][: draw(st.integers(1, 2))]
+    placements: list[Placement] = []
+    for _ in axes:
+        strided = StridedShard(0, split_factor=draw(st.integers(2, 3)))
+        placements.append(S0 if draw(st.booleans()) else strided)
+    sizes = {a: draw(st.integers(2, 4)) for a in axes}
+    return packed, SourceLayout("dense", axes, placements), sizes
+
+
+def _torch_verdict(packed: Packed, layout: SourceLayout, sizes: dict[str, int]) -> str | None:
+    """The first problem kind, judged from the indices torch's placements give each rank."""
+    from tests.torch_oracle import coordinates, dtensor_indices  # noqa: PLC0415 - torch
+
+    axes = [a.name for a in layout.axes]
+    plain = SourceLayout("dense", axes, [S0] * len(axes))
+    held = [
+        (at, dtensor_indices((packed.length,), layout, sizes, at)[0])
+        for at in coordinates(axes, sizes)
+    ]
+    spans = list(packed.spans())
+    if len(spans) > 1:
+        for at, indices in held:
+            for part, start, stop in spans:
+                mine = [i - start for i in indices if start <= i < stop]
+                if tuple(mine) != dtensor_indices((part.length,), plain, sizes, at)[0]:
+                    return "packed-contiguous"
+    for _, indices in held:
+        for part, start, stop in spans:
+            mine = [i - start for i in indices if start <= i < stop]
+            for i, j in itertools.pairwise(mine):  # where the rows held jump
+                if j != i + 1 and ((i + 1) % part.size or j % part.size):
+                    return "cuts-unit"
+            if mine and (mine[0] % part.size or (mine[-1] + 1) % part.size):
+                return "cuts-unit"
+    for part, start, stop in spans:
+        if part.name == "experts":
+            counts = {sum(start <= i < stop for i in indices) for _, indices in held}
+            if len(counts) > 1:
+                return "experts"
+    return None
+
+
+@given(case=_cases())
+def test_the_rules_judge_as_torchs_own_splits_do(
+    case: tuple[Packed, SourceLayout, dict[str, int]],
+) -> None:
+    packed, layout, sizes = case
+    shape = ParamShape((packed.length, 2), "float32", structure={0: packed})
+    found = structure_problems(layout, shape, sizes)
+    assert [p.kind for p in found] == [k for k in [_torch_verdict(packed, layout, sizes)] if k]
