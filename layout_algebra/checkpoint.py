@@ -50,7 +50,6 @@ from layout_algebra.shapes import (
 )
 
 __all__ = [
-    "MAX_RANKS",
     "Chunk",
     "HasShape",
     "Read",
@@ -60,8 +59,8 @@ __all__ = [
 ]
 
 MAX_RANKS: Final = MAX_WORLD
-"""The most ranks a layout's mesh or a destination world may have here: enough for any
-real run, and a bound on the work (``dcp_chunks`` and ``reshard_plan`` visit each rank)."""
+"""``mesh.MAX_WORLD`` under the name the torch bridge imports it by (until it imports
+``MAX_WORLD`` itself)."""
 
 # ---------------------------------------------------------------------------------------
 # values
@@ -295,9 +294,9 @@ def _saved(
     """
     check_dims(layout, len(shape), shape=shape)  # a dim the tensor lacks is no box of it
     ranks = math.prod(sizes[a.name] for a in layout.axes)
-    if ranks > MAX_RANKS:
+    if ranks > MAX_WORLD:
         msg = (
-            f"{layout}: its mesh has {ranks:,} ranks, more than the {MAX_RANKS:,} a world has "
+            f"{layout}: its mesh has {ranks:,} ranks, more than the {MAX_WORLD:,} a world has "
             "here; check the mesh sizes"
         )
         raise LayoutError(msg)
