@@ -6,7 +6,9 @@ layer and at the root, and trained one real step: plain FSDP over 4 ranks in bf1
 precision (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``) with
 AdamW; tensor parallelism (``parallelize_module``) on a ``dp_shard=2 x tp=2`` mesh,
 ``reshard_after_forward=False``, AdamW; HSDP on ``dp_replicate=2 x dp_shard=2`` with SGD
-and momentum; transformers' own Llama (two layers, bf16 compute). The prediction is
+and momentum; transformers' own Llama (two layers, bf16 compute); and experts on an
+expert mesh (``ep=2``, FSDP over ``efsdp=2``) as units inside layers sharded over
+``dp_shard=4``, as torchtitan wraps them. The prediction is
 built from the source table (``table_from_module`` before FSDP) composed by the
 package, never from what torch made of it.
 
@@ -15,7 +17,7 @@ On every rank: the local bytes of the parameters (``to_local()``), of their grad
 included) equal ``by_kind``; the bytes through the collectives FSDP2 calls in this torch
 (``dist.all_gather_single``, ``dist.reduce_scatter_single``, ``dist.all_reduce``), counted
 by wrapping them for the step, equal ``traffic``; and the largest all-gather output equals
-``largest_buffer``. One spawn runs the four cases.
+``largest_buffer``. One spawn runs the five cases.
 """
 
 from __future__ import annotations
@@ -29,18 +31,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import Shard as TorchShard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from layout_algebra import compose_table
+from layout_algebra import ParamLayoutTable, Shard, SourceLayout, compose_table
 from layout_algebra.torch_bridge import shapes_from_module, table_from_module
-from layout_algebra.training import Training, training_cost
+from layout_algebra.training import Training, TrainingCost, training_cost
 from tests.torch_oracle import MeshFactory, on_gloo
 
 WORLD_SIZE: Final = 4
 VOCAB: Final = 11
 DIM: Final = 8
 HIDDEN: Final = 12
+MOE: Final = "experts on their own mesh, AdamW"
 
 
 class Block(nn.Module):
@@ -163,15 +167,24 @@ def _case(
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
+    measured = _step_bytes(model, optimizer, logits=llama)
+    composed = compose_table(source, fsdp={"dense": fsdp}, mesh_sizes={"dense": sizes})
+    cost = training_cost(composed, shapes, {"dense": sizes}, training, tied=composed.tied)
+    return {"measured": measured, "predicted": _predicted(cost, rank)}
+
+
+def _step_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer, *, logits: bool
+) -> dict[str, int]:
+    """One training step's bytes on this rank: held after it, and moved during it."""
     tokens = torch.arange(12).reshape(2, 6) % VOCAB
     with counting() as seen:
         out = model(tokens)
-        loss = (out.logits if llama else out).float().square().mean()
+        loss = (out.logits if logits else out).float().square().mean()
         loss.backward()
         optimizer.step()
-
     params = list(model.parameters())
-    measured = {
+    return {
         "params": sum(_nbytes(p) for p in params),
         "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
         "optimizer": sum(
@@ -183,14 +196,76 @@ def _case(
         **{kind: sum(found) for kind, found in seen.items()},
         "largest": max(seen["all_gather"], default=0),
     }
-    composed = compose_table(source, fsdp={"dense": fsdp}, mesh_sizes={"dense": sizes})
-    cost = training_cost(composed, shapes, {"dense": sizes}, training, tied=composed.tied)
-    predicted = {
+
+
+def _predicted(cost: TrainingCost, rank: int) -> dict[str, int]:
+    return {
         **{kind: cost.by_kind[kind][rank] for kind in ("params", "grads", "optimizer")},
         **{kind: row[rank] for kind, row in cost.traffic.items()},
         "largest": cost.largest_buffer[rank],
     }
-    return {"measured": measured, "predicted": predicted}
+
+
+class Experts(nn.Module):
+    """Four experts of one matrix each; each rank computes with its local experts, as
+    torch's expert-parallel recipes do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, DIM, DIM) / DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.w.to_local() if isinstance(self.w, DTensor) else self.w
+        out: torch.Tensor = x @ w.sum(0)
+        return out
+
+
+class Moe(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = Experts()
+
+
+class MoeBlock(Block):
+    def __init__(self) -> None:
+        super().__init__()
+        self.moe = Moe()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = super().forward(x) + self.moe.experts(x)
+        return out
+
+
+def _moe_case(rank: int, meshes: MeshFactory) -> dict[str, Any]:
+    """Experts over ``ep=2`` and FSDP over ``efsdp=2``, the rest over ``dp_shard=4``, each
+    layer's experts a unit of their own inside the layer's, as torchtitan wraps them."""
+    torch.manual_seed(0)
+    model = Net()
+    blocks = [MoeBlock(), MoeBlock()]
+    model.layers = nn.ModuleList(blocks)
+    sizes = {"dense": {"dp_shard": 4}, "expert": {"efsdp": 2, "ep": 2}}
+    dense, expert = meshes(sizes["dense"]), meshes(sizes["expert"])
+    table = ParamLayoutTable(
+        {
+            fqn: SourceLayout("expert", ["ep"], [Shard(0)])
+            if ".experts." in fqn
+            else SourceLayout("dense", (), ())
+            for fqn, _ in model.named_parameters()
+        }
+    )
+    shapes = shapes_from_module(model)
+    for layer in blocks:
+        experts = layer.moe.experts
+        experts.w = nn.Parameter(distribute_tensor(experts.w.data, expert["ep"], [TorchShard(0)]))
+        fully_shard(experts, mesh=expert["efsdp"])
+        fully_shard(layer, mesh=dense)
+    fully_shard(model, mesh=dense)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    measured = _step_bytes(model, optimizer, logits=False)
+    composed = compose_table(table, fsdp={"dense": "dp_shard", "expert": "efsdp"}, mesh_sizes=sizes)
+    training = Training(units=["layers.*", "layers.*.moe.experts"])
+    cost = training_cost(composed, shapes, sizes, training)
+    return {"measured": measured, "predicted": _predicted(cost, rank)}
 
 
 CASES: Final[dict[str, dict[str, Any]]] = {
@@ -224,7 +299,7 @@ CASES: Final[dict[str, dict[str, Any]]] = {
 
 def scenario(rank: int) -> dict[str, dict[str, Any]]:
     meshes = MeshFactory(WORLD_SIZE)
-    return {
+    results = {
         name: _case(
             rank,
             meshes,
@@ -236,6 +311,8 @@ def scenario(rank: int) -> dict[str, dict[str, Any]]:
         )
         for name, case in CASES.items()
     }
+    results[MOE] = _moe_case(rank, meshes)
+    return results
 
 
 @pytest.mark.distributed
@@ -249,7 +326,7 @@ def test_training_cost_equals_fsdp2_and_the_optimizer_on_every_rank() -> None:
     ]
     assert not wrong, "\n".join(map(str, wrong))
     # every case moves bytes through FSDP2's collectives; HSDP's through all_reduce too
-    for name in CASES:
+    for name in [*CASES, MOE]:
         measured = [results[name]["measured"] for results in by_rank]
         assert all(m["all_gather"] > 0 and m["reduce_scatter"] > 0 for m in measured), name
         assert all((m["all_reduce"] > 0) == name.startswith("hsdp") for m in measured), name
