@@ -24,7 +24,14 @@ from layout_algebra.errors import (
     UnknownAxisError,
 )
 from layout_algebra.fsdp import plan_error
-from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout, interned, partial_error
+from layout_algebra.layout import (
+    CheckedEntries,
+    Drop,
+    ParamLayoutTable,
+    SourceLayout,
+    interned,
+    partial_error,
+)
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
 from layout_algebra.plan import ModuleParams, ModulePlan, NamedPlacements, ShardingPlan, as_pairs
 
@@ -283,7 +290,7 @@ class Builder:
     def __init__(self, dense: TargetMesh, expert: TargetMesh | None) -> None:
         self.dense, self.expert = dense, expert
         self.problems: list[LayoutError] = []
-        self.entries: dict[str, SourceLayout] = {}
+        self.entries = CheckedEntries()
         self.drops: list[Drop] = []
         # Which source axes some parameter is sharded on, per mesh role.
         self.placed: dict[str, set[str]] = {"dense": set(), "expert": set()}
@@ -386,7 +393,7 @@ class Builder:
             for module, names in zip(plan.modules, paths, strict=True)
             for path in names
         ]
-        entries = dict(zip(fqns, chain.from_iterable(layouts), strict=True))
+        entries = CheckedEntries(zip(fqns, chain.from_iterable(layouts), strict=True))
         if len(entries) != len(fqns):
             return False
         self.entries = entries
@@ -459,7 +466,7 @@ class Builder:
         matched = [
             (fqn, layout) for fqn, layout in zip(names, layouts, strict=True) if layout is not None
         ]
-        entries = dict(matched)
+        entries = CheckedEntries(matched)
         if len(entries) != len(matched):
             return False
         self.entries = entries

@@ -120,6 +120,14 @@ class SourceLayout:
         return not any(isinstance(p, Shard | StridedShard | Partial) for p in self.placements)
 
 
+class CheckedEntries(dict[str, SourceLayout]):
+    """Entries the package built and checked itself: each FQN a non-empty ``str``, each
+    layout an interned one with no ``Partial``. A table copies them without checking
+    them again (``build_table`` makes them, parameter by parameter or sort by sort)."""
+
+    __slots__ = ()
+
+
 _ENTRIES_EXAMPLE: Final = "{'wq.weight': SourceLayout('dense', ['tp'], [Shard(0)])}"
 
 
@@ -130,6 +138,8 @@ def _check_entries(entries: Mapping[str, SourceLayout]) -> dict[str, SourceLayou
     million parameters has a few): no ``Partial``, then its interned object.
     """
     raw: object = entries
+    if type(raw) is CheckedEntries:
+        return dict(raw)
     if not isinstance(raw, Mapping):
         msg = f"a table's entries must be a mapping from FQN to SourceLayout, got {quote(raw)}"
         raise LayoutError(msg)
@@ -473,4 +483,3 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
 
 _FINGERPRINT_VERSION: Final = "layout-algebra-fingerprint-v1"
 """The first line of the text a fingerprint digests: a new format gets a new version."""
-
