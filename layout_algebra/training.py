@@ -39,12 +39,12 @@ import attrs
 
 from layout_algebra._args import as_items, mapping_items, plain_str
 from layout_algebra._frozen import FrozenMap
-from layout_algebra._json_read import at_field, fail
+from layout_algebra._json_read import at_field, fail, shown
 from layout_algebra._ranks import Factor, RankSum, chain_of, chunk_bounds, read_dim
 from layout_algebra._shards import check_dims, check_layout
 from layout_algebra._text import clip, exact_bytes, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_name_set
-from layout_algebra.errors import LayoutError
+from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.fsdp import split_fsdp
 from layout_algebra.layout import SourceLayout, check_fqn
 from layout_algebra.mesh import Mesh, as_role_sizes, world_size
@@ -226,8 +226,9 @@ def training_from_obj(value: object, path: str = "") -> Training:
     for name, field in kwargs.items():
         try:
             Training(**{name: field})
-        except LayoutError as e:
-            raise fail(at_field(path, name), e.message, value[name]) from None
+        except LayoutError as e:  # its message shows the value already
+            where = shown(at_field(path, name))
+            raise SerializationError(f"{where}: {e.message}", path=where) from None
     return Training(**kwargs)
 
 

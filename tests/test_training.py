@@ -159,6 +159,7 @@ def test_json_errors_carry_the_path(obj: object, path: str) -> None:
         training_from_obj(obj, where)
     assert e.value.path == path
     assert str(e.value).startswith(path)
+    assert str(e.value).count(", got ") <= 1  # the bad value shown once
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ AdamW; tensor parallelism (``parallelize_module``) on a ``dp_shard=2 x tp=2`` me
 ``reshard_after_forward=False``, AdamW; HSDP on ``dp_replicate=2 x dp_shard=2`` with SGD
 and momentum; transformers' own Llama (two layers, bf16 compute); and experts on an
 expert mesh (``ep=2``, FSDP over ``efsdp=2``) as units inside layers sharded over
-``dp_shard=4``, as torchtitan wraps them. The prediction is
-built from the source table (``table_from_module`` before FSDP) composed by the
+``dp_shard=4``, as torchtitan wraps them. The prediction is built from the source
+layouts (``table_from_module`` before FSDP, the experts' by hand) composed by the
 package, never from what torch made of it.
 
 On every rank: the local bytes of the parameters (``to_local()``), of their gradients
