@@ -444,14 +444,17 @@ def _matches(pattern: tuple[str, ...], segments: Sequence[str]) -> bool:
 
 
 def _unit_of(fqn: str, patterns: Sequence[tuple[str, ...]], used: set[int]) -> str:
-    """The innermost module of ``fqn`` some pattern names ("" for the root)."""
+    """The innermost module of ``fqn`` some pattern names ("" for the root); ``used``
+    gets every pattern naming a module that holds it (an outer unit whose parameters
+    all sit in inner ones is still a module of the model)."""
     segments = fqn.split(".")
-    for k in range(len(segments) - 1, 0, -1):
-        for i, pattern in enumerate(patterns):
-            if _matches(pattern, segments[:k]):
-                used.add(i)
-                return ".".join(segments[:k])
-    return ""
+    depth = 0
+    for i, pattern in enumerate(patterns):
+        k = len(pattern)
+        if k < len(segments) and _matches(pattern, segments[:k]):
+            used.add(i)
+            depth = max(depth, k)
+    return ".".join(segments[:depth])
 
 
 # ---------------------------------------------------------------------------------------

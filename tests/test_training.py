@@ -307,6 +307,14 @@ def test_a_unit_naming_no_module_is_refused() -> None:
         training_cost(layouts, shapes, {"dense": {"dp_shard": 2}}, Training(units=["layer.*"]))
 
 
+def test_an_outer_unit_holding_only_inner_units_is_a_module() -> None:
+    layouts = {"layers.0.moe.experts.w": FSDP, "head": FSDP}
+    shapes = {fqn: ParamShape((8, 4), "float32") for fqn in layouts}
+    training = Training(units=["layers.*", "layers.*.moe.experts"])
+    cost = training_cost(layouts, shapes, {"dense": {"dp_shard": 2}}, training)
+    assert cost.traffic["all_gather"] == (3 * 8 * 4 * 4,) * 2  # head once, experts twice
+
+
 def test_a_unit_of_two_dtypes_is_refused() -> None:
     layouts, shapes = model(1)
     shapes["head"] = ParamShape((8, 4), "bfloat16")
