@@ -41,6 +41,7 @@ from layout_algebra._ranks import (
     read_dim,
 )
 from layout_algebra._shards import chunk_bounds, shard_dim_of
+from layout_algebra._structure_rules import structure_problems
 from layout_algebra._text import (
     MAX_LISTED,
     clip,
@@ -138,8 +139,11 @@ class LintProblem(LayoutError):
             ``"no-layout"`` (in the shapes, not in the table), ``"layout"`` (FSDP2 cannot
             compose it, or the composed layout is not one ``fully_shard`` makes),
             ``"shard-dim"`` (a dim the parameter lacks), ``"fsdp-uneven"`` (torch refuses
-            FSDP's uneven shard on a dim > 0) and ``"storage"`` (FSDP2 keeps other rows
-            than DTensor's reading says).
+            FSDP's uneven shard on a dim > 0), ``"storage"`` (FSDP2 keeps other rows
+            than DTensor's reading says), ``"coverage"`` (a checkpoint's chunks do not
+            cover the parameter exactly once per replica), and inside a structured dim
+            ``"cuts-unit"``, ``"packed-contiguous"`` and ``"experts"``
+            (``structure_problems``).
         ranks: the global ranks concerned (empty when all or none are).
     """
 
@@ -624,7 +628,12 @@ class _Examiner:
                     raise LayoutError(msg, axis=name.name)
         except LayoutError as e:
             return _failed(layout.mesh, ("layout", e.message, (), e.axis, e.placement))
-        return self._measure(layout, parts, shape, mesh)
+        found = self._measure(layout, parts, shape, mesh)
+        inside = structure_problems(layout, shape, mesh, owned=self.owned)
+        if not inside:
+            return found
+        within = tuple((p.kind, p.message, p.ranks, p.axis, p.placement) for p in inside)
+        return attrs.evolve(found, problems=within + found.problems)
 
     def _measure(
         self, layout: SourceLayout, parts: FsdpParts, shape: ParamShape, mesh: Mesh

@@ -594,7 +594,6 @@ def test_torchtitan_structure_is_what_its_modules_say(name: str) -> None:
     assert shapes["layers.0.attention.wo.weight"].structure == {1: Packed([Part("o", heads, o)])}
 
 
-@pytest.mark.xfail(strict=True, reason="until lint calls structure_problems (lint.py's wiring)")
 def test_lint_reports_the_problems_inside_a_dim_with_their_fqn() -> None:
     from layout_algebra import ParamLayoutTable, lint  # noqa: PLC0415
 
