@@ -34,7 +34,7 @@ T = TypeVar("T")
 
 _INTERNED: dict[Hashable, object] = {}
 """The interned objects, by value (or by a key that stands for it)."""
-_MAX_INTERNED: Final = 1 << 16
+_MAX_INTERNED: Final = 1 << 14
 """How many values are kept: past it, a new value is its own object (still correct)."""
 
 

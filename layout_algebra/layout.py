@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from operator import is_
 from typing import Final, TypeVar, overload
 
 import attrs
@@ -135,7 +136,8 @@ def _check_entries(entries: Mapping[str, SourceLayout]) -> dict[str, SourceLayou
     """A table's own dict of ``entries``, each checked, its layouts the interned ones.
 
     Keys are checked by type in one pass, and each distinct layout once (a model of a
-    million parameters has a few): no ``Partial``, then its interned object.
+    million parameters has a few): no ``Partial``, then its interned object, which
+    every entry holding an equal layout then holds.
     """
     raw: object = entries
     if type(raw) is CheckedEntries:
@@ -160,9 +162,9 @@ def _check_entries(entries: Mapping[str, SourceLayout]) -> dict[str, SourceLayou
             fqn = next(fqn for fqn, mine in checked.items() if mine == layout)
             check_no_partial(fqn, layout)
         canonical[layout] = interned(layout)
-    # Layouts made apart from the interner (by a caller) become its objects; layouts the
-    # package makes are its objects already, so the common case costs no second pass.
-    if any(one is not mine for mine, one in canonical.items()):
+    # Equal layouts made apart (by a caller) become the interner's one object.
+    layouts = checked.values()
+    if not all(map(is_, layouts, map(canonical.__getitem__, layouts))):
         checked = {fqn: canonical[layout] for fqn, layout in checked.items()}
     return checked
 
@@ -450,11 +452,7 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
             raise LayoutError(msg)
         merged = dict(self._items)
         for key, layout in mapping_items(entries, "entries", "{'wq.weight': layout}"):
-            # each checked with the rest below; an equal layout is the table's own object
-            raw_layout: object = layout
-            merged[check_fqn(key, "entries")] = (
-                interned(layout) if isinstance(raw_layout, SourceLayout) else layout
-            )
+            merged[check_fqn(key, "entries")] = layout  # each checked with the rest below
         return ParamLayoutTable(merged, tied=self.tied, dropped=self.dropped)
 
     def fingerprint(self) -> str:

@@ -183,7 +183,7 @@ def _known_params(params: dict[object, object]) -> ModuleParams | None:
 
 _PARAMS: Final = "module params"
 """The tag of module params' paths in the interner: the few sorts of params with them."""
-_MAX_SORTS: Final = 16
+_MAX_SORTS: Final = 8
 _MAX_INTERNED_PARAMS: Final = 64
 _MAX_INTERNED_PATHS: Final = 4096
 """At most this many sorts of params per paths; params with more parameters, or paths

@@ -18,6 +18,7 @@ from layout_algebra import (
     AxisName,
     Drop,
     LayoutError,
+    ModulePlan,
     ParamLayoutTable,
     Partial,
     Placement,
@@ -26,6 +27,7 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
 )
+from layout_algebra import _frozen as frozen_module
 from layout_algebra._frozen import FrozenMap
 from tests.strategies import source_layouts, tables
 
@@ -455,3 +457,13 @@ def test_a_fingerprint_differs_when_the_table_does(change: str) -> None:
     if change == "tied":  # the same entries untied
         untied = ParamLayoutTable(entries, dropped=drops)
         assert untied.fingerprint() not in {other.fingerprint(), table.fingerprint()}
+
+
+def test_a_full_interner_leaves_every_value_correct(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(frozen_module, "_MAX_INTERNED", 0)  # nothing new is kept
+    made = [SourceLayout("full", ["tp"], [Shard(7)]) for _ in range(2)]
+    table = ParamLayoutTable({"a": made[0], "b": made[1]})
+    assert table["a"] == table["b"] == made[0]
+    assert table == ParamLayoutTable({"b": made[0], "a": made[1]})
+    params = {"full_interner.weight": {"tp": Shard(7)}}
+    assert ModulePlan(params) == ModulePlan(params) and dict(ModulePlan(params).params) == params
