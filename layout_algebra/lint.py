@@ -70,6 +70,7 @@ from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn
 from layout_algebra.mesh import Mesh, as_role_sizes, world_size
 from layout_algebra.placements import StridedShard, format_placement
 from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
+from layout_algebra.training import Training, cost_lines, training_cost
 
 __all__ = [
     "Coverage",
@@ -253,17 +254,30 @@ def _padded_bytes_per_rank(value: Iterable[int]) -> tuple[int, ...]:
     return _counts(value, "RankMemory(padded_bytes_per_rank)")
 
 
-def _as_by_role(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
-    arg = "RankMemory(by_role)"
+def _by_name(
+    value: Mapping[str, Iterable[int]], arg: str, what: str
+) -> FrozenMap[str, tuple[int, ...]]:
     raw: object = value
     if not isinstance(raw, Mapping):
-        msg = f"{arg} must map mesh role to bytes per rank, got {quote(raw)}"
+        msg = f"{arg} must map {what} to bytes per rank, got {quote(raw)}"
         raise LayoutError(msg)
-    by_role = {
-        _text(role, f"{arg}: a role"): _counts(row, f"{arg}[{quote(role)}]")
-        for role, row in mapping_items(value, arg, "{'dense': (8, 8)}")
+    out = {
+        _text(key, f"{arg}: a {what}"): _counts(row, f"{arg}[{quote(key)}]")
+        for key, row in mapping_items(value, arg, "{'dense': (8, 8)}")
     }
-    return FrozenMap(by_role)
+    return FrozenMap(out)
+
+
+def _as_by_role(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
+    return _by_name(value, "RankMemory(by_role)", "role")
+
+
+def _as_by_kind(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
+    return _by_name(value, "RankMemory(by_kind)", "kind of memory")
+
+
+def _as_traffic(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
+    return _by_name(value, "LintReport(traffic)", "collective")
 
 
 @attrs.frozen
@@ -281,20 +295,29 @@ class RankMemory:
     padded_bytes_per_rank: tuple[int, ...] = attrs.field(
         converter=_padded_bytes_per_rank, **REQUIRED
     )
+    by_kind: FrozenMap[str, tuple[int, ...]] = attrs.field(
+        default=FrozenMap({}), converter=_as_by_kind
+    )
+    """With ``lint(training=...)``: bytes per rank of each kind of training memory
+    (``training.KINDS``); empty without."""
 
     def __attrs_pre_init__(
         self,
         bytes_per_rank: Iterable[int],
         by_role: Mapping[str, Iterable[int]],
         padded_bytes_per_rank: Iterable[int],
+        by_kind: Mapping[str, Iterable[int]] = FrozenMap({}),
     ) -> None:
-        check_init(self, "bytes_per_rank", (bytes_per_rank, by_role, padded_bytes_per_rank))
+        args = (bytes_per_rank, by_role, padded_bytes_per_rank, by_kind)
+        check_init(self, "bytes_per_rank", args)
 
-    @padded_bytes_per_rank.validator
-    def _check_ranks(self, _: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+    @by_kind.validator
+    def _check_ranks(self, _: attrs.Attribute[object], __: object) -> None:
         n = len(self.bytes_per_rank)
-        rows = {"padded_bytes_per_rank": value} | {
-            f"by_role[{quote(role)}]": row for role, row in self.by_role.items()
+        rows = {"padded_bytes_per_rank": self.padded_bytes_per_rank} | {
+            f"{name}[{quote(key)}]": row
+            for name, by in (("by_role", self.by_role), ("by_kind", self.by_kind))
+            for key, row in by.items()
         }
         for name, row in rows.items():
             if len(row) != n:
@@ -395,6 +418,11 @@ class LintReport:
     notes: tuple[LintNote, ...] = attrs.field(converter=_as_notes, **REQUIRED)
     memory: RankMemory = attrs.field(validator=_check_memory, **REQUIRED)
     coverage: tuple[Coverage, ...] = attrs.field(default=(), converter=_as_coverage)
+    traffic: FrozenMap[str, tuple[int, ...]] = attrs.field(
+        default=FrozenMap({}), converter=_as_traffic
+    )
+    """With ``lint(training=...)``: bytes per rank per step through each collective
+    (``training.TRAFFIC``); empty without."""
 
     def __attrs_pre_init__(
         self,
@@ -402,8 +430,9 @@ class LintReport:
         notes: Iterable[LintNote],
         memory: RankMemory,
         coverage: Iterable[Coverage] = (),
+        traffic: Mapping[str, Iterable[int]] = FrozenMap({}),
     ) -> None:
-        check_init(self, "problems", (problems, notes, memory, coverage))
+        check_init(self, "problems", (problems, notes, memory, coverage, traffic))
 
     @property
     def ok(self) -> bool:
@@ -434,6 +463,8 @@ class LintReport:
                 lines.append(f"{title}:")
                 lines.extend(listed(items, MAX_LISTED))
         lines.extend(self._memory_lines())
+        if self.memory.by_kind:
+            lines.extend(cost_lines(self.memory.by_kind, self.traffic))
         lines.extend(self._coverage_lines())
         return "\n".join(lines)
 
@@ -512,10 +543,12 @@ class LintReport:
                 "bytes_per_rank": list(memory.bytes_per_rank),
                 "padded_bytes_per_rank": list(memory.padded_bytes_per_rank),
                 "by_role": {role: list(v) for role, v in memory.by_role.items()},
+                "by_kind": {kind: list(v) for kind, v in memory.by_kind.items()},
                 "largest": list(memory.largest),
                 "smallest": list(memory.smallest),
                 "total": memory.total,
             },
+            "traffic": {name: list(v) for name, v in self.traffic.items()},
             "coverage": [
                 {
                     "layout": str(c.layout),
@@ -855,6 +888,8 @@ def lint(
     fsdp: Mapping[str, FsdpAxes] | None = None,
     shard_dim: int | Mapping[str, int] = 0,
     owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
+    training: Training | None = None,
+    budget: int | None = None,
 ) -> LintReport:
     """Every problem of ``table`` on this model and world, the notes, each rank's bytes.
 
@@ -886,6 +921,11 @@ def lint(
         fsdp: FSDP's axis by mesh role; ``None`` reads ``table`` as composed.
         shard_dim: the dim FSDP shards, for all or by FQN (with ``fsdp`` only).
         owned: the axes FSDP and pipelining own.
+        training: the training setup (``Training``): then ``report.memory.by_kind`` and
+            ``report.traffic`` give each rank's training memory and collective bytes
+            (``training_cost`` of the parameters followed).
+        budget: bytes per rank (with the default ``Training()`` when ``training`` is not
+            given): a rank above it is a problem of kind ``"budget"``.
 
     Returns:
         The report; ``report.raise_for_problems()`` raises its problems as one
@@ -926,7 +966,27 @@ def lint(
     run.count()
     run.examine()
     problems, notes = run.report()
-    return LintReport(tuple(problems), tuple(notes), run.memory(), run.coverage())
+    memory = run.memory()
+    if training is None and budget is None:
+        return LintReport(tuple(problems), tuple(notes), memory, run.coverage())
+    cost = training_cost(
+        run.followed(),
+        run.shapes_followed(),
+        meshes,
+        Training() if training is None else training,
+        tied=table.tied,
+        owned=run.owned,
+        budget=budget,
+    )
+    if cost.over_budget is not None:
+        excess = cost.over_budget
+        problems.append(
+            LintProblem(
+                f"{excess.fqn}: {excess.message}", kind="budget", fqn=excess.fqn, ranks=excess.ranks
+            )
+        )
+    memory = attrs.evolve(memory, by_kind=cost.by_kind)
+    return LintReport(tuple(problems), tuple(notes), memory, run.coverage(), traffic=cost.traffic)
 
 
 class _Run:
@@ -1075,6 +1135,25 @@ class _Run:
         return RankMemory(
             tuple(total), FrozenMap({r: tuple(v) for r, v in by_role.items()}), tuple(allocated)
         )
+
+    def followed(self) -> dict[str, SourceLayout]:
+        """The composed layout of every parameter followed on every rank, in table order."""
+        out: dict[str, SourceLayout] = {}
+        for fqn, key in zip(self.table, self.keys, strict=True):
+            if key is None or not self.found[key].itemsize:
+                continue
+            composed = self.composed.get(key, key[0] if self.roles is None else None)
+            if composed is not None:
+                out[fqn] = composed
+        return out
+
+    def shapes_followed(self) -> dict[str, ParamShape]:
+        """The shape of every parameter followed (a tied alias takes its group's)."""
+        return {
+            fqn: key[1]
+            for fqn, key in zip(self.table, self.keys, strict=True)
+            if key is not None and self.found[key].itemsize
+        }
 
     def coverage(self) -> tuple[Coverage, ...]:
         """Per signature examined, whether a checkpoint's chunks cover it exactly once."""

@@ -37,6 +37,7 @@ from layout_algebra.geometry import (
 from layout_algebra.lint import lint
 from layout_algebra.mesh import Mesh
 from layout_algebra.shapes import ParamShape
+from layout_algebra.training import Training, training_cost
 
 _SIZES = st.integers(1, 3)
 _DTYPES = st.sampled_from(["float32", "bfloat16", "int8"])
@@ -275,3 +276,27 @@ def test_the_certificate_tells_once_from_twice_and_from_a_gap() -> None:
     (cover,) = report.coverage
     assert not cover.exact and cover.tensors == 1
     assert "not saved exactly once" in str(report)
+
+
+def test_lint_with_training_gives_its_cost_and_the_budget_problem() -> None:
+    tp = SourceLayout("dense", ["tp"], [Shard(0)])
+    table = ParamLayoutTable({"layers.0.w": tp, "layers.1.w": tp, "head": tp})
+    shapes = {fqn: ParamShape((10, 4), "float32") for fqn in table}
+    sizes = {"dense": {"dp_shard": 2, "tp": 2}}
+    fsdp = {"dense": "dp_shard"}
+    training = Training(param_dtype="bfloat16", units=["layers.*"])
+    report = lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp, training=training)
+    composed = compose_table(table, fsdp=fsdp, mesh_sizes=sizes)
+    cost = training_cost(dict(composed.items()), shapes, sizes, training)
+    assert report.memory.by_kind == cost.by_kind
+    assert report.traffic == cost.traffic
+    assert report.memory.by_kind["params"] == report.memory.bytes_per_rank
+    assert report.ok and "training memory per rank" in str(report)
+    assert report.to_dict()["traffic"] == {k: list(v) for k, v in cost.traffic.items()}
+    tight = min(cost.total)
+    over = lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp, training=training, budget=tight)
+    (problem,) = over.problems
+    assert problem.kind == "budget"
+    assert problem.ranks == tuple(r for r, n in enumerate(cost.total) if n > tight)
+    assert lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp, budget=10**12).ok
+    assert not lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp).memory.by_kind
