@@ -1,5 +1,5 @@
 """Lint a table against the model's shapes: what torch will refuse, what it will get wrong
-silently, and how many parameter bytes each rank will hold.
+silently, and how many bytes each rank will hold.
 
 ``lint`` composes the table with FSDP (or reads it as composed), then checks every
 parameter on every rank of the world before anything is launched:
@@ -9,14 +9,19 @@ parameter on every rank of the world before anything is launched:
 - FSDP2's uneven sharding on a dim > 0, which torch refuses on the ranks where it happens
   (``NotImplementedError: FSDP does not support uneven sharding on dim 1``);
 - the silent hazard: where source axes shard FSDP's dim unevenly, the rows FSDP2 really
-  keeps (``geometry.fsdp_storage_runs``) differ from DTensor's reading of the composed
+  keeps (``fsdp.fsdp_storage_runs``) differ from DTensor's reading of the composed
   ``_StridedShard`` layout (``local_runs``), so ``full_tensor()`` is right but a
   distributed checkpoint's metadata is not;
+- whether a checkpoint's chunks cover every parameter exactly once per replica (the
+  coverage certificate), and what a layout breaks inside a structured dim;
 - notes for uneven shards and the padding FSDP2 allocates for them;
-- the bytes every global rank holds after FSDP, by mesh role.
+- the bytes every global rank holds after FSDP, by mesh role (with ``training=``, its
+  training memory and collective bytes too).
 
 Every role's mesh spans the whole world, its ranks laid out row-major in the axis order of
-``mesh_sizes[role]``: global rank ``r`` has one coordinate on each role's mesh.
+``mesh_sizes[role]``: global rank ``r`` has one coordinate on each role's mesh. Each
+distinct (layout, shape, shard dim) is examined once, over the mesh axes that shard each
+of its dims (``_ranks``), and counted for the parameters that share it.
 """
 
 from __future__ import annotations
