@@ -46,6 +46,8 @@ from layout_algebra.placements import (
 )
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
+from layout_algebra.structure import Packed, Part
+from layout_algebra.training import Training
 
 __all__ = [
     "FSDP_OWNED_AXES",
@@ -60,8 +62,10 @@ __all__ = [
     "Mesh",
     "ModulePlan",
     "OwnedAxisError",
+    "Packed",
     "ParamLayoutTable",
     "ParamShape",
+    "Part",
     "Partial",
     "Placement",
     "PlacementSyntaxError",
@@ -78,6 +82,7 @@ __all__ = [
     "StridedShard",
     "TableDiff",
     "TiedLayoutConflict",
+    "Training",
     "UnknownAxisError",
     "build_table",
     "complete_default",

@@ -18,8 +18,6 @@ from layout_algebra.errors import LayoutError, PlacementSyntaxError
 from layout_algebra._frozen import NOT_GIVEN, REQUIRED, check_init
 
 __all__ = [
-    "MAX_DIM",
-    "MAX_SPLIT_FACTOR",
     "REDUCE_OPS",
     "Partial",
     "Placement",

@@ -87,6 +87,7 @@ from layout_algebra.placements import (
 )
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape
+from layout_algebra.training import Training, training_from_obj, training_to_obj
 
 __all__ = [
     "FORMAT_VERSION",
@@ -263,6 +264,8 @@ def configure_converter(converter: _C) -> _C:
     converter.register_structure_hook(ParamShape, lambda v, _: read_param_shape(v, ""))
     converter.register_unstructure_hook(ShardingPlan, plan_obj)
     converter.register_structure_hook(ShardingPlan, lambda v, _: read_plan(v))
+    converter.register_unstructure_hook(Training, training_to_obj)
+    converter.register_structure_hook(Training, lambda v, _: training_from_obj(v))
     return converter
 
 

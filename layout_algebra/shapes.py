@@ -28,7 +28,6 @@ from layout_algebra.structure import Packed, as_structure, structure_str
 
 __all__ = [
     "DTYPE_BYTES",
-    "MAX_HEADER_BYTES",
     "ParamShape",
     "shapes_from_safetensors",
 ]

@@ -38,6 +38,7 @@ from layout_algebra.placements import Shard, format_placement
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import to_json
 from layout_algebra.shapes import ParamShape
+from layout_algebra.training import Training
 
 if TYPE_CHECKING:
     from layout_algebra.torch_bridge.dcp import DcpLayouts
@@ -540,6 +541,14 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     table, from_plan = _lint_table(args.table, shapes, args, err)
     meshes = _roles(args.mesh, expert)
     fsdp, found = _lint_fsdp(args, owned, guess=from_plan)
+    training = None
+    if args.optimizer or args.param_dtype or args.reduce_dtype or args.units or args.budget:
+        training = Training(
+            optimizer=args.optimizer or "adamw",
+            param_dtype=args.param_dtype,
+            reduce_dtype=args.reduce_dtype,
+            units=args.units,
+        )
 
     def run(expert_dim: int | None) -> LintReport:
         shard_dim: int | dict[str, int] = args.shard_dim
@@ -547,7 +556,16 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
             shard_dim = 0
         elif expert_dim is not None:
             shard_dim = shard_dims_by_role(table, {"expert": expert_dim}, default=args.shard_dim)
-        return lint(table, shapes, mesh_sizes=meshes, fsdp=fsdp, shard_dim=shard_dim, owned=owned)
+        return lint(
+            table,
+            shapes,
+            mesh_sizes=meshes,
+            fsdp=fsdp,
+            shard_dim=shard_dim,
+            owned=owned,
+            training=training,
+            budget=args.budget,
+        )
 
     report = run(args.expert_shard_dim)
     expert_dim = args.shard_dim if args.expert_shard_dim is None else args.expert_shard_dim

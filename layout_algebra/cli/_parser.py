@@ -12,11 +12,15 @@ from layout_algebra.cli._types import (
     add_owned_arguments,
     axis_arg,
     bounded_int,
+    bytes_arg,
+    dtype_arg,
     fsdp_arg,
     mesh_arg,
+    patterns_arg,
     rank_arg,
     shape_arg,
 )
+from layout_algebra.training import OPTIMIZERS
 
 __all__ = ["build_parser"]
 
@@ -367,6 +371,46 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="the dim FSDP2 shards of expert parameters (default: --shard-dim)",
+    )
+    lnt.add_argument(
+        "--optimizer",
+        choices=list(OPTIMIZERS),
+        default=None,
+        help=(
+            "count the training state too: the optimizer's states per parameter (adamw: "
+            "two, sgd: one, none)"
+        ),
+    )
+    lnt.add_argument(
+        "--param-dtype",
+        type=dtype_arg,
+        default=None,
+        metavar="DTYPE",
+        help=(
+            "FSDP2's MixedPrecisionPolicy.param_dtype: the dtype it all-gathers and "
+            "computes in (default: the parameter's own)"
+        ),
+    )
+    lnt.add_argument(
+        "--reduce-dtype",
+        type=dtype_arg,
+        default=None,
+        metavar="DTYPE",
+        help="MixedPrecisionPolicy.reduce_dtype: the dtype gradients are reduced in",
+    )
+    lnt.add_argument(
+        "--units",
+        type=patterns_arg,
+        default=(),
+        metavar="PATTERN,...",
+        help="the modules fully_shard wraps besides the root, e.g. 'layers.*'",
+    )
+    lnt.add_argument(
+        "--budget",
+        type=bytes_arg,
+        default=None,
+        metavar="SIZE",
+        help="memory per rank, e.g. 80GiB: a rank whose training state exceeds it is a problem",
     )
     lnt.add_argument("--json", action="store_true", help="print the report as JSON")
     add_owned_arguments(lnt)

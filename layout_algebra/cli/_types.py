@@ -17,6 +17,8 @@ from layout_algebra.axes import FSDP_OWNED_AXES, as_axis
 from layout_algebra.cli._output import MAX_USAGE_CHARS
 from layout_algebra.errors import LayoutError
 from layout_algebra.mesh import Mesh
+from layout_algebra.shapes import as_dtype
+from layout_algebra.training import parse_bytes
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -172,3 +174,24 @@ class Parser(argparse.ArgumentParser):
             raise ValueError(msg)
         out.write(text)
         out.flush()  # a full disk says so here, not at exit
+
+
+def dtype_arg(text: str) -> str:
+    """A dtype by torch's name (``bfloat16``) or safetensors' code (``BF16``)."""
+    try:
+        return as_dtype(text)
+    except LayoutError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
+def bytes_arg(text: str) -> int:
+    """A byte count such as ``80GiB`` (``parse_bytes``)."""
+    try:
+        return parse_bytes(text, "size")
+    except LayoutError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
+def patterns_arg(text: str) -> tuple[str, ...]:
+    """Module FQN patterns separated by commas: ``"layers.*,layers.*.moe.experts"``."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
