@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from json.encoder import encode_basestring_ascii
 from operator import is_
 from typing import Final, TypeVar, overload
 
@@ -462,9 +463,14 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
         A SHA-256 over a canonical text (a version line, then one JSON line per entry
         sorted by FQN, per tied group sorted, per drop sorted), as ``"v1:<hex>"``.
         """
+        # each distinct layout's text once (a table has a few layouts for many FQNs);
+        # each line is what json.dumps(["entry", fqn, str(layout)]) writes
+        texts = {
+            layout: encode_basestring_ascii(str(layout)) for layout in set(self._items.values())
+        }
         lines = [_FINGERPRINT_VERSION]
         lines.extend(
-            json.dumps(["entry", fqn, str(self._items[fqn])], ensure_ascii=True)
+            f'["entry", {encode_basestring_ascii(fqn)}, {texts[self._items[fqn]]}]'
             for fqn in sorted(self._items)
         )
         lines.extend(

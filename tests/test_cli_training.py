@@ -1,0 +1,90 @@
+"""The command line's ``lint`` with a training setup: the flags become a ``Training``, the
+figures printed are the library's report, and a budget a rank exceeds fails the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from layout_algebra import Training, lint
+from layout_algebra._complete import table_from_plan
+from layout_algebra._text import human_bytes
+from layout_algebra.serialization import plan_from_json, shapes_from_json
+from tests.test_cli import assert_one_line_usage_error, run
+from tests.test_cli_plans import moe_files
+
+MESHES = ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+
+
+def _report(plan: str, shapes: str, training: Training, budget: int | None = None) -> object:
+    shaped = shapes_from_json(Path(shapes).read_text(encoding="utf-8"))
+    table = table_from_plan(
+        plan_from_json(Path(plan).read_text(encoding="utf-8")),
+        shaped,
+        mesh_axes=["dp_shard", "tp"],
+        expert_axes=["dp_shard", "ep"],
+    )
+    return lint(
+        table,
+        shaped,
+        mesh_sizes={"dense": {"dp_shard": 2, "tp": 4}, "expert": {"dp_shard": 2, "ep": 4}},
+        fsdp={"dense": "dp_shard", "expert": "dp_shard"},
+        training=training,
+        budget=budget,
+    )
+
+
+def test_lint_prints_the_training_breakdown_of_the_library(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    flags = ["--optimizer", "sgd", "--param-dtype", "bfloat16", "--units", "attn,moe"]
+    code, out, err = run(["lint", plan, "--shapes", shapes, *MESHES, *flags], capsys)
+    assert (code, err) == (0, "")
+    report = _report(
+        plan, shapes, Training(optimizer="sgd", param_dtype="bfloat16", units=("attn", "moe"))
+    )
+    by_kind = report.memory.by_kind  # type: ignore[attr-defined]
+    rows = out[out.index("training memory per rank") :].splitlines()[2:10]
+    assert len(rows) == 8
+    for rank, row in enumerate(rows):
+        cells = row.split()
+        assert int(cells[0]) == rank
+        assert human_bytes(by_kind["optimizer"][rank]) in row
+        assert human_bytes(by_kind["grads"][rank]) in row
+
+
+def test_lint_without_training_flags_prints_no_training_breakdown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    code, out, _ = run(["lint", plan, "--shapes", shapes, *MESHES], capsys)
+    assert code == 0
+    assert "training memory" not in out
+
+
+def test_a_budget_a_rank_exceeds_fails_the_lint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    code, out, err = run(["lint", plan, "--shapes", shapes, *MESHES, "--budget", "1KiB"], capsys)
+    assert code == 1
+    assert "budget" in out
+    assert err.endswith("1 problem (see the report)\n")
+    report = _report(plan, shapes, Training(), budget=1024)
+    assert [p.kind for p in report.problems] == ["budget"]  # type: ignore[attr-defined]
+    code, _, _ = run(["lint", plan, "--shapes", shapes, *MESHES, "--budget", "1GiB"], capsys)
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--budget", "80XB"), ("--optimizer", "lion"), ("--param-dtype", "fp7")]
+)
+def test_a_bad_training_flag_is_a_one_line_usage_error(
+    tmp_path: Path, flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan, shapes = moe_files(tmp_path)
+    code, out, err = run(["lint", plan, "--shapes", shapes, *MESHES, flag, value], capsys)
+    assert_one_line_usage_error(code, out, err, "layout-algebra lint")
+    assert flag in err
