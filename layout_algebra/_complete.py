@@ -16,7 +16,7 @@ from layout_algebra._text import quote
 from layout_algebra.algebra import build_table, complete_default
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import LayoutError
-from layout_algebra.layout import ParamLayoutTable
+from layout_algebra.layout import ParamLayoutTable, check_table
 from layout_algebra.plan import ShardingPlan
 
 __all__ = ["shard_dims_by_role", "table_from_plan"]
@@ -98,10 +98,7 @@ def shard_dims_by_role(
     Raises:
         LayoutError: ``table`` is not a table, or ``dims`` not a mapping of role to int.
     """
-    raw: object = table
-    if not isinstance(raw, ParamLayoutTable):
-        msg = f"table must be a ParamLayoutTable, got {quote(raw)}"
-        raise LayoutError(msg)
+    check_table(table, "shard_dims_by_role(table=...)")
     given: object = dims
     if not isinstance(given, Mapping):
         msg = f"dims must map a mesh role to a dim such as {_DIMS_EXAMPLE}, got {quote(given)}"

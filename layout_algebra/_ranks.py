@@ -19,11 +19,9 @@ from typing import TypeAlias
 import attrs
 
 from layout_algebra._shards import chunk_bounds, shard_dim_of
-from layout_algebra._text import quote
-from layout_algebra.errors import LayoutError
 from layout_algebra.fsdp import fsdp_storage_runs
 from layout_algebra.geometry import local_runs
-from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.layout import SourceLayout, check_table
 from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Placement, Shard, StridedShard
 
@@ -32,7 +30,7 @@ __all__ = [
     "DimRead",
     "RankSum",
     "chain_of",
-    "check_table",
+    "check_table",  # re-exported from layout until checkpoint imports it from there
     "chunk_bounds",
     "cover_problem",
     "fsdp_runs_differ",
@@ -44,18 +42,6 @@ __all__ = [
 Chain: TypeAlias = tuple[tuple[str, int, int], ...]
 """The axes sharding one dim, in layout order: ``(axis, size, split)``, ``split`` the
 ``StridedShard`` split factor (1 for a ``Shard``)."""
-
-
-def check_table(value: object, arg: str) -> ParamLayoutTable:
-    """``value`` checked to be a table: the one "must be a table" message.
-
-    Raises:
-        LayoutError: naming ``arg``.
-    """
-    if not isinstance(value, ParamLayoutTable):
-        msg = f"{arg} must be a ParamLayoutTable, got {type(value).__name__} {quote(value)}"
-        raise LayoutError(msg)
-    return value
 
 
 def _split(p: Placement) -> tuple[int, int] | None:

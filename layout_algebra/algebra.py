@@ -35,6 +35,7 @@ from layout_algebra.layout import (
     as_groups,
     check_fqn,
     check_fqns,
+    check_table,
     groups_repr,
     interned,
 )
@@ -75,13 +76,6 @@ def _as_fqns(fqns: Iterable[str], example: str) -> tuple[str, ...]:
     plain = tuple(map(plain_str, names))
     check_fqns(plain, "fqns")
     return plain
-
-
-def _check_table(table: object, arg: str) -> ParamLayoutTable:
-    if not isinstance(table, ParamLayoutTable):
-        msg = f"{arg} must be a ParamLayoutTable, got {quote(table)}"
-        raise LayoutError(msg)
-    return table
 
 
 def strip(
@@ -156,7 +150,7 @@ def merge_tied(table: ParamLayoutTable, pairs: Iterable[Iterable[str]]) -> Param
         TiedLayoutConflict: ``S(d)`` against ``S(e)``, or members on different meshes or
             axes; names the group, the axis, both placements and whose they are.
     """
-    _check_table(table, "table")
+    check_table(table, "merge_tied(table=...)")
     changes, groups, conflicts = join_tied(table, table.tied, pairs, "pairs")
     if conflicts:
         raise conflicts[0]
@@ -192,7 +186,7 @@ def complete_default(
             no source axis to replicate over.
         TiedLayoutConflict: ``tied_pairs`` tie parameters whose layouts conflict.
     """
-    _check_table(table, "table")
+    check_table(table, "complete_default(table=...)")
     _check_role(mesh)
     raw_plain: object = plain
     if not isinstance(raw_plain, bool):
@@ -393,8 +387,8 @@ def diff(a: ParamLayoutTable, b: ParamLayoutTable) -> TableDiff:
     >>> print(diff(old, new))
     w: dense[tp=S(0)] -> dense[tp=S(1)]
     """
-    _check_table(a, "a")
-    _check_table(b, "b")
+    check_table(a, "diff(a=...)")
+    check_table(b, "diff(b=...)")
     changed = {
         fqn: (old, new)
         for fqn, old in a.items()

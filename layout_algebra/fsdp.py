@@ -41,7 +41,7 @@ from layout_algebra.axes import (
     axis_name_set,
 )
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.layout import ParamLayoutTable, SourceLayout, partial_error
+from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_table, partial_error
 from layout_algebra.mesh import Mesh, as_coordinate, as_mesh, as_role_sizes
 from layout_algebra.placements import (
     MAX_SPLIT_FACTOR,
@@ -401,10 +401,7 @@ def compose_table(
             what ``compose_fsdp`` refuses, tied members given different shard dims.
         LayoutError: ``fsdp``, ``mesh_sizes`` or ``shard_dim`` of the wrong form.
     """
-    raw: object = table
-    if not isinstance(raw, ParamLayoutTable):
-        msg = f"table must be a ParamLayoutTable, got {type(raw).__name__} {quote(raw)}"
-        raise LayoutError(msg)
+    check_table(table, "compose_table(table=...)")
     roles = as_fsdp_axes(fsdp)
     meshes = as_role_sizes(mesh_sizes)
     default_dim, dims = as_shard_dims(shard_dim, table)

@@ -487,3 +487,20 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
 
 _FINGERPRINT_VERSION: Final = "layout-algebra-fingerprint-v1"
 """The first line of the text a fingerprint digests: a new format gets a new version."""
+
+
+def check_table(value: object, arg: str) -> ParamLayoutTable:
+    """``value`` checked to be a table: the one "must be a table" message of the package.
+
+    ``arg`` names the argument in the call it was given to, e.g. ``"lint(table=...)"``.
+
+    Raises:
+        LayoutError: naming ``arg`` and saying how to make a table.
+    """
+    if not isinstance(value, ParamLayoutTable):
+        msg = (
+            f"{arg} must be a ParamLayoutTable, got {type(value).__name__} {quote(value)}; "
+            "build one with build_table or read one with from_json"
+        )
+        raise LayoutError(msg)
+    return value

@@ -40,7 +40,6 @@ from layout_algebra._ranks import (
     Factor,
     RankSum,
     chain_of,
-    check_table,
     fsdp_runs_differ,
     index_vector,
     read_dim,
@@ -71,7 +70,7 @@ from layout_algebra.fsdp import (
     split_fsdp,
 )
 from layout_algebra.geometry import Runs
-from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn
+from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn, check_table
 from layout_algebra.mesh import Mesh, as_role_sizes, world_size
 from layout_algebra.placements import StridedShard, format_placement
 from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
@@ -940,7 +939,7 @@ def lint(
         LayoutError: arguments of the wrong form (``table`` not a table, ``shapes`` not
             ParamShapes by FQN, ``mesh_sizes``/``fsdp``/``shard_dim`` malformed).
     """
-    check_table(table, "table")
+    check_table(table, "lint(table=...)")
     shapes = _check_shapes(shapes)
     sizes = as_role_sizes(mesh_sizes)
     if not sizes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pickle
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import example, given
@@ -39,10 +39,12 @@ from layout_algebra import (
     complete_default,
     compose_table,
     diff,
+    lint,
     merge_tied,
     resolve,
     strip,
 )
+from layout_algebra._complete import shard_dims_by_role
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra.plan import NamedPlacements
 from tests.strategies import (
@@ -1637,3 +1639,33 @@ def test_merge_tied_of_equal_layouts_changes_no_entry() -> None:
         added = merge_tied(table, [("emb.weight", "tied.weight")])
         assert list(added)[-1] == "tied.weight"
         assert added["tied.weight"] == table["emb.weight"]
+
+
+_NOT_A_TABLE = {"w": SourceLayout("dense", (), ())}
+
+
+@pytest.mark.parametrize(
+    ("call", "arg"),
+    [
+        (lambda: merge_tied(_NOT_A_TABLE, []), "merge_tied(table=...)"),  # type: ignore[arg-type]
+        (lambda: complete_default(_NOT_A_TABLE, [], ["tp"]), "complete_default(table=...)"),  # type: ignore[arg-type]
+        (lambda: diff(_NOT_A_TABLE, ParamLayoutTable({})), "diff(a=...)"),  # type: ignore[arg-type]
+        (lambda: diff(ParamLayoutTable({}), _NOT_A_TABLE), "diff(b=...)"),  # type: ignore[arg-type]
+        (
+            lambda: compose_table(_NOT_A_TABLE, fsdp={}, mesh_sizes={}),  # type: ignore[arg-type]
+            "compose_table(table=...)",
+        ),
+        (lambda: lint(_NOT_A_TABLE, {}, mesh_sizes={}), "lint(table=...)"),  # type: ignore[arg-type]
+        (lambda: shard_dims_by_role(_NOT_A_TABLE, {}), "shard_dims_by_role(table=...)"),  # type: ignore[arg-type]
+    ],
+)
+def test_every_function_refuses_a_non_table_in_the_same_words(
+    call: Callable[[], object], arg: str
+) -> None:
+    """One message for "not a table": the call and argument, what was given, what to do."""
+    with pytest.raises(LayoutError) as info:
+        call()
+    assert str(info.value) == (
+        f"{arg} must be a ParamLayoutTable, got dict {_NOT_A_TABLE!r}; "
+        "build one with build_table or read one with from_json"
+    )

@@ -127,7 +127,7 @@ def test_shard_dims_by_role() -> None:
 @pytest.mark.parametrize(
     ("table", "dims", "default", "words"),
     [
-        ({"w": PLAIN}, {"expert": 1}, 0, "table must be a ParamLayoutTable"),
+        ({"w": PLAIN}, {"expert": 1}, 0, r"shard_dims_by_role\(table=\.\.\.\) must be a"),
         (ParamLayoutTable({}), [("expert", 1)], 0, "dims must map a mesh role"),
         (ParamLayoutTable({}), {"expert": -1}, 0, "shard dim of 'expert'"),
         (ParamLayoutTable({}), {"expert": True}, 0, "shard dim of 'expert'"),

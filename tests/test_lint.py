@@ -244,7 +244,9 @@ def test_compose_table_arguments(kwargs: dict[str, object], match: str) -> None:
 
 
 def test_compose_table_wants_a_table() -> None:
-    with pytest.raises(LayoutError, match="table must be a ParamLayoutTable"):
+    with pytest.raises(
+        LayoutError, match=r"compose_table\(table=\.\.\.\) must be a ParamLayoutTable"
+    ):
         compose_table({"w": SourceLayout("dense", (), ())}, fsdp={}, mesh_sizes={})  # type: ignore[arg-type]
 
 
@@ -403,7 +405,10 @@ def test_the_report_reads_and_serialises() -> None:
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ({"table": {"w": SourceLayout("dense", (), ())}}, "table must be a ParamLayoutTable"),
+        (
+            {"table": {"w": SourceLayout("dense", (), ())}},
+            r"lint\(table=\.\.\.\) must be a ParamLayoutTable",
+        ),
         ({"shapes": [("w", ParamShape((2,), F32))]}, "shapes must map parameter FQN"),
         ({"shapes": {"w": (2,)}}, r"shapes\['w'\] must be a ParamShape"),
         ({"shapes": {"v": (2,)}}, r"shapes\['v'\] must be a ParamShape"),

@@ -98,6 +98,7 @@ INTERNALS = frozenset(
         "axis_name_set",
         "check_distinct_axes",
         "check_fqn",
+        "check_table",
         "as_mesh",
         "as_coordinate",
         "as_role_sizes",

@@ -57,8 +57,9 @@ from layout_algebra import (
 from layout_algebra._args import as_instances, mapping_items
 from layout_algebra._frozen import FrozenMap
 from layout_algebra._text import clip, quote
-from layout_algebra.checkpoint import MAX_RANKS
 from layout_algebra.fsdp import plan_error
+from layout_algebra.layout import check_table
+from layout_algebra.mesh import MAX_WORLD
 from layout_algebra.shapes import as_dtype
 
 __all__ = ["DcpLayouts", "table_from_dcp"]
@@ -110,9 +111,7 @@ def _as_skipped(value: Iterable[str]) -> tuple[str, ...]:
 
 
 def _check_table(_: object, __: attrs.Attribute[ParamLayoutTable], value: object) -> None:
-    if not isinstance(value, ParamLayoutTable):
-        msg = f"DcpLayouts.table: expected a ParamLayoutTable, got {quote(value)}"
-        raise LayoutError(msg)
+    check_table(value, "DcpLayouts(table=...)")
 
 
 @attrs.frozen
@@ -212,8 +211,8 @@ def _saved(
     try:
         dtype = as_dtype(str(md.properties.dtype))
         shape = ParamShape(tuple(int(n) for n in md.size), dtype)
-        if len(md.chunks) > MAX_RANKS:
-            msg = f"{len(md.chunks):,} chunks, more than the {MAX_RANKS:,} ranks followed here"
+        if len(md.chunks) > MAX_WORLD:
+            msg = f"{len(md.chunks):,} chunks, more than the {MAX_WORLD:,} ranks followed here"
             raise LayoutError(msg)
         chunks = tuple(
             sorted(
@@ -387,8 +386,8 @@ def _as_role_meshes(mesh: object) -> dict[str, Mesh]:
             raise LayoutError(msg)
         out[role] = value if isinstance(value, Mesh) else Mesh(value)  # Mesh checks the rest
     sizes = {role: m.size for role, m in out.items()}
-    if any(n > MAX_RANKS for n in sizes.values()):
-        msg = f"mesh: {sizes} ranks, more than the {MAX_RANKS:,} followed here; check the sizes"
+    if any(n > MAX_WORLD for n in sizes.values()):
+        msg = f"mesh: {sizes} ranks, more than the {MAX_WORLD:,} followed here; check the sizes"
         raise LayoutError(msg)
     if len(set(sizes.values())) > 1:
         msg = (
@@ -473,7 +472,7 @@ def _infer(
     """Roles, meshes and layouts without a given mesh, on the smallest world that writes
     every tensor (``_cover``)."""
     low = _fewest_ranks(tensors)
-    high = min(low + _WORLDS_TRIED - 1, MAX_RANKS)
+    high = min(low + _WORLDS_TRIED - 1, MAX_WORLD)
     first: list[_Saved] | None = None
     for world in range(low, high + 1):
         meshes = _meshes(world)
