@@ -31,7 +31,7 @@ from layout_algebra._shards import (
     size_of,
     take,
 )
-from layout_algebra._text import clip, quote
+from layout_algebra._text import clip, listed, quote
 from layout_algebra.axes import (
     FSDP_OWNED_AXES,
     AxisLike,
@@ -63,9 +63,6 @@ __all__ = [
 
 MAX_FSDP_SOURCE_AXES: Final = 2
 """FSDP2 composes 1-D TP/EP or 2-D EP+TP source layouts, nothing wider."""
-
-_MAX_LISTED: Final = 50
-"""How many problems a ``PlanError`` message spells out (``.problems`` holds them all)."""
 
 _REPLICATE: Final = Replicate()
 
@@ -302,9 +299,7 @@ def plan_error(what: str, problems: Sequence[LayoutError]) -> PlanError:
     """One ``PlanError`` for ``problems``, the first few spelled out."""
     n = len(problems)
     lines = [f"{what} has {n} problem{'s' if n != 1 else ''}:"]
-    lines.extend(f"  - {p.message}" for p in problems[:_MAX_LISTED])
-    if n > _MAX_LISTED:
-        lines.append(f"  ... and {n - _MAX_LISTED} more (see .problems)")
+    lines.extend(listed([p.message for p in problems], where="see .problems"))
     return PlanError("\n".join(lines), problems=problems)
 
 
