@@ -18,7 +18,7 @@ from typing import TypeAlias
 
 import attrs
 
-from layout_algebra._shards import chunk_bounds, shard_dim_of
+from layout_algebra._shards import chunk_bounds, shard_dim_of, split_factor_of
 from layout_algebra.fsdp import fsdp_storage_runs
 from layout_algebra.geometry import local_runs
 from layout_algebra.layout import SourceLayout, check_table
@@ -31,7 +31,6 @@ __all__ = [
     "RankSum",
     "chain_of",
     "check_table",  # re-exported from layout until checkpoint imports it from there
-    "chunk_bounds",
     "cover_problem",
     "fsdp_runs_differ",
     "index_vector",
@@ -49,7 +48,7 @@ def _split(p: Placement) -> tuple[int, int] | None:
     dim = shard_dim_of(p)
     if dim is None:
         return None
-    return dim, p.split_factor if isinstance(p, StridedShard) else 1
+    return dim, split_factor_of(p)
 
 
 def chain_of(layout: SourceLayout, dim: int, sizes: Mapping[str, int]) -> Chain:

@@ -3,9 +3,9 @@
 The arithmetic of ``torch.chunk`` over runs of global indices (``chunk_bounds``,
 ``strided_chunks``, ``take``), ``held_runs`` that applies a layout's placements with it,
 and the checks every reader of a layout against a tensor and a mesh shares: the layout
-argument (``check_layout``), the dims it shards (``shard_dim_of``, ``check_dims``), an
-axis's size (``size_of``) and a rank's index on it (``index_on``). The public functions
-built on them live in ``geometry`` and ``fsdp``.
+argument (``check_layout``), the dims it shards (``shard_dim_of``, ``split_factor_of``,
+``check_dims``), an axis's size (``size_of``) and a rank's index on it (``index_on``).
+The public functions built on them live in ``geometry`` and ``fsdp``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ __all__ = [
     "shape_and_offset",
     "shard_dim_of",
     "size_of",
+    "split_factor_of",
     "strided_chunks",
     "take",
 ]
@@ -66,6 +67,12 @@ def shard_dim_of(placement: Placement) -> int | None:
             return None
         case _:
             assert_never(placement)
+
+
+def split_factor_of(placement: Placement) -> int:
+    """The pieces ``placement`` cuts its dim into before chunking: ``k`` for ``_S(d, k)``,
+    1 for any other placement."""
+    return placement.split_factor if isinstance(placement, StridedShard) else 1
 
 
 def check_dims(

@@ -27,7 +27,7 @@ of its dims (``_ranks``), and counted for the parameters that share it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias
 
 import attrs
@@ -44,7 +44,7 @@ from layout_algebra._ranks import (
     index_vector,
     read_dim,
 )
-from layout_algebra._shards import chunk_bounds, shard_dim_of
+from layout_algebra._shards import chunk_bounds, shard_dim_of, split_factor_of
 from layout_algebra._structure_rules import structure_problems
 from layout_algebra._text import (
     MAX_LISTED,
@@ -72,7 +72,7 @@ from layout_algebra.fsdp import (
 from layout_algebra.geometry import Runs
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn, check_table
 from layout_algebra.mesh import Mesh, as_role_sizes, world_size
-from layout_algebra.placements import StridedShard, format_placement
+from layout_algebra.placements import format_placement
 from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
 from layout_algebra.training import Training, cost_lines, training_cost
 
@@ -607,13 +607,6 @@ def _failed(role: str, problem: _Problem) -> _Found:
     return _Found(role, 0, (), (), (problem,), None, None)
 
 
-def _placement_dims(layout: SourceLayout) -> Iterator[tuple[str, str, int]]:
-    for axis, p in zip(layout.axes, layout.placements, strict=True):
-        dim = shard_dim_of(p)
-        if dim is not None:
-            yield axis.name, format_placement(p), dim
-
-
 class _Examiner:
     """Each distinct (composed layout, shape) followed over every rank of its mesh, by
     dim (``read_dim``): the rows ranks keep, FSDP's refusals, the storage hazard."""
@@ -644,8 +637,10 @@ class _Examiner:
             )
             return _failed(layout.mesh, ("layout", msg, (), None, None))
         problems: list[_Problem] = []
-        for axis, shown, dim in _placement_dims(layout):
-            if dim >= shape.ndim:
+        for name, p in zip(layout.axes, layout.placements, strict=True):
+            dim = shard_dim_of(p)
+            if dim is not None and dim >= shape.ndim:
+                axis, shown = name.name, format_placement(p)
                 msg = (
                     f"{shown} on axis {axis!r} of {layout} shards dim {dim}, but the parameter "
                     f"is {shape} ({shape.ndim} dim{'s' if shape.ndim != 1 else ''}); shard a "
@@ -783,8 +778,7 @@ class _Examiner:
         if len(ranks) > _MAX_RANKS_SHOWN:
             detail.append(f"{len(ranks) - _MAX_RANKS_SHOWN} more")
         placement = layout.placement_on(parts.shard)
-        split = placement.split_factor if isinstance(placement, StridedShard) else 1
-        multiple = split * self.meshes[role][parts.shard.name]
+        multiple = split_factor_of(placement) * self.meshes[role][parts.shard.name]
         msg = (
             f"FSDP2 keeps other indices of dim {dim} than DTensor's reading of {layout} says, "
             f"on {ranks_text(ranks)} ({'; '.join(detail)}): full_tensor() is right, but a "

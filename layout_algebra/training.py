@@ -40,8 +40,8 @@ import attrs
 from layout_algebra._args import as_items, mapping_items, plain_str
 from layout_algebra._frozen import FrozenMap
 from layout_algebra._json_read import at_field, fail, shown
-from layout_algebra._ranks import Factor, RankSum, chain_of, chunk_bounds, read_dim
-from layout_algebra._shards import check_dims, check_layout
+from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
+from layout_algebra._shards import check_dims, check_layout, chunk_bounds
 from layout_algebra._text import clip, exact_bytes, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_name_set
 from layout_algebra.errors import LayoutError, SerializationError
