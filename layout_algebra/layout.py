@@ -76,7 +76,7 @@ class SourceLayout:
         check_init(self, "mesh", (mesh, axes, placements))
 
     @placements.validator
-    def _check_shape(self, _: attrs.Attribute[tuple[Placement, ...]], value: object) -> None:
+    def _check_one_per_axis(self, _: attrs.Attribute[tuple[Placement, ...]], value: object) -> None:
         if len(self.axes) != len(self.placements):
             axes = clip(str([a.name for a in self.axes]))
             placements = clip(str([format_placement(p) for p in self.placements]))

@@ -385,7 +385,7 @@ def _optional_problem(value: str | None) -> str | None:
 
 @attrs.frozen
 class Coverage:
-    """Whether the chunks a distributed checkpoint saves of one kind of parameter cover
+    """Whether the chunks a distributed checkpoint saves of one (layout, shape) cover
     every element exactly once per replica: what Megatron's ``validate_sharding_integrity``
     checks at run time, known here from the layout.
 
@@ -478,13 +478,13 @@ class LintReport:
         bad = [c for c in self.coverage if not c.exact]
         n = len(self.coverage)
         tensors = sum(c.tensors for c in self.coverage)
-        kinds = (
-            f"{n} kind{'s' if n != 1 else ''} of parameter "
+        pairs = (
+            f"{n} (layout, shape) pair{'s' if n != 1 else ''} "
             f"({tensors:,} storage{'s' if tensors != 1 else ''})"
         )
         if not bad:
-            return [f"checkpoint coverage: {kinds}, each element saved exactly once per replica"]
-        lines = [f"checkpoint coverage: {len(bad)} of {kinds} not saved exactly once:"]
+            return [f"checkpoint coverage: {pairs}, each element saved exactly once per replica"]
+        lines = [f"checkpoint coverage: {len(bad)} of {pairs} not saved exactly once:"]
         lines.extend(listed([f"{c.shape} under {c.layout}: {c.problem}" for c in bad]))
         return lines
 

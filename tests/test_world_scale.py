@@ -275,7 +275,7 @@ def test_the_certificate_tells_once_from_twice_and_from_a_gap() -> None:
     assert "rows 2:4 are saved twice" in report.problems[0].message
     (cover,) = report.coverage
     assert not cover.exact and cover.tensors == 1
-    assert "not saved exactly once" in str(report)
+    assert "checkpoint coverage: 1 of 1 (layout, shape) pair (1 storage) not saved" in str(report)
 
 
 def test_lint_with_training_gives_its_cost_and_the_budget_problem() -> None:

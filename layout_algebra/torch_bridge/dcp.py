@@ -79,8 +79,10 @@ _PAIRS_CHECKED: Final = 2048
 """An error message looks for overlaps among this many boxes' pairs with the rest."""
 
 
-def _by_name(value: Mapping[str, T], kind: type[T], arg: str, example: str) -> FrozenMap[str, T]:
-    """``value`` checked to map plain names to ``kind`` values, frozen."""
+def _by_name(
+    value: Mapping[str, T], value_type: type[T], arg: str, example: str
+) -> FrozenMap[str, T]:
+    """``value`` checked to map plain names to ``value_type`` values, frozen."""
     raw: object = value
     if not isinstance(raw, Mapping):
         msg = f"DcpLayouts.{arg}: expected a mapping such as {example}, got {quote(raw)}"
@@ -89,9 +91,9 @@ def _by_name(value: Mapping[str, T], kind: type[T], arg: str, example: str) -> F
     for key, item in out.items():
         k: object = key
         v: object = item
-        if type(k) is not str or not isinstance(v, kind):
+        if type(k) is not str or not isinstance(v, value_type):
             msg = (
-                f"DcpLayouts.{arg}: expected str keys and {kind.__name__} values such as "
+                f"DcpLayouts.{arg}: expected str keys and {value_type.__name__} values such as "
                 f"{example}, got {quote(k)}: {quote(v)}; make it with table_from_dcp"
             )
             raise LayoutError(msg)
