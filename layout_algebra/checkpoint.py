@@ -29,6 +29,7 @@ from layout_algebra._args import (
     plain_str,
 )
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
+from layout_algebra._parts import PartPattern, PartSource, part_pattern, part_spans
 from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, check_table, read_dim
 from layout_algebra._shards import check_dims, check_layout, size_of
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
@@ -140,6 +141,11 @@ def _check_read_chunk(_: object, __: attrs.Attribute[Chunk], value: object) -> N
         raise LayoutError(msg)
 
 
+def _check_dest_fqn(_: object, __: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None:
+        check_fqn(value, "Read.dest_fqn")
+
+
 @attrs.frozen(cache_hash=True)
 class Read:
     """One read a destination rank makes: a box of one saved chunk into its local shard.
@@ -149,6 +155,11 @@ class Read:
     parameter, with the saved chunk in place of its storage index. Each field is checked
     (a wrong type is a ``LayoutError`` naming it); the box has the chunk's dims and lies
     within it.
+
+    A read between a fused tensor and its parts (``reshard_plan(parts=...)``) names the
+    loaded tensor as ``dest_fqn``: ``fqn`` and ``chunk`` stay the saved tensor's (the
+    fused one's offsets, or a part's), ``dest_offsets`` are in ``dest_fqn``'s local shard.
+    ``dest_fqn`` is ``None`` when the read loads ``fqn`` itself.
     """
 
     fqn: str = attrs.field(converter=plain_str, validator=_check_read_fqn, **REQUIRED)
@@ -156,14 +167,16 @@ class Read:
     dest_offsets: tuple[int, ...] = attrs.field(converter=_as_dest_offsets, **REQUIRED)
     storage_offsets: tuple[int, ...] = attrs.field(converter=_as_storage_offsets, **REQUIRED)
     lengths: tuple[int, ...] = attrs.field(converter=_as_lengths, **REQUIRED)
+    dest_fqn: str | None = attrs.field(default=None, validator=_check_dest_fqn)
 
-    def __attrs_pre_init__(
+    def __attrs_pre_init__(  # noqa: PLR0917 - attrs passes every field, in field order
         self,
         fqn: str,
         chunk: Chunk,
         dest_offsets: Iterable[int],
         storage_offsets: Iterable[int],
         lengths: Iterable[int],
+        dest_fqn: str | None = None,
     ) -> None:
         check_init(self, "fqn", (fqn, chunk, dest_offsets, storage_offsets, lengths))
 
@@ -190,7 +203,8 @@ class Read:
 
     def __str__(self) -> str:
         start = [c + o for c, o in zip(self.chunk.offsets, self.storage_offsets, strict=True)]
-        return f"{self.fqn}{_box(start, self.lengths)} from chunk {self.chunk}"
+        into = f" into {self.dest_fqn}" if self.dest_fqn is not None else ""
+        return f"{self.fqn}{_box(start, self.lengths)} from chunk {self.chunk}{into}"
 
     @property
     def numel(self) -> int:
@@ -542,6 +556,11 @@ def _layout_str(layout: SourceLayout) -> str:
     return str(layout) if layout.axes else f"{layout.mesh} (plain tensor)"
 
 
+def _source_str(src: ParamLayoutTable, fqn: str, pattern: _Pattern | PartPattern) -> str:
+    """Where ``fqn`` is read from, for a report: its saved layout, or the parts' sources."""
+    return pattern.source if isinstance(pattern, PartPattern) else _layout_str(src[fqn])
+
+
 _REPORT_GROUPS: Final = 16
 _REPORT_PARAMS: Final = 10
 
@@ -563,7 +582,7 @@ class ReshardPlan:
     _src: ParamLayoutTable
     _dst: ParamLayoutTable
     _fqns: tuple[str, ...] = attrs.field(eq=False)
-    _kinds: tuple[_Pattern, ...] = attrs.field(eq=False)
+    _kinds: tuple[_Pattern | PartPattern, ...] = attrs.field(eq=False)
     """Each parameter's reads (``_fqns[i]``'s are ``_kinds[i]``): a few shared patterns."""
     _counts: tuple[int, ...] = attrs.field(eq=False)
     """Reads by destination rank."""
@@ -583,7 +602,7 @@ class ReshardPlan:
         by_param: FrozenMap[str, int],
         tables: tuple[ParamLayoutTable, ParamLayoutTable],
         fqns: tuple[str, ...],
-        kinds: tuple[_Pattern, ...],
+        kinds: tuple[_Pattern | PartPattern, ...],
         counts: tuple[int, ...],
     ) -> ReshardPlan:
         plan = cls.__new__(cls)
@@ -634,6 +653,12 @@ class ReshardPlan:
         pieces: dict[_Pattern, tuple[_Piece, ...]] = {}
         out: list[Read] = []
         for fqn, pattern in zip(self._fqns, self._kinds, strict=True):
+            if isinstance(pattern, PartPattern):
+                out.extend(
+                    Read(name, Chunk(offsets, sizes), dest, storage, lengths, dest_fqn=fqn)
+                    for name, offsets, sizes, dest, storage, lengths in pattern.pieces(rank)
+                )
+                continue
             got = pieces.get(pattern)
             if got is None:
                 got = pieces[pattern] = pattern.pieces(rank)
@@ -699,16 +724,14 @@ class ReshardPlan:
             lines.append(f"  ... {n - shown[-1][0].stop} more ranks")
         named = sorted(self.by_param, key=lambda f: (-self.by_param[f], f))[:top]
         if named:
-            reads = {
-                name: pattern.count for name, pattern in zip(self._fqns, self._kinds, strict=True)
-            }
+            kinds = dict(zip(self._fqns, self._kinds, strict=True))
             lines.append("parameters that move most (bytes read by all ranks):")
             shown_fqns = {fqn: escape(fqn) for fqn in named}
             fqn_width = max(map(len, shown_fqns.values()))
             for fqn in named:
                 lines.append(
                     f"  {shown_fqns[fqn]:<{fqn_width}}  {human_bytes(self.by_param[fqn]):>10}  "
-                    f"{reads[fqn]:>5} reads  {_layout_str(self._src[fqn])} -> "
+                    f"{kinds[fqn].count:>5} reads  {_source_str(self._src, fqn, kinds[fqn])} -> "
                     f"{_layout_str(self._dst[fqn])}"
                 )
             if len(self.by_param) > top:
@@ -781,17 +804,197 @@ def _read_shape(fqn: str, found: HasShape) -> tuple[tuple[int, ...], int]:
     return checked, DTYPE_BYTES[name]
 
 
+PartsLike: TypeAlias = Mapping[str, Mapping[str, str]]
+"""Fused FQN to its parts' FQNs by part name: ``{"mlp.gate_up_proj.weight": {"gate":
+"mlp.gate_proj.weight", "up": "mlp.up_proj.weight"}}``."""
+
+_PARTS_EXAMPLE: Final = "{'mlp.gate_up_proj.weight': {'gate': 'mlp.gate_proj.weight', ...}}"
+
+
+def _as_parts(parts: object) -> dict[str, dict[str, str]]:
+    """``parts`` read once as plain strings.
+
+    Raises:
+        LayoutError: naming ``parts``: not a mapping of FQN to a mapping of part name to FQN.
+    """
+    if not isinstance(parts, Mapping):
+        msg = (
+            f"parts must map a fused FQN to its parts' FQNs, such as {_PARTS_EXAMPLE}, "
+            f"got {quote(parts)}"
+        )
+        raise LayoutError(msg)
+    out: dict[str, dict[str, str]] = {}
+    for fused, names in mapping_items(parts, "parts", _PARTS_EXAMPLE):
+        raw: object = names
+        if not isinstance(fused, str) or not isinstance(raw, Mapping):
+            msg = (
+                f"parts[{quote(fused)}] must map part names to FQNs, such as {_PARTS_EXAMPLE}, "
+                f"got {quote(raw)}"
+            )
+            raise LayoutError(msg)
+        inner: dict[str, str] = {}
+        for part, fqn in mapping_items(names, f"parts[{quote(fused)}]", _PARTS_EXAMPLE):
+            if not isinstance(part, str) or not isinstance(fqn, str):
+                msg = (
+                    f"parts[{quote(fused)}] must map part names to FQNs (str to str), got "
+                    f"{quote(part)}: {quote(fqn)}"
+                )
+                raise LayoutError(msg, fqn=plain_str(fused))
+            inner[plain_str(part)] = plain_str(fqn)
+        out[plain_str(fused)] = inner
+    return out
+
+
+@attrs.frozen
+class _PartSpec:
+    """One destination parameter read from the parts of another, or from their whole."""
+
+    fused: str
+    split: bool
+    """The fused tensor is saved and its parts loaded (else the reverse)."""
+    dim: int
+    pairs: tuple[tuple[str, str, int, int], ...]
+    """``(part name, its FQN, start, stop)`` on ``dim``, the ones this parameter reads."""
+
+
+def _part_specs(
+    parts: dict[str, dict[str, str]],
+    src: ParamLayoutTable,
+    dst: ParamLayoutTable,
+    shapes: ShapesLike,
+) -> dict[str, _PartSpec]:
+    """By destination FQN, what ``parts`` makes it read: each checked against the tables
+    and the fused shape's structure.
+
+    Raises:
+        LayoutError: naming the fused FQN (and the part): a fused FQN in neither or both
+            tables, a part's FQN on the wrong side, no structure, a part the structure
+            lacks, a part whose shape is not the fused shape's slice, a part left out when
+            the fused tensor is loaded.
+    """
+    out: dict[str, _PartSpec] = {}
+    for fused, names in parts.items():
+        split = fused in src and fused not in dst
+        if not split and not (fused in dst and fused not in src):
+            where = "both tables" if fused in src else "neither table"
+            msg = (
+                f"parts: {clip(fused)} is in {where}; a fused FQN is saved (in src) with its "
+                "parts loaded (in dst), or the reverse: put it in exactly one"
+            )
+            raise LayoutError(msg, fqn=fused)
+        found = _find_shape(fused, shapes, src if split else dst)
+        structure: object = getattr(found, "structure", None)
+        packed = (
+            [(d, p) for d, p in structure.items() if len(p.parts) > 1]
+            if isinstance(structure, Mapping)
+            else []
+        )
+        if len(packed) != 1:
+            what = "no dim packed of several parts" if not packed else "several packed dims"
+            msg = (
+                f"parts: {clip(fused)}'s shape has {what}, so its parts {quote(sorted(names))} "
+                "have no rows; give its ParamShape a structure with one packed dim, such as "
+                "structure={0: Packed([Part('gate', n), Part('up', n)])}"
+            )
+            raise LayoutError(msg, fqn=fused)
+        dim, whole = packed[0]
+        spans = part_spans(whole)
+        shape, _ = _read_shape(fused, found)
+        dtype = as_dtype(found.dtype)
+        pairs = []
+        for part, fqn in names.items():
+            span = spans.get(part)
+            if span is None:
+                msg = (
+                    f"parts: {clip(fused)} has no part {part!r} on dim {dim} ({whole}); name "
+                    f"one of {quote(list(spans))}"
+                )
+                raise LayoutError(msg, fqn=fused)
+            side, table = ("dst", dst) if split else ("src", src)
+            if fqn not in table:
+                msg = (
+                    f"parts: {clip(fused)}'s part {part!r} is {clip(fqn)}, which {side} lacks; "
+                    f"add it to {side} or leave the part out"
+                )
+                raise LayoutError(msg, fqn=fused)
+            got = _find_shape(fqn, shapes, table)
+            want = (*shape[:dim], span[1] - span[0], *shape[dim + 1 :])
+            part_shape, _ = _read_shape(fqn, got)
+            if part_shape != want or as_dtype(got.dtype) != dtype:
+                msg = (
+                    f"parts: {clip(fused)}'s part {part!r} ({whole} on dim {dim}) is "
+                    f"{dtype}{list(want)}, but {clip(fqn)} is {as_dtype(got.dtype)}"
+                    f"{list(part_shape)}; map the part to a tensor of its shape and dtype"
+                )
+                raise LayoutError(msg, fqn=fused)
+            pairs.append((part, fqn, *span))
+        if split:
+            for part, fqn, lo, hi in pairs:
+                if fqn in out:
+                    msg = f"parts: {clip(fqn)} is named as a part twice; name it once"
+                    raise LayoutError(msg, fqn=fqn)
+                out[fqn] = _PartSpec(fused, True, dim, ((part, fqn, lo, hi),))
+        else:
+            missing = [p for p in spans if p not in names]
+            if missing:
+                msg = (
+                    f"parts: {clip(fused)} is loaded from its parts, but {quote(missing)} "
+                    "name no tensor, so its rows would be left unread; map every part"
+                )
+                raise LayoutError(msg, fqn=fused)
+            out[fused] = _PartSpec(fused, False, dim, tuple(pairs))
+    return out
+
+
+def _part_pattern(
+    planner: _Planner,
+    fqn: str,
+    spec: _PartSpec,
+    tables: tuple[ParamLayoutTable, ParamLayoutTable],
+    shapes: ShapesLike,
+) -> PartPattern:
+    """The reads of ``fqn``, a fused tensor's part or the fused tensor, by ``spec``."""
+    src, dst = tables
+    sources = []
+    for _, name, lo, hi in spec.pairs:
+        saved = spec.fused if spec.split else name
+        shape, itemsize = _read_shape(saved, _find_shape(saved, shapes, src))
+        layout = src[saved]
+        _check_layout(layout, saved)
+        mesh = _role_mesh(planner.src, layout, saved, "src_sizes")
+        check_dims(layout, len(shape), shape=shape)
+        if spec.split:
+            sources.append(PartSource(saved, layout, mesh, shape, spec.dim, 0, hi - lo, lo))
+        else:
+            sources.append(PartSource(saved, layout, mesh, shape, spec.dim, lo, hi, -lo))
+    shape, _ = _read_shape(fqn, _find_shape(fqn, shapes, dst))
+    layout = dst[fqn]
+    mesh = _role_mesh(planner.dst, layout, fqn, "dst_sizes")
+    check_dims(layout, len(shape), shape=shape)
+    return part_pattern((layout, mesh, shape), sources, itemsize=itemsize)
+
+
 def _plan_all(
-    planner: _Planner, src: ParamLayoutTable, dst: ParamLayoutTable, shapes: ShapesLike
-) -> tuple[list[str], list[_Pattern], list[LayoutError]]:
+    planner: _Planner,
+    src: ParamLayoutTable,
+    dst: ParamLayoutTable,
+    shapes: ShapesLike,
+    specs: Mapping[str, _PartSpec],
+) -> tuple[list[str], list[_Pattern | PartPattern], list[LayoutError]]:
     """Every parameter of ``dst`` and its reads, in order, and every problem found on the
     way; each distinct (source layout, layout, shape, dtype) planned once."""
     fqns: list[str] = []
-    kinds: list[_Pattern] = []
+    kinds: list[_Pattern | PartPattern] = []
     problems: list[LayoutError] = []
     known: dict[tuple[SourceLayout, SourceLayout, HasShape], _Pattern] = {}
     for fqn, layout in dst.items():
         try:
+            spec = specs.get(fqn)
+            if spec is not None:
+                part = _part_pattern(planner, fqn, spec, (src, dst), shapes)
+                fqns.append(fqn)
+                kinds.append(part)
+                continue
             old = src.get(fqn)
             if old is None:
                 msg = (
@@ -833,6 +1036,7 @@ def reshard_plan(
     dst_sizes: Mapping[str, Mapping[str, int]],
     fsdp: Mapping[str, FsdpAxes] | None = None,
     shard_dim: int | Mapping[str, int] = 0,
+    parts: PartsLike | None = None,
 ) -> ReshardPlan:
     """What loading a checkpoint saved under ``src`` costs each rank under ``dst``.
 
@@ -865,6 +1069,13 @@ def reshard_plan(
         fsdp: FSDP's axis by mesh role (or a ``(replicate, shard)`` pair) when the
             tables are source tables, as for ``compose_table``.
         shard_dim: the dim FSDP shards, for every parameter or by FQN (with ``fsdp=``).
+        parts: fused FQN to its parts' FQNs by part name (the names of the packed dim of
+            the fused shape's ``structure``). With the fused tensor in ``src`` and its parts
+            in ``dst``, each part is read from the fused tensor's saved chunks, its own
+            rows only; with the parts in ``src`` and the fused tensor in ``dst``, the fused
+            tensor is read from every part's chunks. Rows are followed as ranks hold
+            them, so a ``StridedShard`` over ``[gate | up]`` reads right. Such reads name
+            the loaded tensor as ``Read.dest_fqn``.
 
     Returns:
         The reads and bytes of every destination rank.
@@ -891,7 +1102,8 @@ def reshard_plan(
         world_size(src_roles, "src_sizes")
     src_meshes, dst_meshes = src_roles, dst_roles
     planner = _Planner(src_meshes, dst_meshes)
-    fqns, kinds, problems = _plan_all(planner, src, dst, shapes)
+    specs = {} if parts is None else _part_specs(_as_parts(parts), src, dst, shapes)
+    fqns, kinds, problems = _plan_all(planner, src, dst, shapes, specs)
     if problems:
         # Headers that keep experts one by one explain every fused parameter they lack.
         missing = [e.fqn for e in problems if e.fqn is not None and e.fqn not in shapes]
@@ -904,7 +1116,7 @@ def reshard_plan(
         ]
         raise plan_error("the reshard", problems)
     # Each pattern's bytes and reads counted once, for all the parameters sharing it.
-    uses: dict[_Pattern, int] = {}
+    uses: dict[_Pattern | PartPattern, int] = {}
     for pattern in kinds:
         uses[pattern] = uses.get(pattern, 0) + 1
     nbytes, reads = RankSum(dst_meshes), RankSum(dst_meshes)
