@@ -630,3 +630,16 @@ def test_a_tree_deeper_than_torch_walks_is_a_bind_error() -> None:
     with pytest.raises(BindError, match="recursed past Python's limit") as info:
         shapes_from_module(root)
     assert info.value.fqn is None
+
+
+def test_two_parameters_under_one_fqn_are_refused(mesh: DeviceMesh) -> None:
+    """A dotted name registered behind torch's back can repeat a submodule's FQN: the
+    table's layout cannot say which of the two it is for."""
+    model = nn.Module()
+    model.a = nn.Module()
+    model.a.b = nn.Parameter(torch.ones(4))
+    model._parameters["a.b"] = nn.Parameter(torch.ones(4))  # behind torch's back
+    assert [n for n, _ in model.named_parameters(remove_duplicate=False)] == ["a.b", "a.b"]
+    with pytest.raises(BindError, match=r"^a\.b: two parameters of Module have this FQN") as info:
+        bind(ParamLayoutTable({"a.b": TP}), model, {"dense": mesh})
+    assert info.value.fqn == "a.b"

@@ -58,7 +58,7 @@ def named_parameters(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
         BindError: a module of the tree holds one of its ancestors (a cycle).
     """
     for name, param in _torch_walk(module, module.named_parameters(remove_duplicate=False)):
-        yield state_dict_fqn(name), param
+        yield (name if _WRAPPER_SEGMENT not in name else state_dict_fqn(name)), param
 
 
 def named_modules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from torch import nn
@@ -133,6 +133,15 @@ def _unknown_fqn(fqn: str, module: nn.Module, names: Iterable[str]) -> BindError
     return BindError(msg, fqn=fqn)
 
 
+def _named_twice(fqn: str, module: nn.Module) -> BindError:
+    msg = (
+        f"{clip(fqn)}: two parameters of {type(module).__name__} have this FQN (a name "
+        "registered behind torch's back, with a dot, or under an activation-checkpoint "
+        "wrapper), so its layout cannot say which; give each parameter its own name"
+    )
+    return BindError(msg, fqn=fqn)
+
+
 def _alias_conflict(
     first: str, first_layout: SourceLayout, fqn: str, layout: SourceLayout
 ) -> BindError:
@@ -185,31 +194,29 @@ def bind(
     check_module(module, "bind(module=...)")
     binder = _Binder(check_meshes(meshes, "bind(meshes=...)"))
     layouts = dict(table.items())  # one plain dict lookup per parameter walked
-    found: set[str] = set()  # the table's FQNs the module has
-
-    def matched() -> Iterator[tuple[str, nn.Parameter, Binding]]:
-        for fqn, param in named_parameters(module):
-            layout = layouts.get(fqn)
-            if layout is None:
-                continue
-            found.add(fqn)
-            prepared = binder.prepared.get(layout)
-            if prepared is None:
-                prepared = binder.prepared[layout] = binder.prepare(fqn, layout)
-            binding, min_ndim = prepared
-            if param.dim() < min_ndim:
-                raise binder.dim_error(fqn, layout, param)
-            yield fqn, param, binding
+    unfound = layouts.copy()  # the table's FQNs no parameter has been found under yet
+    matched: list[tuple[str, nn.Parameter, Binding]] = []
+    for fqn, param in named_parameters(module):
+        layout = unfound.pop(fqn, None)
+        if layout is None:
+            if fqn in layouts:
+                raise _named_twice(fqn, module)
+            continue
+        prepared = binder.prepared.get(layout)
+        if prepared is None:
+            prepared = binder.prepared[layout] = binder.prepare(fqn, layout)
+        binding, min_ndim = prepared
+        if min_ndim and param.dim() < min_ndim:  # a layout sharding no dim fits any
+            raise binder.dim_error(fqn, layout, param)
+        matched.append((fqn, param, binding))
+    if unfound:
+        names = [fqn for fqn, _ in named_parameters(module)]
+        raise _unknown_fqn(next(iter(unfound)), module, names)
 
     def conflict(first: str, fqn: str) -> BindError:
         return _alias_conflict(first, table[first], fqn, table[fqn])
 
-    out = ParamBindings.sharing(matched(), conflict)
-    if len(found) < len(layouts):
-        names = [fqn for fqn, _ in named_parameters(module)]
-        unknown = next(fqn for fqn in layouts if fqn not in found)
-        raise _unknown_fqn(unknown, module, names)
-    return out
+    return ParamBindings.sharing(matched, conflict)
 
 
 def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_AXES) -> Binding:

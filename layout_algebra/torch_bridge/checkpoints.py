@@ -26,9 +26,9 @@ from typing import Any, Final
 import torch
 from torch import nn
 
+from layout_algebra._frozen import FrozenMap
 from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
-from layout_algebra._frozen import FrozenMap
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.torch_bridge._checks import check_module
 from layout_algebra.torch_bridge._walk import named_parameters

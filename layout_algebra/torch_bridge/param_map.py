@@ -117,7 +117,8 @@ class _Entry(weakref.ref[nn.Parameter]):
 def _dropper(refs: dict[int, _Entry]) -> Callable[[_Entry], None]:
     # a closure over the dict, not over the mapping: a dropped mapping is not kept alive
     def drop(ref: _Entry) -> None:
-        # runs while the parameter is being collected, before its id can be reused
+        # runs while the parameter is being collected, before its id can be reused, so
+        # an entry in the dict always refers to the live object with that id
         if refs.get(ref.key) is ref:
             del refs[ref.key]
 
@@ -223,9 +224,9 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
                 )
                 raise BindError(msg)
             key = id(param)
-            first = refs.get(key)
-            if first is None or first() is not param:
-                entry = refs[key] = _Entry(param, drop)
+            entry = _Entry(param, drop)
+            first = refs.setdefault(key, entry)  # an entry found is alive: see _dropper
+            if first is entry:
                 entry.key, entry.fqn, entry.binding = key, fqn, binding
             elif conflict is not None and first.binding is not binding:
                 raise conflict(first.fqn, fqn)

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from layout_algebra.errors import BindError, LayoutError
 from layout_algebra._frozen import FrozenMap
+from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.shapes import ParamShape
 from layout_algebra.structure import Packed
 from layout_algebra.torch_bridge._checks import check_module, refuse_spmd_local, spmd_local
@@ -41,22 +41,15 @@ def shapes_from_module(
     """
     check_module(module, "shapes_from_module(module=...)")
     shapes: dict[str, ParamShape] = {}
-    seen: dict[int, tuple[nn.Parameter, ParamShape]] = {}  # each entry holds its parameter
     local: list[str] = []  # spmd_types shards: their shape is not the global one
     for fqn, param in named_parameters(module):
-        hit = seen.get(id(param))
-        if hit is not None and hit[0] is param:
-            shapes[fqn] = hit[1]
-            continue
         if spmd_local(param):
             local.append(fqn)
         try:
-            shape = ParamShape(tuple(param.shape), str(param.dtype))
+            shapes[fqn] = ParamShape(tuple(param.shape), str(param.dtype))
         except LayoutError as e:
             msg = f"{fqn}: {e.message}"
             raise BindError(msg, fqn=fqn) from e
-        seen[id(param)] = (param, shape)
-        shapes[fqn] = shape
     refuse_spmd_local(local, "shapes_from_module")
     for fqn, found in structure_from_module(module, structure=structure).items():
         if fqn not in shapes:  # a module naming its parameters its own way
