@@ -155,9 +155,7 @@ class _Reader:
             self.problems.add(msg, fqn=path)
             return
         layouts = dict(mapping_items(raw, f"{where}'s state_shardings", "{'weight': ...}"))
-        for leaf, param in module._parameters.items():
-            if param is None:
-                continue
+        for leaf, param in module.named_parameters(recurse=False, remove_duplicate=False):
             fqn = param_fqn(path, leaf)
             layout = layouts.get(leaf)
             if layout is None:

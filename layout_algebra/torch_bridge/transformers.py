@@ -376,7 +376,7 @@ def _head_count(model: nn.Module, module: nn.Module, *, rows: bool) -> int | Non
         if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
             return None
         head_dim = hidden // heads
-    weight = module._parameters.get("weight")
+    weight = dict(module.named_parameters(recurse=False, remove_duplicate=False)).get("weight")
     if not isinstance(head_dim, int) or head_dim <= 0 or weight is None or weight.ndim == 0:
         return None
     return int(weight.shape[0 if rows else -1]) // head_dim
