@@ -141,6 +141,10 @@ def _check_read_chunk(_: object, __: attrs.Attribute[Chunk], value: object) -> N
         raise LayoutError(msg)
 
 
+def _as_dest_fqn(value: str | None) -> str | None:
+    return None if value is None else plain_str(value)
+
+
 def _check_dest_fqn(_: object, __: attrs.Attribute[str | None], value: object) -> None:
     if value is not None:
         check_fqn(value, "Read.dest_fqn")
@@ -167,7 +171,9 @@ class Read:
     dest_offsets: tuple[int, ...] = attrs.field(converter=_as_dest_offsets, **REQUIRED)
     storage_offsets: tuple[int, ...] = attrs.field(converter=_as_storage_offsets, **REQUIRED)
     lengths: tuple[int, ...] = attrs.field(converter=_as_lengths, **REQUIRED)
-    dest_fqn: str | None = attrs.field(default=None, validator=_check_dest_fqn)
+    dest_fqn: str | None = attrs.field(
+        default=None, converter=_as_dest_fqn, validator=_check_dest_fqn
+    )
 
     def __attrs_pre_init__(  # noqa: PLR0917 - attrs passes every field, in field order
         self,

@@ -34,7 +34,7 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
 )
-from layout_algebra.checkpoint import Read, reshard_plan
+from layout_algebra.checkpoint import Chunk, Read, reshard_plan
 from layout_algebra.errors import LayoutError
 from layout_algebra.torch_bridge import to_torch
 from tests.torch_oracle import (
@@ -301,6 +301,14 @@ def test_a_fused_shape_without_structure_is_an_error() -> None:
 )
 def test_parts_of_the_wrong_form_are_errors(parts: object, says: str) -> None:
     assert says in bad(parts)
+
+
+def test_a_read_checks_its_dest_fqn() -> None:
+    chunk = Chunk((0,), (2,))
+    assert Read("w", chunk, (0,), (0,), (2,)).dest_fqn is None
+    assert str(Read("w", chunk, (0,), (0,), (2,), "v")) == "w[0:2] from chunk [0:2] into v"
+    with pytest.raises(LayoutError, match=r"Read\.dest_fqn"):
+        Read("w", chunk, (0,), (0,), (2,), 3)  # type: ignore[arg-type]  # wrong on purpose
 
 
 def test_loading_the_fused_tensor_needs_every_part() -> None:
