@@ -576,6 +576,25 @@ def test_managed_bindings_fqn_relative_to_owner(
     ]
 
 
+def test_a_default_sharding_a_dim_the_parameter_lacks_is_named_as_bind_names_it(
+    table: ParamLayoutTable, meshes: dict[str, DeviceMesh], dense: DeviceMesh
+) -> None:
+    model = make_model()
+    partial = ParamLayoutTable(
+        {fqn: lay for fqn, lay in table.items() if not fqn.endswith("norm")}, tied=table.tied
+    )
+    bindings = bind(partial, model, meshes)
+    default = Binding("<default>", dense["tp"], (tpt.Shard(1),))
+    with pytest.raises(BindError) as info:
+        managed_bindings(bindings, model, default=default)
+    e = info.value
+    assert (e.fqn, e.axis, e.placement) == ("layers.0.norm", "tp", "S(1)")
+    assert str(e) == (
+        "layers.0.norm: S(1) on axis 'tp' shards dim 1, but the parameter has 1 dim "
+        "(shape (8,)); give it a table entry (the default binding)"
+    )
+
+
 def test_managed_bindings_missing_without_default(
     table: ParamLayoutTable, meshes: dict[str, DeviceMesh]
 ) -> None:

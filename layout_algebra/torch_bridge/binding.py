@@ -8,13 +8,12 @@ from typing import Final
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import placement_types as tpt
 
 from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
-from layout_algebra.placements import Replicate, Shard, StridedShard, format_placement
+from layout_algebra.placements import Placement, Replicate, Shard, StridedShard, format_placement
 from layout_algebra.torch_bridge._checks import (
     check_meshes,
     check_module,
@@ -100,20 +99,31 @@ class _Binder:
             )
             raise BindError(msg, fqn=fqn, axis=axes[0]) from e
 
-    @staticmethod
-    def dim_error(fqn: str, layout: SourceLayout, param: nn.Parameter) -> BindError:
-        ndim = param.ndim
-        for axis, placement in zip(layout.axes, layout.placements, strict=True):
-            if isinstance(placement, Shard | StridedShard) and placement.dim >= ndim:
-                p = format_placement(placement)
-                msg = (
-                    f"{fqn}: {p} on axis {axis.name!r} shards dim {placement.dim}, but the "
-                    f"parameter has {ndim} dim{'s' if ndim != 1 else ''} (shape "
-                    f"{tuple(param.shape)}); shard a dim below {ndim} or declare R"
-                )
-                return BindError(msg, fqn=fqn, axis=axis.name, placement=p)
-        msg = f"{fqn}: {layout} does not fit a parameter of shape {tuple(param.shape)}"
-        return BindError(msg, fqn=fqn)
+
+def _beyond_dims(
+    fqn: str, placed: Iterable[tuple[str, Placement]], param: nn.Parameter, remedy: str
+) -> BindError | None:
+    """The error for the first ``(axis, placement)`` of ``placed`` that shards a dim
+    ``param`` lacks, ending with ``remedy``; ``None`` when every one fits."""
+    ndim = param.ndim
+    for axis, placement in placed:
+        if isinstance(placement, Shard | StridedShard) and placement.dim >= ndim:
+            p = format_placement(placement)
+            msg = (
+                f"{fqn}: {p} on axis {axis!r} shards dim {placement.dim}, but the parameter "
+                f"has {ndim} dim{'s' if ndim != 1 else ''} (shape {tuple(param.shape)}); "
+                f"{remedy}"
+            )
+            return BindError(msg, fqn=fqn, axis=axis, placement=p)
+    return None
+
+
+def _too_few_dims(fqn: str, layout: SourceLayout, param: nn.Parameter) -> BindError:
+    """The error for ``param``, which lacks a dim ``layout`` shards."""
+    placed = [(axis.name, p) for axis, p in zip(layout.axes, layout.placements, strict=True)]
+    error = _beyond_dims(fqn, placed, param, f"shard a dim below {param.ndim} or declare R")
+    assert error is not None  # the caller found a dim it lacks
+    return error
 
 
 def _unknown_fqn(fqn: str, module: nn.Module, names: Iterable[str]) -> BindError:
@@ -183,12 +193,12 @@ def bind(
 
     Raises:
         BindError: an argument of the wrong type, an FQN the module does not have (with
-            a close name suggested; a buffer's FQN is named as a buffer), a role with no
-            mesh, a mesh without dim names, an
-            axis the mesh lacks, a shard dim beyond the parameter's dims, or two aliases
-            of one Parameter with different layouts, or a module of ``module`` that
-            holds one of its ancestors (a cycle of submodules, naming the path that
-            closes it). Nothing is bound unless everything binds.
+            a close name suggested; a buffer's FQN is named as a buffer), two parameters
+            under one FQN, a role with no mesh, a mesh without dim names, an axis the
+            mesh lacks, a shard dim beyond the parameter's dims, or two aliases of one
+            Parameter with different layouts, or a module of ``module`` that holds one
+            of its ancestors (a cycle of submodules, naming the path that closes it).
+            Nothing is bound unless everything binds.
     """
     check_table(table, "bind(table=...)")
     check_module(module, "bind(module=...)")
@@ -207,7 +217,7 @@ def bind(
             prepared = binder.prepared[layout] = binder.prepare(fqn, layout)
         binding, min_ndim = prepared
         if min_ndim and param.dim() < min_ndim:  # a layout sharding no dim fits any
-            raise binder.dim_error(fqn, layout, param)
+            raise _too_few_dims(fqn, layout, param)
         matched.append((fqn, param, binding))
     if unfound:
         names = [fqn for fqn, _ in named_parameters(module)]
@@ -375,11 +385,7 @@ def managed_bindings(
 
 def _check_default_dims(fqn: str, default: Binding, param: nn.Parameter) -> None:
     names = (default.mesh.mesh_dim_names or ()) if default.mesh is not None else ()
-    for axis, p in zip(names, default.placements, strict=False):
-        if isinstance(p, tpt.Shard | tpt._StridedShard) and p.dim >= param.ndim:
-            shown = format_placement(from_torch(p))
-            msg = (
-                f"{fqn}: the default binding puts {shown} on axis {axis!r}, but the "
-                f"parameter has shape {tuple(param.shape)}; give it a table entry"
-            )
-            raise BindError(msg, fqn=fqn, axis=axis, placement=shown)
+    placed = zip(names, (from_torch(p) for p in default.placements), strict=False)
+    error = _beyond_dims(fqn, placed, param, "give it a table entry (the default binding)")
+    if error is not None:
+        raise error
