@@ -24,6 +24,7 @@ __all__ = [
     "escape",
     "exact_bytes",
     "human_bytes",
+    "label",
     "listed",
     "quote",
     "rank_groups",
@@ -84,6 +85,12 @@ def quote(value: object, limit: int = MAX_QUOTED) -> str:
     except Exception:
         return f"<a {type(value).__name__} that cannot be shown>"
     return clip(text, limit)
+
+
+def label(value: object) -> str:
+    """The name of an argument for a message: as given when it is text (``clip``), else
+    its ``quote``, so a label of any type or size still gives a bounded message."""
+    return clip(value) if isinstance(value, str) else quote(value)
 
 
 def suggest(word: str, candidates: Iterable[str]) -> str | None:

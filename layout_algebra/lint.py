@@ -32,7 +32,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra._args import as_instances, as_items, mapping_items, plain_str
+from layout_algebra._args import as_instances, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
 from layout_algebra._ranks import (
     Chain,
@@ -74,7 +74,14 @@ from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn, che
 from layout_algebra.mesh import Mesh, as_role_sizes, world_size
 from layout_algebra.placements import format_placement
 from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
-from layout_algebra.training import Training, cost_lines, training_cost
+from layout_algebra.training import (
+    Training,
+    as_counts,
+    as_text,
+    cost_lines,
+    rows_by_name,
+    training_cost,
+)
 
 __all__ = [
     "Coverage",
@@ -93,39 +100,13 @@ _MAX_RANK_ROWS: Final = 16
 many groups)."""
 
 
-def _text(value: object, arg: str) -> str:
-    """``value`` checked to be a ``str``, as plain text.
-
-    Raises:
-        LayoutError: naming ``arg``.
-    """
-    if not isinstance(value, str):
-        msg = f"{arg} must be a str, got {type(value).__name__} {quote(value)}"
-        raise LayoutError(msg)
-    return plain_str(value)
-
-
 def _optional_text(value: object, arg: str) -> str | None:
     """``value`` checked to be a ``str`` or ``None``, as plain text.
 
     Raises:
         LayoutError: naming ``arg``.
     """
-    return None if value is None else _text(value, f"{arg} (or None)")
-
-
-def _counts(value: Iterable[int], arg: str) -> tuple[int, ...]:
-    """``value`` as a tuple of ints >= 0 (ranks, bytes).
-
-    Raises:
-        LayoutError: naming ``arg``: not a collection, or an item that is no such int.
-    """
-    out = as_items(value, arg, "(0, 1)")
-    for n in out:
-        if type(n) is not int or n < 0:
-            msg = f"{arg} holds ints >= 0, got {quote(n)} in {quote(out)}"
-            raise LayoutError(msg)
-    return out
+    return None if value is None else as_text(value, f"{arg} (or None)")
 
 
 class LintProblem(LayoutError):
@@ -167,10 +148,10 @@ class LintProblem(LayoutError):
         placement: str | None = None,
     ) -> None:
         check_init(self, "kind", ())  # before anything is set, args included
-        message = _text(message, "LintProblem(message)")
-        kind = _text(kind, "LintProblem(kind=...)")
+        message = as_text(message, "LintProblem(message)")
+        kind = as_text(kind, "LintProblem(kind=...)")
         fqn = check_fqn(fqn, "LintProblem(fqn=...)")
-        ranks = _counts(ranks, "LintProblem(ranks=...)")
+        ranks = as_counts(ranks, "LintProblem(ranks=...)")
         axis = _optional_text(axis, "LintProblem(axis=...)")
         placement = _optional_text(placement, "LintProblem(placement=...)")
         super().__init__(message, fqn=fqn, axis=axis, placement=placement)
@@ -218,7 +199,7 @@ def _check_note_fqn(_: object, __: attrs.Attribute[str], value: object) -> None:
 
 
 def _check_message(_: object, __: attrs.Attribute[str], value: object) -> None:
-    _text(value, "LintNote(message)")
+    as_text(value, "LintNote(message)")
 
 
 def _check_padding(_: object, __: attrs.Attribute[int], value: object) -> None:
@@ -251,37 +232,23 @@ def _max_at(values: tuple[int, ...], best: bool) -> tuple[int, int]:
 
 
 def _bytes_per_rank(value: Iterable[int]) -> tuple[int, ...]:
-    return _counts(value, "RankMemory(bytes_per_rank)")
+    return as_counts(value, "RankMemory(bytes_per_rank)")
 
 
 def _padded_bytes_per_rank(value: Iterable[int]) -> tuple[int, ...]:
-    return _counts(value, "RankMemory(padded_bytes_per_rank)")
-
-
-def _by_name(
-    value: Mapping[str, Iterable[int]], arg: str, what: str
-) -> FrozenMap[str, tuple[int, ...]]:
-    raw: object = value
-    if not isinstance(raw, Mapping):
-        msg = f"{arg} must map {what} to bytes per rank, got {quote(raw)}"
-        raise LayoutError(msg)
-    out = {
-        _text(key, f"{arg}: a {what}"): _counts(row, f"{arg}[{quote(key)}]")
-        for key, row in mapping_items(value, arg, "{'dense': (8, 8)}")
-    }
-    return FrozenMap(out)
+    return as_counts(value, "RankMemory(padded_bytes_per_rank)")
 
 
 def _as_by_role(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
-    return _by_name(value, "RankMemory(by_role)", "role")
+    return rows_by_name(value, "RankMemory(by_role)", "role")
 
 
 def _as_by_kind(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
-    return _by_name(value, "RankMemory(by_kind)", "kind of memory")
+    return rows_by_name(value, "RankMemory(by_kind)", "kind of memory")
 
 
 def _as_traffic(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
-    return _by_name(value, "LintReport(traffic)", "collective")
+    return rows_by_name(value, "LintReport(traffic)", "collective")
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ import attrs
 
 from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE, as_instances, mapping_items, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init
-from layout_algebra._text import clip, quote
+from layout_algebra._text import clip, label, quote
 from layout_algebra.errors import LayoutError, SerializationError
 
 __all__ = [
@@ -160,6 +160,7 @@ def as_structure(value: Mapping[int, Packed], arg: str = "structure") -> FrozenM
         LayoutError: naming ``arg``: not a mapping, a key that is no dim, a value that is
             no ``Packed``.
     """
+    arg = label(arg)
     raw: object = value
     example = "{0: Packed([Part('q', 32, 128)])}"
     if not isinstance(raw, Mapping):

@@ -42,7 +42,15 @@ from layout_algebra._frozen import FrozenMap
 from layout_algebra._json_read import at_field, fail, shown
 from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, chunk_bounds
-from layout_algebra._text import clip, exact_bytes, human_bytes, quote, rank_groups, ranks_str
+from layout_algebra._text import (
+    clip,
+    exact_bytes,
+    human_bytes,
+    label,
+    quote,
+    rank_groups,
+    ranks_str,
+)
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_name_set
 from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.fsdp import split_fsdp
@@ -57,7 +65,6 @@ __all__ = [
     "BudgetExcess",
     "Training",
     "TrainingCost",
-    "cost_lines",
     "parse_bytes",
     "training_cost",
     "training_from_obj",
@@ -258,6 +265,7 @@ def parse_bytes(text: str, arg: str = "budget") -> int:
     Raises:
         LayoutError: naming ``arg``: not such a count.
     """
+    arg = label(arg)
     raw: object = text
     match = _SIZE.fullmatch(raw.strip()) if isinstance(raw, str) else None
     scale = _UNITS.get(match.group(2).lower()) if match else None
@@ -281,23 +289,102 @@ def parse_bytes(text: str, arg: str = "budget") -> int:
 # the report
 
 
+def as_text(value: object, arg: str) -> str:
+    """``value`` checked to be a ``str``, as plain text.
+
+    Raises:
+        LayoutError: naming ``arg``.
+    """
+    if not isinstance(value, str):
+        msg = f"{arg} must be a str, got {type(value).__name__} {quote(value)}"
+        raise LayoutError(msg)
+    return plain_str(value)
+
+
+def as_counts(value: Iterable[int], arg: str) -> tuple[int, ...]:
+    """``value`` as a tuple of ints >= 0 (ranks, bytes).
+
+    Raises:
+        LayoutError: naming ``arg``: not a collection, or an item that is no such int.
+    """
+    out = as_items(value, arg, "(0, 1)")
+    for n in out:
+        if type(n) is not int or n < 0:
+            msg = f"{arg} holds ints >= 0, got {quote(n)} in {quote(out)}"
+            raise LayoutError(msg)
+    return out
+
+
+def rows_by_name(
+    value: Mapping[str, Iterable[int]], arg: str, what: str
+) -> FrozenMap[str, tuple[int, ...]]:
+    """``value`` checked to map each ``what`` (a name) to bytes per rank.
+
+    Raises:
+        LayoutError: naming ``arg``: not a mapping, a key that is no str, a row that is
+            not ints >= 0.
+    """
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"{arg} must map {what} to bytes per rank, got {quote(raw)}"
+        raise LayoutError(msg)
+    out = {
+        as_text(key, f"{arg}: a {what}"): as_counts(row, f"{arg}[{quote(key)}]")
+        for key, row in mapping_items(value, arg, "{'dense': (8, 8)}")
+    }
+    return FrozenMap(out)
+
+
+def _budget_fqn(_: object, __: attrs.Attribute[str], value: object) -> None:
+    check_fqn(value, "BudgetExcess(fqn)")
+
+
+def _budget_message(value: str) -> str:
+    return as_text(value, "BudgetExcess(message)")
+
+
+def _budget_ranks(value: Iterable[int]) -> tuple[int, ...]:
+    return as_counts(value, "BudgetExcess(ranks)")
+
+
 @attrs.frozen
 class BudgetExcess:
     """Ranks whose model state and buffers exceed a memory budget: ``message`` names the
     worst rank, its bytes by kind and the parameters weighing most there (``fqn`` the
     heaviest); ``ranks`` are every rank above the budget."""
 
-    message: str
-    fqn: str
-    ranks: tuple[int, ...]
+    message: str = attrs.field(converter=_budget_message)
+    fqn: str = attrs.field(converter=plain_str, validator=_budget_fqn)
+    ranks: tuple[int, ...] = attrs.field(converter=_budget_ranks)
 
 
-def _by_name(value: Mapping[str, Sequence[int]]) -> FrozenMap[str, tuple[int, ...]]:
-    return FrozenMap({plain_str(k): tuple(v) for k, v in value.items()})
+def _rows_of(
+    value: Mapping[str, Iterable[int]], arg: str, what: str, names: tuple[str, ...]
+) -> FrozenMap[str, tuple[int, ...]]:
+    """``rows_by_name`` holding a row for each of ``names`` and nothing else."""
+    rows = rows_by_name(value, arg, what)
+    if set(rows) != set(names):
+        msg = f"{arg} must have a row for each of {', '.join(names)}, got {sorted(rows)}"
+        raise LayoutError(msg)
+    return rows
 
 
-def _as_ints(value: Iterable[int]) -> tuple[int, ...]:
-    return tuple(value)
+def _by_kind(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
+    return _rows_of(value, "TrainingCost(by_kind)", "kind of memory", KINDS)
+
+
+def _traffic(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
+    return _rows_of(value, "TrainingCost(traffic)", "collective", TRAFFIC)
+
+
+def _largest_buffer(value: Iterable[int]) -> tuple[int, ...]:
+    return as_counts(value, "TrainingCost(largest_buffer)")
+
+
+def _check_over_budget(_: object, __: attrs.Attribute[BudgetExcess | None], value: object) -> None:
+    if value is not None and not isinstance(value, BudgetExcess):
+        msg = f"TrainingCost(over_budget) must be a BudgetExcess or None, got {quote(value)}"
+        raise LayoutError(msg)
 
 
 @attrs.frozen
@@ -307,12 +394,22 @@ class TrainingCost:
     ``by_kind`` maps each of ``KINDS`` to bytes per rank, ``traffic`` each of ``TRAFFIC``
     to bytes per rank per step; ``largest_buffer`` is the largest single all-gather output
     on each rank (one unit's), ``over_budget`` the ranks above the budget asked about.
+    Every row has one entry per rank.
     """
 
-    by_kind: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_by_name)
-    traffic: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_by_name)
-    largest_buffer: tuple[int, ...] = attrs.field(converter=_as_ints)
-    over_budget: BudgetExcess | None = None
+    by_kind: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_by_kind)
+    traffic: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_traffic)
+    largest_buffer: tuple[int, ...] = attrs.field(converter=_largest_buffer)
+    over_budget: BudgetExcess | None = attrs.field(default=None, validator=_check_over_budget)
+
+    def __attrs_post_init__(self) -> None:
+        rows = [*self.by_kind.values(), *self.traffic.values(), self.largest_buffer]
+        if len(set(map(len, rows))) > 1:
+            msg = (
+                "TrainingCost: every row has one entry per rank, got rows of "
+                f"{sorted(set(map(len, rows)))} entries"
+            )
+            raise LayoutError(msg)
 
     @property
     def total(self) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from layout_algebra.training import (
     KINDS,
     TRAFFIC,
     Training,
+    TrainingCost,
     parse_bytes,
     training_cost,
     training_from_obj,
@@ -389,3 +390,24 @@ def test_budget() -> None:
     assert "optimizer" in excess.message and "params" in excess.message
     assert excess.fqn == "emb"  # the first of the heaviest signature
     assert "and 3 alike" in excess.message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"by_kind": {"params": (1,)}}, "a row for each of params, grads"),
+        ({"largest_buffer": (1, 2)}, "one entry per rank"),
+        ({"largest_buffer": "ab"}, "TrainingCost(largest_buffer) must be a collection"),
+        ({"over_budget": "over"}, "must be a BudgetExcess or None"),
+    ],
+)
+def test_a_training_cost_is_checked_as_it_is_made(kwargs: dict[str, object], words: str) -> None:
+    given: dict[str, object] = {
+        "by_kind": {k: (1,) for k in KINDS},
+        "traffic": {t: (1,) for t in TRAFFIC},
+        "largest_buffer": (1,),
+        **kwargs,
+    }
+    with pytest.raises(LayoutError) as info:
+        TrainingCost(**given)  # type: ignore[arg-type]
+    assert words in str(info.value)

@@ -223,7 +223,7 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
                     f"nn.Parameter, Binding) triple, got {shown}"
                 )
                 raise BindError(msg)
-            key = id(param)
+            key = id(param)  # by identity, held weakly: see the class comment
             entry = _Entry(param, drop)
             first = refs.setdefault(key, entry)  # an entry found is alive: see _dropper
             if first is entry:
@@ -240,7 +240,7 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         return binding
 
     def __getitem__(self, param: nn.Parameter) -> Binding:
-        entry = self._refs.get(id(param))
+        entry = self._refs.get(id(param))  # by identity: see the class comment
         if entry is None or entry() is not param:
             raw: object = param
             shown = (
@@ -265,7 +265,7 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         return len(self._refs)
 
     def __contains__(self, param: object) -> bool:
-        entry = self._refs.get(id(param))
+        entry = self._refs.get(id(param))  # by identity: see the class comment
         return entry is not None and entry() is param
 
     def __repr__(self) -> str:
