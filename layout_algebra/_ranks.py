@@ -21,7 +21,7 @@ import attrs
 from layout_algebra._shards import chunk_bounds, shard_dim_of, split_factor_of
 from layout_algebra.fsdp import fsdp_storage_runs
 from layout_algebra.geometry import local_runs
-from layout_algebra.layout import SourceLayout, check_table
+from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Placement, Shard, StridedShard
 
@@ -30,7 +30,6 @@ __all__ = [
     "DimRead",
     "RankSum",
     "chain_of",
-    "check_table",  # re-exported from layout until checkpoint imports it from there
     "cover_problem",
     "fsdp_runs_differ",
     "index_vector",

@@ -9,9 +9,9 @@ from typing import Final, TypeAlias
 import attrs
 
 from layout_algebra._args import as_items, plain_str
+from layout_algebra._frozen import REQUIRED, check_init
 from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
-from layout_algebra._frozen import REQUIRED, check_init
 
 __all__ = ["FSDP_OWNED_AXES", "AxisLike", "AxisName"]
 

@@ -30,7 +30,7 @@ from layout_algebra._args import (
 )
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra._parts import PartPattern, PartSource, part_pattern, part_spans
-from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, check_table, read_dim
+from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, size_of
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.errors import LayoutError
@@ -39,6 +39,7 @@ from layout_algebra.layout import (
     ParamLayoutTable,
     SourceLayout,
     check_fqn,
+    check_table,
     partial_error,
 )
 from layout_algebra.mesh import MAX_WORLD, Mesh, as_mesh, as_role_sizes, world_size
@@ -1092,8 +1093,8 @@ def reshard_plan(
             that does not fit its shape or sizes.
         LayoutError: arguments of the wrong form, roles with different world sizes.
     """
-    check_table(src, "src")
-    check_table(dst, "dst")
+    check_table(src, "reshard_plan(src=...)")
+    check_table(dst, "reshard_plan(dst=...)")
     shapes = _shapes_by_fqn(shapes)  # looked up per FQN
     src_roles = as_role_sizes(src_sizes)
     dst_roles = as_role_sizes(dst_sizes)

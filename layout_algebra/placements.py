@@ -13,9 +13,9 @@ from typing import Final, Literal, Self, TypeAlias, TypeGuard, assert_never, get
 import attrs
 
 from layout_algebra._args import MAX_NDIM, plain_str
+from layout_algebra._frozen import NOT_GIVEN, REQUIRED, check_init
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError, PlacementSyntaxError
-from layout_algebra._frozen import NOT_GIVEN, REQUIRED, check_init
 
 __all__ = [
     "REDUCE_OPS",

@@ -500,7 +500,7 @@ def test_missing_shapes_sizes_and_partials_are_named() -> None:
         )
     with pytest.raises(LayoutError, match=r"P\(sum\) on axis 'tp'.*a checkpoint saves whole"):
         dcp_chunks(SourceLayout("dense", ["tp"], [Partial()]), (4,), {"tp": 2})
-    with pytest.raises(LayoutError, match="src must be a ParamLayoutTable"):
+    with pytest.raises(LayoutError, match=r"reshard_plan\(src=\.\.\.\) must be a ParamLayoutTable"):
         reshard_plan({}, table, {}, src_sizes=sizes, dst_sizes=sizes)  # type: ignore[arg-type]
     with pytest.raises(LayoutError, match="global_shape must be a sequence"):
         dcp_chunks(SourceLayout("dense", ["tp"], [S0]), "44", {"tp": 2})  # type: ignore[arg-type]
