@@ -17,6 +17,7 @@ from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError
 from layout_algebra.layout import SourceLayout
+from layout_algebra.mesh import Mesh
 from layout_algebra.placements import (
     Partial,
     Placement,
@@ -33,6 +34,7 @@ __all__ = [
     "chunk_bounds",
     "held_runs",
     "index_on",
+    "role_mesh",
     "shape_and_offset",
     "shard_dim_of",
     "size_of",
@@ -121,6 +123,32 @@ def size_of(
         )
         raise LayoutError(msg, fqn=fqn, axis=axis.name)
     return size
+
+
+def role_mesh(
+    meshes: Mapping[str, Mesh],
+    layout: SourceLayout,
+    arg: str = "mesh_sizes",
+    fqn: str | None = None,
+) -> Mesh:
+    """The mesh of ``layout``'s role in ``meshes`` (given as ``arg``), with a size for every
+    axis of the layout: the one check that sizes by role cover a layout.
+
+    Raises:
+        LayoutError: ``arg`` has no sizes for the role, or none for an axis of the layout.
+    """
+    mesh = meshes.get(layout.mesh)
+    if mesh is None:
+        who = f"{clip(fqn)}: " if fqn else ""
+        role = quote(layout.mesh)
+        msg = (
+            f"{who}{layout} is on mesh role {role}, which {arg} has no sizes for (it has "
+            f"{quote(sorted(meshes))}); give {arg}={{{role}: {{axis: n, ...}}, ...}}"
+        )
+        raise LayoutError(msg, fqn=fqn)
+    for axis in layout.axes:
+        size_of(mesh, axis, layout, fqn)
+    return mesh
 
 
 def index_on(coordinate: Mapping[str, int], axis: AxisName, size: int) -> int:

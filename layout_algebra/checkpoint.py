@@ -31,7 +31,7 @@ from layout_algebra._args import (
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra._parts import PartPattern, PartSource, part_pattern, part_spans
 from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, read_dim
-from layout_algebra._shards import check_dims, check_layout, size_of
+from layout_algebra._shards import check_dims, check_layout, role_mesh, size_of
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.errors import LayoutError
 from layout_algebra.fsdp import FsdpAxes, compose_table, plan_error
@@ -513,19 +513,6 @@ def _pattern(
     )
 
 
-def _role_mesh(meshes: Mapping[str, Mesh], layout: SourceLayout, fqn: str, which: str) -> Mesh:
-    mesh = meshes.get(layout.mesh)
-    if mesh is None:
-        msg = (
-            f"{clip(fqn)}: {layout} is on mesh role {quote(layout.mesh)}, which {which} has no "
-            f"sizes for (it has {quote(sorted(meshes))}); give "
-            f"{which}={{{quote(layout.mesh)}: {{axis: n, ...}}, ...}}"
-        )
-        raise LayoutError(msg, fqn=fqn)
-    _check_sizes(layout, mesh, fqn)
-    return mesh
-
-
 class _Planner:
     """Plans each distinct (source layout, destination layout, shape, itemsize) once, by
     value, and counts the parameters sharing it."""
@@ -542,8 +529,8 @@ class _Planner:
         key = (src, dst, shape, itemsize)
         found = self.patterns.get(key)
         if found is None:
-            src_mesh = _role_mesh(self.src, src, fqn, "src_sizes")
-            dst_mesh = _role_mesh(self.dst, dst, fqn, "dst_sizes")
+            src_mesh = role_mesh(self.src, src, "src_sizes", fqn)
+            dst_mesh = role_mesh(self.dst, dst, "dst_sizes", fqn)
             saved = self.saved.get((src, shape))
             if saved is None:
                 saved = self.saved[src, shape] = _saved(src, shape, src_mesh, self.dims)
@@ -968,7 +955,7 @@ def _part_pattern(
         shape, itemsize = _read_shape(saved, _find_shape(saved, shapes, src))
         layout = src[saved]
         _check_layout(layout, saved)
-        mesh = _role_mesh(planner.src, layout, saved, "src_sizes")
+        mesh = role_mesh(planner.src, layout, "src_sizes", saved)
         check_dims(layout, len(shape), shape=shape)
         if spec.split:
             sources.append(PartSource(saved, layout, mesh, shape, spec.dim, 0, hi - lo, lo))
@@ -976,7 +963,7 @@ def _part_pattern(
             sources.append(PartSource(saved, layout, mesh, shape, spec.dim, lo, hi, -lo))
     shape, _ = _read_shape(fqn, _find_shape(fqn, shapes, dst))
     layout = dst[fqn]
-    mesh = _role_mesh(planner.dst, layout, fqn, "dst_sizes")
+    mesh = role_mesh(planner.dst, layout, "dst_sizes", fqn)
     check_dims(layout, len(shape), shape=shape)
     return part_pattern((layout, mesh, shape), sources, itemsize=itemsize)
 

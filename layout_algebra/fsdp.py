@@ -27,6 +27,7 @@ from layout_algebra._shards import (
     chunk_bounds,
     held_runs,
     index_on,
+    role_mesh,
     shard_dim_of,
     size_of,
     take,
@@ -307,7 +308,7 @@ def compose_entry(
     layout: SourceLayout,
     shard_dim: int,
     fsdp: Mapping[str, tuple[tuple[AxisName, ...], AxisName]],
-    meshes: Mapping[str, Mesh | Mapping[str, int]],
+    meshes: Mapping[str, Mesh],
     owned: frozenset[str],
 ) -> SourceLayout:
     """``compose_fsdp`` of one table entry on its own role, with checked arguments
@@ -325,13 +326,7 @@ def compose_entry(
             f"fsdp={{{role!r}: 'dp_shard', ...}}"
         )
         raise LayoutError(msg)
-    mesh = meshes.get(role)
-    if mesh is None:
-        msg = (
-            f"{layout}: no sizes for mesh role {role!r} (mesh_sizes has {sorted(meshes)}); give "
-            f"mesh_sizes={{{role!r}: {{axis: n, ...}}, ...}}"
-        )
-        raise LayoutError(msg)
+    mesh = role_mesh(meshes, layout)
     for axis, p in zip(layout.axes, layout.placements, strict=True):
         if axis.name in owned:
             shown = format_placement(p)

@@ -44,7 +44,7 @@ from layout_algebra._ranks import (
     index_vector,
     read_dim,
 )
-from layout_algebra._shards import chunk_bounds, shard_dim_of, split_factor_of
+from layout_algebra._shards import chunk_bounds, role_mesh, shard_dim_of, split_factor_of
 from layout_algebra._structure_rules import structure_problems
 from layout_algebra._text import (
     MAX_LISTED,
@@ -596,13 +596,10 @@ class _Examiner:
         return found
 
     def examine(self, layout: SourceLayout, shape: ParamShape) -> _Found:
-        mesh = self.meshes.get(layout.mesh)
-        if mesh is None:
-            msg = (
-                f"no sizes for mesh role {layout.mesh!r} of {layout} (mesh_sizes has "
-                f"{sorted(self.meshes)}); give mesh_sizes={{{layout.mesh!r}: {{axis: n, ...}}}}"
-            )
-            return _failed(layout.mesh, ("layout", msg, (), None, None))
+        try:
+            mesh = role_mesh(self.meshes, layout)
+        except LayoutError as e:
+            return _failed(layout.mesh, ("layout", e.message, (), e.axis, e.placement))
         problems: list[_Problem] = []
         for name, p in zip(layout.axes, layout.placements, strict=True):
             dim = shard_dim_of(p)
@@ -618,13 +615,6 @@ class _Examiner:
             return _Found(layout.mesh, 0, (), (), tuple(problems), None, None)
         try:
             parts = split_fsdp(layout, mesh, owned=self.owned)
-            for name in layout.axes:
-                if name.name not in mesh:
-                    msg = (
-                        f"{layout}: axis {name.name!r} is not an axis of the {layout.mesh} mesh "
-                        f"{list(mesh)}; give its size in mesh_sizes[{layout.mesh!r}]"
-                    )
-                    raise LayoutError(msg, axis=name.name)
         except LayoutError as e:
             return _failed(layout.mesh, ("layout", e.message, (), e.axis, e.placement))
         found = self._measure(layout, parts, shape, mesh)

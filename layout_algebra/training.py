@@ -41,7 +41,7 @@ from layout_algebra._args import as_items, mapping_items, plain_str
 from layout_algebra._frozen import FrozenMap
 from layout_algebra._json_read import at_field, fail, shown
 from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
-from layout_algebra._shards import check_dims, check_layout, chunk_bounds
+from layout_algebra._shards import check_dims, check_layout, chunk_bounds, size_of
 from layout_algebra._text import (
     clip,
     exact_bytes,
@@ -482,12 +482,7 @@ def _measure(
             dim the parameter lacks.
     """
     for axis in layout.axes:
-        if axis.name not in mesh:
-            msg = (
-                f"{layout}: axis {axis.name!r} is not an axis of the {layout.mesh} mesh "
-                f"{list(mesh)}; give its size in mesh_sizes[{layout.mesh!r}]"
-            )
-            raise LayoutError(msg, axis=axis.name)
+        size_of(mesh, axis, layout)
     check_dims(layout, shape.ndim, shape=shape.shape)
     parts = split_fsdp(layout, mesh, owned=owned)
     reads = [read_dim(n, chain_of(layout, e, mesh)) for e, n in enumerate(shape.shape)]
