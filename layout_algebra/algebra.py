@@ -104,6 +104,7 @@ def resolve(
     Owned axes are checked (only ``Replicate`` may stand there) and dropped; the rest
     are ordered as ``strip(axes)`` with ``Replicate()`` for every axis ``named`` omits.
 
+    >>> from layout_algebra import Shard
     >>> str(resolve({"tp": Shard(0)}, ["dp_shard", "ep", "tp"]))
     'dense[ep=R, tp=S(0)]'
 
@@ -243,7 +244,7 @@ def build_table(
     an axis that mesh lacks, the mesh most likely misspells that axis (``tpp`` for
     ``tp``): that is a problem of the plan.
 
-    >>> from layout_algebra import ModulePlan
+    >>> from layout_algebra import ModulePlan, Shard
     >>> plan = ShardingPlan({"layers.*.attn": ModulePlan({"wq.weight": {"tp": Shard(0)}})},
     ...                     mesh_axes=["tp"])
     >>> print(build_table(plan, ["tp"], fqns=["layers.0.attn.wq.weight", "norm.weight"]))
@@ -382,6 +383,7 @@ class TableDiff:
 def diff(a: ParamLayoutTable, b: ParamLayoutTable) -> TableDiff:
     """What it takes to go from table ``a`` to table ``b``.
 
+    >>> from layout_algebra import Shard
     >>> old = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})
     >>> new = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(1)])})
     >>> print(diff(old, new))
