@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 import attrs
 
@@ -28,6 +29,7 @@ from layout_algebra._args import (
     mapping_items,
     plain_str,
 )
+from layout_algebra._extras import require
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra._parts import PartPattern, PartSource, part_pattern, part_spans
 from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, read_dim
@@ -50,6 +52,9 @@ from layout_algebra.shapes import (
     fused_experts,
     per_expert_message,
 )
+
+if TYPE_CHECKING:
+    from layout_algebra.torch_bridge.dcp import DcpLayouts
 
 __all__ = [
     "Chunk",
@@ -1021,12 +1026,20 @@ def _plan_all(
     return fqns, kinds, problems
 
 
+def _read_checkpoint(path: str | os.PathLike[str]) -> DcpLayouts:
+    """A DCP checkpoint directory's layouts, shapes and meshes, read by the torch bridge."""
+    require("torch", "torch", "reshard_plan of a checkpoint directory")
+    from layout_algebra.torch_bridge.dcp import table_from_dcp  # noqa: PLC0415 (loads torch)
+
+    return table_from_dcp(path)
+
+
 def reshard_plan(
-    src: ParamLayoutTable,
+    src: ParamLayoutTable | str | os.PathLike[str],
     dst: ParamLayoutTable,
-    shapes: ShapesLike,
+    shapes: ShapesLike | None = None,
     *,
-    src_sizes: Mapping[str, Mapping[str, int]],
+    src_sizes: Mapping[str, Mapping[str, int]] | None = None,
     dst_sizes: Mapping[str, Mapping[str, int]],
     fsdp: Mapping[str, FsdpAxes] | None = None,
     shard_dim: int | Mapping[str, int] = 0,
@@ -1055,10 +1068,14 @@ def reshard_plan(
     ((64, 64), ['w[4:6, 0:4] from chunk [4:6, 0:4]', 'w[6:8, 0:4] from chunk [6:8, 0:4]'])
 
     Args:
-        src: the layouts the checkpoint was saved under.
+        src: the layouts the checkpoint was saved under, or the checkpoint's directory:
+            its metadata then gives the layouts (composed), the shapes and the saving
+            run's sizes (``torch_bridge.table_from_dcp``; needs torch).
         dst: the layouts it is loaded under.
-        shapes: each parameter's shape and dtype by FQN (a tied group needs one member's).
-        src_sizes: by mesh role, the sizes of the saving run's mesh axes, in mesh order.
+        shapes: each parameter's shape and dtype by FQN (a tied group needs one member's);
+            a checkpoint directory's own when not given.
+        src_sizes: by mesh role, the sizes of the saving run's mesh axes, in mesh order;
+            a checkpoint directory's own when not given.
         dst_sizes: the same for the loading run; its world is the destination ranks.
         fsdp: FSDP's axis by mesh role (or a ``(replicate, shard)`` pair) when the
             tables are source tables, as for ``compose_table``.
@@ -1080,8 +1097,20 @@ def reshard_plan(
             that does not fit its shape or sizes.
         LayoutError: arguments of the wrong form, roles with different world sizes.
     """
+    saved = isinstance(src, str | os.PathLike)
+    if isinstance(src, str | os.PathLike):
+        checkpoint = _read_checkpoint(src)
+        src = checkpoint.table
+        shapes = checkpoint.shapes if shapes is None else shapes
+        src_sizes = checkpoint.meshes if src_sizes is None else src_sizes
     check_table(src, "reshard_plan(src=...)")
     check_table(dst, "reshard_plan(dst=...)")
+    if shapes is None or src_sizes is None:
+        msg = (
+            f"reshard_plan: no {'shapes' if shapes is None else 'src_sizes'} given; give it, "
+            "or give src as a checkpoint directory, whose metadata holds both"
+        )
+        raise LayoutError(msg)
     shapes = _shapes_by_fqn(shapes)  # looked up per FQN
     src_roles = as_role_sizes(src_sizes)
     dst_roles = as_role_sizes(dst_sizes)
@@ -1089,7 +1118,8 @@ def reshard_plan(
         msg = "dst_sizes names no mesh role; give {'dense': {axis: n, ...}, ...}"
         raise LayoutError(msg)
     if fsdp is not None:
-        src = compose_table(src, fsdp=fsdp, mesh_sizes=src_roles, shard_dim=shard_dim)
+        if not saved:  # a checkpoint's layouts are composed already
+            src = compose_table(src, fsdp=fsdp, mesh_sizes=src_roles, shard_dim=shard_dim)
         dst = compose_table(dst, fsdp=fsdp, mesh_sizes=dst_roles, shard_dim=shard_dim)
     world_size(dst_roles, "dst_sizes")  # the bound on the world
     if src_roles:

@@ -1,5 +1,6 @@
-"""The command line's ``lint`` with a training setup: the flags become a ``Training``, the
-figures printed are the library's report, and a budget a rank exceeds fails the run."""
+"""The command line's ``lint`` with what is new to it: a training setup (the flags become a
+``Training``, the figures printed are the library's report, a budget a rank exceeds fails
+the run) and the structure of a dim (its problems printed as the library finds them)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from layout_algebra import Training, lint
+from layout_algebra import Packed, ParamShape, Part, Training, lint
 from layout_algebra._complete import table_from_plan
 from layout_algebra._text import human_bytes
-from layout_algebra.serialization import plan_from_json, shapes_from_json
+from layout_algebra.serialization import plan_from_json, shapes_from_json, shapes_to_json
 from tests.test_cli import assert_one_line_usage_error, run
 from tests.test_cli_plans import moe_files
 
@@ -88,3 +89,24 @@ def test_a_bad_training_flag_is_a_one_line_usage_error(
     code, out, err = run(["lint", plan, "--shapes", shapes, *MESHES, flag, value], capsys)
     assert_one_line_usage_error(code, out, err, "layout-algebra lint")
     assert flag in err
+
+
+def test_lint_prints_the_problems_inside_a_dim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shapes file whose ``attn.wq.weight`` holds 2 heads of 4 rows: tp=4 cuts each head."""
+    plan, shapes = moe_files(tmp_path)
+    shaped = dict(shapes_from_json(Path(shapes).read_text(encoding="utf-8")))
+    wq = shaped["attn.wq.weight"]
+    shaped["attn.wq.weight"] = ParamShape(
+        wq.shape, wq.dtype, structure={0: Packed([Part("q", 2, 4)])}
+    )
+    shapes = str(tmp_path / "structured.json")
+    Path(shapes).write_text(shapes_to_json(shaped), encoding="utf-8")
+    code, out, err = run(["lint", plan, "--shapes", shapes, *MESHES], capsys)
+    assert code == 1
+    assert err.endswith("1 problem (see the report)\n")
+    report = _report(plan, shapes, Training())
+    (problem,) = report.problems  # type: ignore[attr-defined]
+    assert (problem.kind, problem.fqn, problem.axis) == ("cuts-unit", "attn.wq.weight", "tp")
+    assert problem.message in out

@@ -413,7 +413,7 @@ def test_reshard_plan_from_a_real_checkpoint_makes_torch_reads(
 ) -> None:
     root, ranks = written
     job = dcp_runs.LOADS[name]
-    source = table_from_dcp(root / job.saved)  # the directory alone
+    source = table_from_dcp(root / job.saved)
     plan = reshard_plan(
         source.table,
         dcp_runs.composed(job.into),
@@ -421,6 +421,12 @@ def test_reshard_plan_from_a_real_checkpoint_makes_torch_reads(
         src_sizes=source.meshes,
         dst_sizes=dict(job.into.meshes),
     )
+    # the directory alone: its metadata gives the layouts, shapes and sizes
+    from_dir = reshard_plan(
+        root / job.saved, dcp_runs.composed(job.into), dst_sizes=dict(job.into.meshes)
+    )
+    assert from_dir.bytes_read == plan.bytes_read
+    assert all(from_dir.reads(r) == plan.reads(r) for r in range(len(ranks)))
     for rank, report in enumerate(ranks):
         loaded = report[name]
         assert loaded["differ"] == [], (rank, loaded)  # the values are the saved ones
@@ -449,3 +455,22 @@ def test_the_uneven_strided_hazard_is_refused(
     assert problem.fqn == "up"
     assert "hazard of uneven strided shards" in str(problem)
     assert "_S(0, 2)" in str(problem)
+
+
+def test_reshard_plan_of_a_directory_reads_what_it_lacks_from_the_metadata(
+    tmp_path: Path,
+) -> None:
+    layout, shape, mesh = KNOWN["strided-even"]
+    path = write_metadata(tmp_path, {"w": saved_by(layout, shape, mesh)})
+    dst = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [S0])})
+    plan = reshard_plan(Path(path), dst, dst_sizes={"dense": {"tp": 2}})
+    source = table_from_dcp(path)
+    same = reshard_plan(
+        source.table, dst, source.shapes, src_sizes=source.meshes, dst_sizes={"dense": {"tp": 2}}
+    )
+    assert plan.bytes_read == same.bytes_read == (32, 32)  # bfloat16 rows of 4
+    assert plan.reads(1) == same.reads(1)
+    with pytest.raises(LayoutError, match="no shapes given; give it, or give src as a checkpoint"):
+        reshard_plan(dst, dst, dst_sizes={"dense": {"tp": 2}})
+    with pytest.raises(LayoutError, match="no src_sizes given"):
+        reshard_plan(dst, dst, source.shapes, dst_sizes={"dense": {"tp": 2}})

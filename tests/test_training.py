@@ -16,6 +16,7 @@ import layout_algebra.training as training_module
 from layout_algebra import LayoutError, ParamShape, Replicate, Shard, SourceLayout, StridedShard
 from layout_algebra._ranks import Chain, DimRead, read_dim
 from layout_algebra.errors import SerializationError
+from layout_algebra.serialization import converter
 from layout_algebra.training import (
     KINDS,
     TRAFFIC,
@@ -411,3 +412,11 @@ def test_a_training_cost_is_checked_as_it_is_made(kwargs: dict[str, object], wor
     with pytest.raises(LayoutError) as info:
         TrainingCost(**given)  # type: ignore[arg-type]
     assert words in str(info.value)
+
+
+def test_the_package_converter_round_trips_a_training_setup() -> None:
+    setup = Training(optimizer="sgd", param_dtype="bfloat16", units=("layers.*",))
+    raw = converter.unstructure(setup)
+    assert converter.structure(raw, Training) == setup
+    with pytest.raises(SerializationError):
+        converter.structure({"optimizer": "lion"}, Training)

@@ -9,16 +9,15 @@ problem found on the way in one ``PlanError``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Final
 
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
-from layout_algebra.errors import LayoutError, PlanError
+from layout_algebra.errors import LayoutError
+from layout_algebra.fsdp import plan_error
 from layout_algebra.placements import Placement
 from layout_algebra.plan import ModulePlan, ShardingPlan
 
 __all__ = ["Problems", "axis_in", "shard_dim", "sharding_plan"]
 
-_MAX_LISTED: Final = 20
 
 
 class Problems:
@@ -36,12 +35,7 @@ class Problems:
         """Raise one ``PlanError`` holding every problem recorded, if there is any."""
         if not self.found:
             return
-        n = len(self.found)
-        lines = [f"{self.what} found {n} problem{'s' if n != 1 else ''}:"]
-        lines.extend(f"  - {p.message}" for p in self.found[:_MAX_LISTED])
-        if n > _MAX_LISTED:
-            lines.append(f"  ... and {n - _MAX_LISTED} more (see .problems)")
-        raise PlanError("\n".join(lines), problems=self.found)
+        raise plan_error(self.what, self.found)
 
 
 def axis_in(axis: AxisLike, axes: tuple[AxisName, ...], arg: str) -> AxisName:
