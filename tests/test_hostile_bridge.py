@@ -231,8 +231,8 @@ def test_a_back_edge_anywhere_is_refused_or_walked_as_torch_walks_it(
     if entered:  # torch's own walk recurses until RecursionError
         with pytest.raises(BindError) as info:
             list(named_parameters(tree))
-        if info.value.fqn is not None:  # the walk's own: it closes the cycle at "back"
-            assert info.value.fqn.rpartition(".")[2] == "back"
+        if info.value.fqn is not None:  # the walk's own: every cycle goes through "back"
+            assert "back" in info.value.fqn.split(".")
     else:
         expected = list(tree.named_parameters(remove_duplicate=False))
         assert list(named_parameters(tree)) == expected
