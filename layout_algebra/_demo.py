@@ -18,7 +18,6 @@ torch, and the command line imports this module only when ``demo`` runs.
 
 from __future__ import annotations
 
-import itertools
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -36,10 +35,11 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from layout_algebra._text import columns
 from layout_algebra.algebra import build_table, complete_default
-from layout_algebra.draw import mesh_coordinates
 from layout_algebra.errors import BindError
-from layout_algebra.geometry import compose_fsdp, local_shape_and_offset
+from layout_algebra.fsdp import compose_fsdp
+from layout_algebra.geometry import local_shape_and_offset
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
+from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Placement, Shard
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.serialization import to_json
@@ -199,7 +199,8 @@ def rank_coordinate(rank: int, role: str) -> dict[str, int]:
     Ranks are row-major over the world ``(dp_shard, ep, tp)``: rank 5 is
     ``dp_shard=1, ep=0, tp=1``; on the dense mesh it is ``dp = 1 * 2 + 0 = 2, tp=1``.
     """
-    world = next(itertools.islice(mesh_coordinates(WORLD), rank, None))
+    mesh = Mesh(WORLD)
+    world = dict(zip(mesh.names, mesh.coordinate(rank), strict=True))
     if role == "expert":
         return world
     return {DP: world["dp_shard"] * WORLD["ep"] + world["ep"], "tp": world["tp"]}

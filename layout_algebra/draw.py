@@ -49,11 +49,6 @@ def mesh_str(sizes: Mapping[str, int]) -> str:
     return "(" + ", ".join(f"{a}={n}" for a, n in sizes.items()) + ")"
 
 
-def mesh_coordinates(sizes: Mesh | Mapping[str, int]) -> list[dict[str, int]]:
-    """Every coordinate of a mesh in rank order (``mesh.coordinates``), kept for its callers."""
-    return list(coordinates(as_mesh(sizes)))
-
-
 def _ranks_str(ranks: Sequence[int]) -> str:
     """Ranks in ascending order, runs shortened: ``[0, 1, 2, 5]`` → ``"0-2,5"``."""
     parts: list[str] = []

@@ -11,36 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from layout_algebra import _shards, fsdp, mesh
 from layout_algebra._args import as_shape
-from layout_algebra._shards import Runs, held_runs, shape_and_offset
+from layout_algebra._shards import Runs, check_layout, held_runs, shape_and_offset
 from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh, as_coordinate, as_mesh
 
 __all__ = ["Runs", "local_runs", "local_shape_and_offset"]
-
-# Until every caller imports them from their own modules (fsdp, mesh, _shards), the
-# names this module held before they moved are importable from here as well.
-MAX_MESH_SIZE = mesh.MAX_MESH_SIZE
-MAX_WORLD = mesh.MAX_WORLD
-FsdpAxes = fsdp.FsdpAxes
-FsdpParts = fsdp.FsdpParts
-as_fsdp_axes = fsdp.as_fsdp_axes
-as_role_sizes = mesh.as_role_sizes
-as_shard_dims = fsdp.as_shard_dims
-check_dims = _shards.check_dims
-check_layout = _shards.check_layout
-compose_fsdp = fsdp.compose_fsdp
-compose_table = fsdp.compose_table
-fsdp_storage_runs = fsdp.fsdp_storage_runs
-is_mesh_size = mesh.is_mesh_size
-plan_error = fsdp.plan_error
-size_of = _shards.size_of
-split_fsdp = fsdp.split_fsdp
-world_size = mesh.world_size
-_compose_entry = fsdp.compose_entry
-_fsdp_chunk = fsdp.fsdp_chunk
-_owned_names = fsdp.owned_names
 
 
 def as_sizes(values: Mapping[str, int], what: str, floor: int = 1) -> dict[str, int]:
@@ -80,7 +56,7 @@ def local_runs(
         LayoutError: a placement shards a dim the tensor lacks, an axis has no size or no
             index, or an index is outside its axis.
     """
-    _shards.check_layout(layout)
+    check_layout(layout)
     shape = as_shape(global_shape, "global_shape")  # read once: it may be an iterator
     return held_runs(shape, layout, as_mesh(mesh_sizes), as_coordinate(coordinate))
 
@@ -117,7 +93,7 @@ def local_shape_and_offset(
     Raises:
         LayoutError: as ``local_runs``.
     """
-    _shards.check_layout(layout)
+    check_layout(layout)
     shape = as_shape(global_shape, "global_shape")  # read once: it may be an iterator
     runs = held_runs(shape, layout, as_mesh(mesh_sizes), as_coordinate(coordinate))
     return shape_and_offset(runs, shape)

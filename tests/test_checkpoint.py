@@ -58,7 +58,7 @@ from layout_algebra.checkpoint import (
     reshard_plan,
 )
 from layout_algebra.cli import main
-from layout_algebra.geometry import compose_table
+from layout_algebra.fsdp import compose_table
 from layout_algebra.serialization import shapes_to_json, to_json
 from layout_algebra.shapes import ParamShape
 from tests.torch_oracle import dtensor_shape_and_offset, rank_coordinates

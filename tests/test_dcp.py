@@ -42,7 +42,7 @@ from layout_algebra import (
     compose_fsdp,
 )
 from layout_algebra.checkpoint import Chunk, dcp_chunks, reshard_plan
-from layout_algebra.geometry import compose_table
+from layout_algebra.fsdp import compose_table
 from layout_algebra.torch_bridge import distribute
 from tests.models import TiedTP, param_values
 from tests.torch_oracle import MeshFactory, on_gloo

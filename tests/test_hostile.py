@@ -865,17 +865,17 @@ names."""
 
 MAPPING_SITES: dict[str, _Site] = {
     # the reproducers
-    "geometry.as_sizes (compose_fsdp)": (
+    "mesh.as_mesh (compose_fsdp)": (
         lambda m: compose_fsdp(LAYOUT, shard_axis="dp_shard", mesh_sizes=m),
         _SIZES,
         "mesh_sizes",
     ),
-    "geometry.as_sizes (local_shape_and_offset)": (
+    "mesh.as_mesh (local_shape_and_offset)": (
         lambda m: local_shape_and_offset((8,), LAYOUT, m, {"tp": 0}),
         {"tp": 2},
         "mesh_sizes",
     ),
-    "geometry.as_sizes (coordinate)": (
+    "mesh.as_mesh (coordinate)": (
         lambda m: local_runs((8,), LAYOUT, {"tp": 2}, m),
         {"tp": 0},
         "coordinate",
@@ -909,24 +909,24 @@ MAPPING_SITES: dict[str, _Site] = {
         {"x.weight": LAYOUT},
         "entries",
     ),
-    "geometry.as_role_sizes (compose_table)": (
+    "mesh.as_role_sizes (compose_table)": (
         lambda m: layout_algebra.compose_table(TABLE, fsdp={"dense": "dp_shard"}, mesh_sizes=m),
         {"dense": _SIZES},
         "mesh_sizes",
     ),
-    "geometry.as_sizes (compose_table's mesh_sizes[role])": (
+    "mesh.as_mesh (compose_table's mesh_sizes[role])": (
         lambda m: layout_algebra.compose_table(
             TABLE, fsdp={"dense": "dp_shard"}, mesh_sizes={"dense": m}
         ),
         _SIZES,
         "mesh_sizes['dense']",
     ),
-    "geometry.as_fsdp_axes (compose_table)": (
+    "fsdp.as_fsdp_axes (compose_table)": (
         lambda m: layout_algebra.compose_table(TABLE, fsdp=m, mesh_sizes=_COMPOSED),
         {"dense": "dp_shard"},
         "fsdp",
     ),
-    "geometry.as_shard_dims (compose_table)": (
+    "fsdp.as_shard_dims (compose_table)": (
         lambda m: layout_algebra.compose_table(
             TABLE, fsdp={"dense": "dp_shard"}, mesh_sizes=_COMPOSED, shard_dim=m
         ),

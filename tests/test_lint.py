@@ -46,7 +46,8 @@ from layout_algebra import (
 from layout_algebra._complete import table_from_plan
 from layout_algebra.cli import main
 from layout_algebra.draw import draw
-from layout_algebra.geometry import FsdpAxes, Runs, fsdp_storage_runs, local_runs, split_fsdp
+from layout_algebra.fsdp import FsdpAxes, fsdp_storage_runs, split_fsdp
+from layout_algebra.geometry import Runs, local_runs
 from layout_algebra.lint import lint
 from layout_algebra.serialization import plan_from_json, plan_to_json, shapes_to_json, to_json
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors

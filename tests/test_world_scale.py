@@ -28,12 +28,8 @@ from layout_algebra import (
 )
 from layout_algebra._ranks import cover_problem, read_dim
 from layout_algebra.checkpoint import dcp_chunks, reshard_plan
-from layout_algebra.geometry import (
-    fsdp_storage_runs,
-    local_runs,
-    local_shape_and_offset,
-    split_fsdp,
-)
+from layout_algebra.fsdp import fsdp_storage_runs, split_fsdp
+from layout_algebra.geometry import local_runs, local_shape_and_offset
 from layout_algebra.lint import lint
 from layout_algebra.mesh import Mesh
 from layout_algebra.shapes import ParamShape

@@ -19,7 +19,6 @@ from layout_algebra.plan import ModulePlan, ShardingPlan
 __all__ = ["Problems", "axis_in", "shard_dim", "sharding_plan"]
 
 
-
 class Problems:
     """The problems found while reading one foreign plan, raised together at the end."""
 

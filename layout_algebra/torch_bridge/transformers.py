@@ -62,7 +62,7 @@ from layout_algebra._args import mapping_items, plain_str
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis
 from layout_algebra.errors import LayoutError
-from layout_algebra.geometry import MAX_MESH_SIZE, is_mesh_size
+from layout_algebra.mesh import MAX_MESH_SIZE, is_mesh_size
 from layout_algebra.placements import (
     Placement,
     Replicate,

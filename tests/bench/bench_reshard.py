@@ -15,7 +15,7 @@ from typing import Final
 
 from layout_algebra.algebra import build_table
 from layout_algebra.checkpoint import ReshardPlan, reshard_plan
-from layout_algebra.geometry import compose_table
+from layout_algebra.fsdp import compose_table
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.shapes import ParamShape
 from tests.bench import alone
