@@ -343,8 +343,12 @@ def test_a_directory_that_is_no_checkpoint_is_an_error(tmp_path: Path) -> None:
     (tmp_path / ".metadata").write_bytes(b"not a pickle")
     with pytest.raises(LayoutError, match="could not be read"):
         table_from_dcp(tmp_path)
-    with pytest.raises(LayoutError, match="path must be a checkpoint directory"):
+    with pytest.raises(LayoutError, match=r"table_from_dcp\(path=\.\.\.\) must be a file path"):
         table_from_dcp(3)  # type: ignore[arg-type]  # wrong on purpose
+    with pytest.raises(LayoutError, match="cannot be read as a directory"):
+        table_from_dcp("x" * 5000)  # longer than any file system takes
+    with pytest.raises(LayoutError, match="holds a NUL character"):
+        table_from_dcp("ckpt\0")
 
 
 # ---------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from layout_algebra import (
     local_shape_and_offset,
 )
 from layout_algebra._args import as_instances, mapping_items
+from layout_algebra._files import as_path
 from layout_algebra._frozen import FrozenMap
 from layout_algebra._text import clip, quote
 from layout_algebra.fsdp import plan_error
@@ -159,15 +160,16 @@ _Key: TypeAlias = tuple[tuple[int, ...], tuple[Chunk, ...], tuple[tuple[Chunk, i
 
 
 def _read_metadata(path: str | os.PathLike[str]) -> Metadata:
-    raw: object = path
-    if not isinstance(raw, str | os.PathLike):
-        msg = f"path must be a checkpoint directory (a str or a path), got {quote(raw)}"
-        raise LayoutError(msg)
-    where = Path(path)
-    if not where.is_dir():
+    where = Path(as_path(path, "table_from_dcp(path=...)"))
+    try:
+        found = where.is_dir(), (where / ".metadata").is_file()
+    except OSError as e:  # a name too long for the file system, a directory not readable
+        msg = f"{clip(str(where))!r} cannot be read as a directory ({quote(e)}); check the path"
+        raise LayoutError(msg) from None
+    if not found[0]:
         msg = f"{clip(str(where))!r} is not a directory; give the directory dcp.save wrote"
         raise LayoutError(msg)
-    if not (where / ".metadata").is_file():
+    if not found[1]:
         msg = (
             f"{clip(str(where))!r} has no .metadata file, so it is not a finished DCP "
             "checkpoint; give the directory dcp.save wrote (its checkpoint_id)"
