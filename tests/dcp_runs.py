@@ -18,9 +18,6 @@ from typing import Final, NamedTuple
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import save
 from torch.distributed.device_mesh import DeviceMesh
@@ -37,6 +34,7 @@ from layout_algebra import (
     compose_table,
 )
 from layout_algebra.torch_bridge import distribute
+from tests.test_dcp import RecordingPlanner, read_items
 from tests.torch_oracle import MeshFactory
 
 __all__ = ["LOADS", "SAVES", "WORLD_SIZE", "Case", "Load", "composed", "run"]
@@ -212,39 +210,6 @@ def _laid_out(case: Case, factory: MeshFactory, seed: int) -> nn.Module:
     return model
 
 
-class RecordingPlanner(DefaultLoadPlanner):
-    """torch's default load planner, keeping the local plan it makes."""
-
-    recorded: LoadPlan | None = None
-
-    def create_local_plan(self) -> LoadPlan:
-        plan = super().create_local_plan()
-        self.recorded = plan
-        return plan
-
-
-def _reads(planner: RecordingPlanner) -> list[list[object]]:
-    """The recorded reads: fqn, the saved chunk's offsets and sizes, then the box."""
-    assert planner.recorded is not None and planner.metadata is not None
-    out: list[list[object]] = []
-    for item in planner.recorded.items:
-        fqn = item.storage_index.fqn
-        md = planner.metadata.state_dict_metadata[fqn]
-        assert isinstance(md, TensorStorageMetadata) and item.storage_index.index is not None
-        saved = md.chunks[item.storage_index.index]
-        out.append(
-            [
-                fqn,
-                list(saved.offsets),
-                list(saved.sizes),
-                list(item.dest_offsets),
-                list(item.storage_offsets),
-                list(item.lengths),
-            ]
-        )
-    return out
-
-
 def _differ(model: nn.Module, seed: int, case: Case) -> list[str]:
     """The parameters whose values are not those of the model made with ``seed``."""
     originals = dict(_model(case, seed).named_parameters())
@@ -274,5 +239,5 @@ def run(rank: int, root: str) -> dict[str, object]:
             loads[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
             continue
         seed = list(SAVES).index(job.saved)
-        loads[name] = {"reads": _reads(planner), "differ": _differ(fresh, seed, job.into)}
+        loads[name] = {"reads": read_items(planner), "differ": _differ(fresh, seed, job.into)}
     return loads
