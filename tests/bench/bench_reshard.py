@@ -108,8 +108,8 @@ def run(*, quick: bool = False) -> tuple[int, int]:
     rank, most = result.largest
     print(f"reshard_plan, MoE plan, N={len(src):,} parameters")
     print("  train 32 ranks (FSDP dp_shard=8, tp=4, ep=8) -> serve 8 ranks (tp=8; ep=2, tp=4)")
-    print(f"  ShardingPlan + build_table  {build_best:.3f} s (entries kept by module)")
-    print(f"  build_table, by FQN         {by_fqn_best:.3f} s (entries spelled out)")
+    print(f"  ShardingPlan + build_table  {build_best:.3f} s (from the planner's dicts)")
+    print(f"  build_table, by FQN         {by_fqn_best:.3f} s (a layout given per FQN)")
     print(f"  compose_table               {compose_best:.3f} s")
     print(f"  reshard_plan                {reshard_best:.3f} s")
     print(f"  reshard / ShardingPlan + build {reshard_best / build_best:.2f}")
