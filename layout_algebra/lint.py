@@ -32,7 +32,7 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra._args import as_instances, plain_str
+from layout_algebra._args import as_instances, as_items, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
 from layout_algebra._ranks import (
     Chain,
@@ -208,20 +208,49 @@ def _check_padding(_: object, __: attrs.Attribute[int], value: object) -> None:
         raise LayoutError(msg)
 
 
+def _as_alike(value: Iterable[str]) -> tuple[str, ...]:
+    return as_items(value, "LintNote(fqns)", "('layers.0.w', 'layers.1.w')")
+
+
+def _fqn_alone(note: LintNote) -> tuple[str, ...]:
+    return (note.fqn,)
+
+
 @attrs.frozen
 class LintNote:
-    """Something worth knowing about one parameter that does not stop it working.
+    """Something worth knowing about parameters laid out alike that does not stop them
+    working: one note for every parameter of one (layout, shape) signature.
 
-    ``padding_bytes`` is what FSDP2 allocates beyond the parameter's data, over all ranks
-    (it pads every rank's shard to the largest one).
+    ``fqn`` is the first of them in table order and ``fqns`` all of them (``(fqn,)`` when
+    it is alone); ``padding_bytes`` is what FSDP2 allocates beyond their data, over all
+    ranks (it pads every rank's shard to the largest one).
     """
 
     fqn: str = attrs.field(converter=plain_str, validator=_check_note_fqn, **REQUIRED)
     message: str = attrs.field(converter=plain_str, validator=_check_message, **REQUIRED)
     padding_bytes: int = attrs.field(default=0, validator=_check_padding)
+    fqns: tuple[str, ...] = attrs.field(
+        default=attrs.Factory(_fqn_alone, takes_self=True), converter=_as_alike
+    )
 
-    def __attrs_pre_init__(self, fqn: str, message: str, padding_bytes: int) -> None:
+    def __attrs_pre_init__(
+        self,
+        fqn: str,
+        message: str,
+        padding_bytes: int,
+        fqns: Iterable[str] | None = None,
+    ) -> None:
         check_init(self, "fqn", (fqn, message, padding_bytes))
+
+    @fqns.validator
+    def _check_fqns(self, _: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+        as_instances(value, str, "LintNote(fqns)", "('layers.0.w', 'layers.1.w')")
+        if not value or value[0] != self.fqn:
+            msg = (
+                f"LintNote(fqns=...) must start with its fqn {quote(self.fqn)}, got "
+                f"{quote(value)}; give every parameter the note concerns, fqn first"
+            )
+            raise LayoutError(msg)
 
 
 def _max_at(values: tuple[int, ...], best: bool) -> tuple[int, int]:
@@ -507,7 +536,12 @@ class LintReport:
                 for p in self.problems
             ],
             "notes": [
-                {"fqn": n.fqn, "message": n.message, "padding_bytes": n.padding_bytes}
+                {
+                    "fqn": n.fqn,
+                    "message": n.message,
+                    "padding_bytes": n.padding_bytes,
+                    "fqns": list(n.fqns),
+                }
                 for n in self.notes
             ],
             "memory": {
@@ -1022,10 +1056,11 @@ class _Run:
     def report(self) -> tuple[list[LintProblem], list[LintNote]]:
         """The problems and notes, parameter by parameter in table order."""
         problems: list[LintProblem] = []
-        notes: list[LintNote] = []
+        alike: dict[_Key, list[str]] = {}  # the noted parameters of each signature
         per_expert: set[str] = set()  # shapes of experts stored one by one, said once
         if self.no_shape or any(f.problems or f.note for f in self.found.values()):
             fused = fused_experts(self.table, self.shapes) if self.no_shape else {}
+            found, owner = self.found, self.owner
             for fqn, key in zip(self.table, self.keys, strict=True):
                 if key is None:
                     if fqn not in fused:
@@ -1041,20 +1076,21 @@ class _Run:
                         )
                     per_expert.update(fused.get(fqn, ()))
                     continue
-                result = self.found[key]
-                problems.extend(
-                    LintProblem(
-                        f"{fqn}: {tail}",
-                        kind=kind,
-                        fqn=fqn,
-                        ranks=ranks,
-                        axis=axis,
-                        placement=placement,
+                result = found[key]
+                if result.problems:
+                    problems.extend(
+                        LintProblem(
+                            f"{fqn}: {tail}",
+                            kind=kind,
+                            fqn=fqn,
+                            ranks=ranks,
+                            axis=axis,
+                            placement=placement,
+                        )
+                        for kind, tail, ranks, axis, placement in result.problems
                     )
-                    for kind, tail, ranks, axis, placement in result.problems
-                )
-                if result.note is not None and self.owner.get(fqn, fqn) == fqn:
-                    notes.append(LintNote(fqn, result.note[0], result.note[1]))
+                if result.note is not None and owner.get(fqn, fqn) == fqn:
+                    alike.setdefault(key, []).append(fqn)
         if self.hits < len(self.shapes):
             for fqn, value in self.shapes.items():
                 if fqn not in self.table:
@@ -1066,7 +1102,19 @@ class _Run:
                         "lay it out; give it a layout (complete_default completes a table)"
                     )
                     problems.append(LintProblem(msg, kind="no-layout", fqn=fqn))
-        return problems, notes
+        return problems, [self._note(key, fqns) for key, fqns in alike.items()]
+
+    def _note(self, key: _Key, fqns: list[str]) -> LintNote:
+        """One note for the parameters of one signature (their layouts and shapes alike)."""
+        note = self.found[key].note
+        assert note is not None  # only noted signatures gather FQNs
+        message, padding = note
+        if len(fqns) > 1:  # one line for thousands of experts alike, not one each
+            message += (
+                f"; the same for all {len(fqns):,} parameters laid out alike (LintNote.fqns)"
+                + (f": {exact_bytes(padding * len(fqns))} of padding in all" if padding else "")
+            )
+        return LintNote(fqns[0], message, padding * len(fqns), fqns)
 
     def memory(self) -> RankMemory:
         """The bytes of every storage on every rank, by role: each signature's rows by dim,

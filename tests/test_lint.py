@@ -48,7 +48,7 @@ from layout_algebra.cli import main
 from layout_algebra.draw import draw
 from layout_algebra.fsdp import FsdpAxes, fsdp_storage_runs, split_fsdp
 from layout_algebra.geometry import Runs, local_runs
-from layout_algebra.lint import lint
+from layout_algebra.lint import LintNote, lint
 from layout_algebra.serialization import plan_from_json, plan_to_json, shapes_to_json, to_json
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.torch_bridge import distribute, shapes_from_module, to_torch
@@ -310,6 +310,36 @@ def test_a_tied_storage_counts_once_and_an_alias_takes_its_shape() -> None:
     assert report.memory == lint(alone, shapes, mesh_sizes=sizes, fsdp={"dense": "dp_shard"}).memory
     assert [n.fqn for n in report.notes] == ["emb.weight"]  # 37 rows: uneven, noted once
     assert "uneven shards of bfloat16[37, 16]" in report.notes[0].message
+
+
+def test_parameters_laid_out_alike_share_one_note() -> None:
+    """Thousands of experts alike are one note naming them all, with their padding summed:
+    the same padding as a note for each, and one line in the report."""
+    layout = SourceLayout("dense", ["tp"], [S0])
+    names = [f"layers.{i}.w" for i in range(5)]
+    table = ParamLayoutTable({**dict.fromkeys(names, layout), "other.w": layout})
+    shapes = {n: ParamShape((37, 16), "bfloat16") for n in names}
+    shapes["other.w"] = ParamShape((32, 16), "bfloat16")  # even: no note
+    sizes = {"dense": {"dp_shard": 4, "tp": 2}}
+    report = lint(table, shapes, mesh_sizes=sizes, fsdp={"dense": "dp_shard"})
+    (note,) = report.notes
+    assert (note.fqn, note.fqns) == (names[0], tuple(names))
+    alone = lint(
+        ParamLayoutTable({names[0]: layout}),
+        {names[0]: shapes[names[0]]},
+        mesh_sizes=sizes,
+        fsdp={"dense": "dp_shard"},
+    ).notes[0]
+    assert alone.fqns == (names[0],) and alone.padding_bytes > 0
+    assert note.padding_bytes == 5 * alone.padding_bytes
+    assert note.message.startswith(alone.message)
+    assert "the same for all 5 parameters laid out alike" in note.message
+    padding = sum(report.memory.padded_bytes_per_rank) - report.memory.total
+    assert note.padding_bytes == padding
+    with pytest.raises(LayoutError, match="must start with its fqn"):
+        LintNote("a.w", "uneven", 0, ("b.w", "a.w"))
+    with pytest.raises(LayoutError, match="LintNote\\(fqns\\)"):
+        LintNote("a.w", "uneven", 0, "a.w")  # text is no list of FQNs
 
 
 def test_a_composed_table_lints_as_its_source_with_fsdp() -> None:
