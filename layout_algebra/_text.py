@@ -5,8 +5,9 @@ Every message of the package that shows an input value goes through ``quote`` (i
 ``repr``, at most a few hundred characters) or ``clip`` (a name shown as it is), so a
 50 MB string in a document gives a message of a few hundred characters, and a value
 whose ``repr`` fails or is unbounded (a 5,000-digit int) still gives a message. Every
-report spells bytes with ``human_bytes``, lists problems with ``listed`` and names ranks
-with ``ranks_text``, so they read alike at 8 ranks and at 16,384.
+report spells bytes with ``human_bytes``, lists problems with ``listed`` (line by line) or
+``some_of`` (inside a sentence) and names ranks with ``ranks_text``, so they read alike at 8
+ranks and at 16,384.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, TypeVar
 
 __all__ = [
+    "MAX_INLINE",
     "MAX_LISTED",
     "MAX_QUOTED",
     "clip",
@@ -30,6 +32,7 @@ __all__ = [
     "rank_groups",
     "ranks_str",
     "ranks_text",
+    "some_of",
     "suggest",
 ]
 
@@ -39,6 +42,9 @@ MAX_QUOTED: Final = 200
 MAX_LISTED: Final = 50
 """How many problems (or other items) a report or a message spells out; the value that
 carries them holds them all."""
+
+MAX_INLINE: Final = 5
+"""How many items a list inside a one-line message spells out (``some_of``)."""
 
 _MAX_RANK_RUNS: Final = 12
 """How many runs of ranks a message spells out."""
@@ -188,6 +194,22 @@ def listed(items: Sequence[str], limit: int = MAX_LISTED, *, where: str = "") ->
     return lines
 
 
+def some_of(names: Sequence[str], limit: int = MAX_INLINE) -> str:
+    """The one list inside a sentence: the first ``limit`` of ``names``, comma-separated,
+    each as given (``clip``ped: quote them first where the message quotes), then
+    ``and N more`` for the rest.
+
+    >>> some_of(["'a'", "'b'", "'c'", "'d'"], 2), some_of(["3", "8"])
+    ("'a', 'b' and 2 more", '3, 8')
+    """
+    return ", ".join(clip(n) for n in names[:limit]) + _and_more(len(names) - limit)
+
+
+def _and_more(rest: int) -> str:
+    """The tail of an inline list that leaves ``rest`` items out: `` and 2 more``, or ``""``."""
+    return f" and {rest} more" if rest > 0 else ""
+
+
 def rank_groups(rows: Sequence[T]) -> list[tuple[range, T]]:
     """Consecutive ranks with equal rows, as ``(ranks, row)``.
 
@@ -220,8 +242,7 @@ def ranks_text(ranks: Sequence[int]) -> str:
             runs[-1] = range(runs[-1].start, rank + 1)
         else:
             runs.append(range(rank, rank + 1))
+    # the tail counts ranks, not runs, so it is ``some_of``'s wording on its own count
     shown = ", ".join(ranks_str(r) for r in runs[:_MAX_RANK_RUNS])
-    if len(runs) > _MAX_RANK_RUNS:
-        rest = sum(map(len, runs[_MAX_RANK_RUNS:]))
-        shown += f" and {rest} more"
+    shown += _and_more(sum(map(len, runs[_MAX_RANK_RUNS:])))
     return f"rank{'s' if len(ranks) != 1 else ''} {shown}"
