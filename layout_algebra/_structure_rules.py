@@ -21,11 +21,11 @@ however many parameters share it; ``ranks`` are global ranks, row-major over
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 from layout_algebra._ranks import Chain, chain_of, index_vector, source_runs
 from layout_algebra._shards import Runs
-from layout_algebra._text import ranks_str, ranks_text
+from layout_algebra._text import ranks_str, ranks_text, some_of
 from layout_algebra.axes import FSDP_OWNED_AXES
 from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh, as_mesh
@@ -34,9 +34,6 @@ from layout_algebra.shapes import ParamShape
 from layout_algebra.structure import EXPERTS, Packed, Part
 
 __all__ = ["StructureProblem", "structure_problems"]
-
-_SHOWN: Final = 4
-"""How many shard boundaries a message spells out."""
 
 
 class StructureProblem(NamedTuple):
@@ -234,7 +231,6 @@ def _cut_problem(
     axis, size, shown, where = _blame(at, prefix)
     ranks = _global_ranks(at, prefix, cuts)
     bounds = sorted({b for found in cuts.values() for b in found})
-    more = f" and {len(bounds) - _SHOWN} more" if len(bounds) > _SHOWN else ""
     how = ""
     if len(prefix) == 1 and prefix[0][2] == 1:  # one contiguous Shard: say how torch chunks
         chunk = -(-packed.length // size)
@@ -245,7 +241,7 @@ def _cut_problem(
     msg = (
         f"{where} of {layout} cuts the units of {part.name} ({part.count} units of "
         f"{part.size}) in dim {dim} {packed}: {how}shard boundaries fall inside a unit at "
-        f"row{'s' if len(bounds) != 1 else ''} {', '.join(map(str, bounds[:_SHOWN]))}{more}, "
+        f"row{'s' if len(bounds) != 1 else ''} {some_of(list(map(str, bounds)))}, "
         f"on {ranks_text(ranks)}; make the size of {axis!r} divide {part.count} "
         f"({_divisors(part.count)}), or replicate dim {dim} on {axis!r}"
     )

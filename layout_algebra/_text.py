@@ -13,7 +13,7 @@ ranks and at 16,384.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypeVar
 
 __all__ = [
@@ -194,15 +194,17 @@ def listed(items: Sequence[str], limit: int = MAX_LISTED, *, where: str = "") ->
     return lines
 
 
-def some_of(names: Sequence[str], limit: int = MAX_INLINE) -> str:
+def some_of(
+    names: Sequence[str], limit: int = MAX_INLINE, *, show: Callable[[str], str] = clip
+) -> str:
     """The one list inside a sentence: the first ``limit`` of ``names``, comma-separated,
-    each as given (``clip``ped: quote them first where the message quotes), then
+    each shown by ``show`` (``clip``: as it is; ``quote`` where the message quotes), then
     ``and N more`` for the rest.
 
-    >>> some_of(["'a'", "'b'", "'c'", "'d'"], 2), some_of(["3", "8"])
+    >>> some_of(["a", "b", "c", "d"], 2, show=quote), some_of(["3", "8"])
     ("'a', 'b' and 2 more", '3, 8')
     """
-    return ", ".join(clip(n) for n in names[:limit]) + _and_more(len(names) - limit)
+    return ", ".join(map(show, names[:limit])) + _and_more(len(names) - limit)
 
 
 def _and_more(rest: int) -> str:

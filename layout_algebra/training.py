@@ -50,6 +50,7 @@ from layout_algebra._text import (
     quote,
     rank_groups,
     ranks_str,
+    ranks_text,
 )
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_name_set
 from layout_algebra.errors import LayoutError, SerializationError
@@ -824,8 +825,8 @@ class _Model:
             f"{clip(fqn, 80)}{f' and {n - 1} alike' if n > 1 else ''} {human_bytes(b)}"
             for b, fqn, n in heavy[:_TOP]
         ]
-        more = len(ranks) - 1
-        others = f" (and {more} more rank{'s' if more != 1 else ''})" if more else ""
+        rest = [r for r in ranks if r != worst]
+        others = f" (and {ranks_text(rest)})" if rest else ""
         msg = (
             f"rank {worst}{others} needs {exact_bytes(total[worst])}, above the budget of "
             f"{exact_bytes(limit)}: {shown}; heaviest parameters there with their grads and "

@@ -14,8 +14,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from layout_algebra import layout
 from layout_algebra._args import mapping_items, plain_str
-from layout_algebra._text import quote
+from layout_algebra._text import quote, some_of
 from layout_algebra.axes import AxisLike, axis_name_set
 from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.layout import ParamLayoutTable
@@ -71,15 +72,13 @@ def check_module(module: object, arg: str) -> nn.Module:
     return module
 
 
-def check_table(table: object, arg: str) -> None:
-    """Refuse anything but a ``ParamLayoutTable`` for ``arg``."""
-    check_type(
-        table,
-        ParamLayoutTable,
-        arg,
-        "a ParamLayoutTable",
-        "build one with build_table or read one with serialization.from_json",
-    )
+def check_table(table: object, arg: str) -> ParamLayoutTable:
+    """The package's one table check (``layout.check_table``) for the bridge: a
+    ``BindError`` naming ``arg``."""
+    try:
+        return layout.check_table(table, arg)
+    except LayoutError as e:
+        raise BindError(e.message) from None
 
 
 def check_meshes(meshes: object, arg: str) -> dict[str, DeviceMesh]:
@@ -147,11 +146,10 @@ def refuse_spmd_local(fqns: list[str], caller: str) -> None:
     """Refuse the parameters ``fqns`` (``spmd_local`` ones), if any, for ``caller``."""
     if not fqns:
         return
-    shown = ", ".join(quote(f) for f in fqns[:5])
-    more = f" and {len(fqns) - 5} more" if len(fqns) > 5 else ""
+    shown = some_of(fqns, show=quote)
     msg = (
         f"{caller}: {len(fqns)} parameter(s) are plain tensors holding a spmd_types shard "
-        f"(a V or P entry in _local_type), not whole tensors: {shown}{more}; their layout and "
+        f"(a V or P entry in _local_type), not whole tensors: {shown}; their layout and "
         "global shape cannot be read off them. Take the layouts from torchtitan's sharding "
         "configs with plan_from_torchtitan(model, mesh_axes=...) (on the model before "
         "parallelize, for its global shapes), or run torchtitan with a DTensor backend "

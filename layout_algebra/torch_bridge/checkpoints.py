@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from layout_algebra._frozen import FrozenMap
-from layout_algebra._text import clip, quote
+from layout_algebra._text import clip, quote, some_of
 from layout_algebra.errors import LayoutError
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.torch_bridge._checks import check_module
@@ -90,11 +90,6 @@ def _split(module: str, key: str) -> tuple[str, str]:
     return first, rest
 
 
-def _list(names: list[str]) -> str:
-    shown = ", ".join(quote(n) for n in names[:_SHOWN])
-    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
-
-
 def _unmapped(model: nn.Module, missing: list[str], unexpected: list[str]) -> LayoutError:
     """The error for checkpoint keys the conversion does not bring onto the parameters:
     which keys look fused into which parameter, and how to lint instead."""
@@ -111,7 +106,7 @@ def _unmapped(model: nn.Module, missing: list[str], unexpected: list[str]) -> La
             }
         )
         if keys:
-            fused.append(f"{_list(keys)} into {quote(fqn)}")
+            fused.append(f"{some_of(keys, show=quote)} into {quote(fqn)}")
     if fused:
         lead = (
             "the checkpoint stores experts per expert, and the installed transformers' "
@@ -120,16 +115,16 @@ def _unmapped(model: nn.Module, missing: list[str], unexpected: list[str]) -> La
         )
     elif missing:
         lead = (
-            f"the checkpoint holds no tensor for the parameters {_list(missing)} of "
+            f"the checkpoint holds no tensor for the parameters {some_of(missing, show=quote)} of "
             f"{type(model).__name__}{of_type}, as the installed transformers loads it"
         )
         if unexpected:
-            lead += f", and keys the model has no parameter for: {_list(unexpected)}"
+            lead += f", and keys the model has no parameter for: {some_of(unexpected, show=quote)}"
     else:
         lead = (
             f"the checkpoint holds keys {type(model).__name__}{of_type} has no parameter "
-            f"for, as the installed transformers loads it: {_list(unexpected)}; is it a "
-            "checkpoint of this model?"
+            "for, as the installed transformers loads it: "
+            f"{some_of(unexpected, show=quote)}; is it a checkpoint of this model?"
         )
     return LayoutError(f"{_WHO}: {lead}; {_HOW}", fqn=missing[0] if missing else None)
 
@@ -222,7 +217,7 @@ def _convert(model: nn.Module, to_load: Mapping[str, Any]) -> dict[str, ParamSha
         except Exception as e:  # transformers' own ops failing on these shapes
             msg = (
                 f"{_WHO}: transformers' conversion of the checkpoint keys "
-                f"{_list(sources)} into {quote(first)} fails ({clip(str(e))}); {_HOW}"
+                f"{some_of(sources, show=quote)} into {quote(first)} fails ({clip(str(e))}); {_HOW}"
             )
             raise LayoutError(msg, fqn=first) from e
     return loaded

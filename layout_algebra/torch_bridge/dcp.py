@@ -57,7 +57,7 @@ from layout_algebra import (
 from layout_algebra._args import as_instances, mapping_items
 from layout_algebra._files import as_path
 from layout_algebra._frozen import FrozenMap
-from layout_algebra._text import clip, quote
+from layout_algebra._text import clip, quote, ranks_text, some_of
 from layout_algebra.fsdp import plan_error
 from layout_algebra.layout import check_table
 from layout_algebra.mesh import MAX_WORLD
@@ -75,7 +75,6 @@ _MAX_LAYOUTS: Final = 1 << 16
 """The most layouts tried for one tensor on one mesh: a bound on the search."""
 _MAX_INFERRED_AXES: Final = 4
 """Without ``mesh=``, the most axes an inferred mesh has."""
-_SHOWN: Final = 6
 _PAIRS_CHECKED: Final = 2048
 """An error message looks for overlaps among this many boxes' pairs with the rest."""
 
@@ -356,11 +355,10 @@ def _why(saved: _Saved) -> str:
 
 
 def _no_layout(saved: _Saved, where: str, remedy: str) -> LayoutError:
-    shown = ", ".join(map(str, saved.chunks[:_SHOWN]))
-    more = f" and {len(saved.chunks) - _SHOWN} more" if len(saved.chunks) > _SHOWN else ""
+    shown = some_of(list(map(str, saved.chunks)))
     msg = (
         f"{clip(saved.fqn)}: no layout of {where} writes the checkpoint's {len(saved.chunks)} "
-        f"chunk{'s' if len(saved.chunks) != 1 else ''} of {saved.shape} ({shown}{more}): "
+        f"chunk{'s' if len(saved.chunks) != 1 else ''} of {saved.shape} ({shown}): "
         f"{_why(saved)}; {remedy}"
     )
     return LayoutError(msg, fqn=saved.fqn)
@@ -522,11 +520,11 @@ def _hazards(
     for p in report.problems:
         if p.kind != "storage":
             continue
-        ranks = ", ".join(map(str, p.ranks[:_SHOWN])) + (" ..." if len(p.ranks) > _SHOWN else "")
         msg = (
             f"{clip(p.fqn)}: the checkpoint's chunks spell {table[p.fqn]}, DTensor's reading of "
-            f"the layout FSDP2 gave it, but FSDP2 keeps other rows than that reading on ranks "
-            f"{ranks}: torch's hazard of uneven strided shards. Those ranks' values are not the "
+            f"the layout FSDP2 gave it, but FSDP2 keeps other rows than that reading on "
+            f"{ranks_text(p.ranks)}: torch's hazard of uneven strided shards. Those ranks' "
+            "values are not the "
             "rows the metadata names, so a load of this checkpoint gives wrong values; save it "
             "again from a layout lint passes"
         )
