@@ -23,6 +23,7 @@ from layout_algebra._text import MAX_QUOTED, clip, quote
 from layout_algebra.axes import AxisName, as_axis
 from layout_algebra.errors import LayoutError, PlacementSyntaxError, SerializationError
 from layout_algebra.layout import (
+    CheckedEntries,
     Drop,
     ParamLayoutTable,
     SourceLayout,
@@ -36,6 +37,7 @@ from layout_algebra.shapes import ParamShape
 from layout_algebra.structure import structure_from_obj
 
 __all__ = [
+    "as_loaded",
     "at_field",
     "at_index",
     "at_key",
@@ -66,6 +68,7 @@ _MODULE_OPTIONAL: Final = frozenset({"expert_parallel"})
 _SHAPES_KEYS: Final = frozenset({"version", "params"})
 _SHAPE_KEYS: Final = frozenset({"shape", "dtype"})
 _SHAPE_OPTIONAL: Final = frozenset({"structure"})
+_TWICE: Final = "key {!r} appears twice in one JSON object; give each key once"
 
 
 # ---------------------------------------------------------------------------------------
@@ -94,7 +97,9 @@ def shown(path: str) -> str:
 
 def fail(path: str, what: str, value: object, fqn: str | None = None) -> SerializationError:
     """The error for ``value`` at ``path``: ``what`` was expected or is wrong."""
-    msg = f"{shown(path)}: {what}, got {quote(value)}"
+    # a document's arrays and objects (tuples: see ``load``) as JSON shows them
+    got = _SHOWN.repr(value) if isinstance(value, list | tuple) else quote(value)
+    msg = f"{shown(path)}: {what}, got {got}"
     return SerializationError(msg, path=shown(path), fqn=None if fqn is None else clip(fqn))
 
 
@@ -108,21 +113,26 @@ def _string_keys(value: dict[object, object], path: str) -> None:
 
 def _fields(value: object, path: str, at: Callable[[str, str], str]) -> dict[str, object] | None:
     """A JSON object's values by key, ``None`` if ``value`` is no object. A key given twice
-    would silently drop a value: it is refused, at ``at(path, key)``."""
-    if type(value) is _Pairs:
+    would silently drop a value: it is refused, at ``at(path, key)``. (A dict reaches a
+    reader only when ``as_loaded`` left it, for a key that is no string.)"""
+    if type(value) is tuple:
         fields = dict(value)
         if len(fields) != len(value):
-            seen: set[str] = set()
-            for key, _ in value:
-                if key in seen:
-                    msg = f"key {clip(key)!r} appears twice in one JSON object; give each key once"
-                    raise fail(at(path, key), msg, key)
-                seen.add(key)
+            _once(value, path, at)
         return fields
     if isinstance(value, dict):
         _string_keys(value, path)
         return value
     return None
+
+
+def _once(pairs: Sequence[tuple[str, object]], path: str, at: Callable[[str, str], str]) -> None:
+    """The error at the first key of ``pairs`` given a second time, if one is."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise fail(at(path, key), _TWICE.format(clip(key)), key)
+        seen.add(key)
 
 
 def _object(
@@ -287,44 +297,51 @@ def _entry(fqn: str, raw: object, where: str) -> SourceLayout:
     return interned(layout)
 
 
-def _spelling(raw: object) -> tuple[object, ...] | None:
-    """A layout's JSON object as a value to compare, when it is its three fields, each
-    once, and its two arrays; ``None`` otherwise (it is read in full)."""
-    if type(raw) is _Pairs and len(raw) == len(_LAYOUT_ORDER):
-        (mesh_key, mesh), (axes_key, axes), (placements_key, placements) = raw
-        if (mesh_key, axes_key, placements_key) != _LAYOUT_ORDER:  # written in another order
-            fields = dict(raw)
-            return _spelling(fields) if len(fields) == len(raw) else None
-    elif type(raw) is dict and raw.keys() == _LAYOUT_KEYS:
-        mesh, axes, placements = raw["mesh"], raw["axes"], raw["placements"]
-    else:
-        return None
-    if type(axes) is list and type(placements) is list:
-        return (mesh, tuple(axes), tuple(placements))
-    return None
+def _entries(value: object, path: str) -> CheckedEntries:
+    """A table's entries, each FQN non-empty and given once, each layout interned with
+    no ``Partial`` (so the table takes them as they are). The keys are checked before the
+    values: a bad key is the error even where a value before it is bad too.
 
-
-def _entries(value: object, path: str) -> dict[str, SourceLayout]:
-    raw_entries = _mapping(value, path, "FQN -> layout")
-    entries: dict[str, SourceLayout] = {}
-    # Equal layouts are spelled alike: read each spelling once and share its value. A
-    # spelling is remembered only once read, so it holds strings only and equals no
-    # spelling holding anything else.
+    Equal layouts are spelled alike: each spelling is read once and its value shared. A
+    spelling is the layout object's keys in order, its mesh, and its axes and placements
+    as tuples; it is remembered only once read in full, so it then holds strings only
+    and equals no spelling of anything else.
+    """
+    if type(value) is not tuple:
+        _mapping(value, path, "FQN -> layout")  # not an object, or a key that is no string
+        raise fail(path, "expected a JSON object of FQN -> layout", value)
+    items: tuple[tuple[str, object], ...] = value
+    entries = CheckedEntries()
     read: dict[tuple[object, ...], SourceLayout] = {}
-    for fqn, raw in raw_entries.items():
-        if not fqn:
-            raise fail(at_key(path, fqn), "a parameter FQN must be non-empty", fqn)
-        spelling = _spelling(raw)
-        try:
-            layout = read.get(spelling) if spelling is not None else None
-        except TypeError:  # an array or an object inside: the full read reports it
-            spelling = layout = None
+    for fqn, raw in items:
+        layout = spelling = None
+        if type(raw) is tuple and len(raw) == len(_LAYOUT_ORDER):
+            (k1, mesh), (k2, axes), (k3, placements) = raw
+            if type(axes) is list and type(placements) is list:
+                spelling = (k1, k2, k3, mesh, tuple(axes), tuple(placements))
+                try:
+                    layout = read.get(spelling)
+                except TypeError:  # an array or an object inside: the full read reports it
+                    spelling = None
         if layout is None:
-            layout = _entry(fqn, raw, at_key(path, fqn))
+            try:
+                layout = _entry(fqn, raw, at_key(path, fqn))
+            except SerializationError:
+                _check_fqns(items, path)
+                raise
             if spelling is not None:
                 read[spelling] = layout
         entries[fqn] = layout
+    if len(entries) != len(items) or "" in entries:
+        _check_fqns(items, path)
     return entries
+
+
+def _check_fqns(items: Sequence[tuple[str, object]], path: str) -> None:
+    """Each key of a table's entries a non-empty FQN given once, or the error."""
+    if any(not fqn for fqn, _ in items):
+        raise fail(at_key(path, ""), "a parameter FQN must be non-empty", "")
+    _once(items, path, at_key)
 
 
 def _tied_groups(value: object, path: str, entries: Mapping[str, SourceLayout]) -> list[list[str]]:
@@ -580,27 +597,19 @@ def read_shapes(value: object, path: str = "") -> FrozenMap[str, ParamShape]:
 # text
 
 
-class _Pairs(tuple[tuple[str, object], ...]):
-    """A JSON object as ``load`` gives it: its key and value pairs in order (a key may be
-    there twice). The reader makes a dict of it where it reads it (``_fields``), so a
-    table entry spelled as one already read is never made into one."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:  # messages show it as the object it spells
-        return _SHOWN.repr(self)
-
-
 class _Shown(reprlib.Repr):
     """How a message shows a value read from JSON: objects as dicts in their order, a few
     levels deep (however deep the document nests)."""
 
-    def repr__Pairs(self, value: _Pairs, level: int) -> str:  # reprlib's name for the type
+    def repr_tuple(self, value: tuple[object, ...], level: int) -> str:
+        if not all(type(p) is tuple and len(p) == 2 for p in value):
+            return super().repr_tuple(value, level)  # a Python tuple, not an object of ``load``
         if not value:
             return "{}"
         if level <= 0:
             return "{...}"
-        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in value]
+        pairs = cast("tuple[tuple[object, object], ...]", value)
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in pairs]
         return (
             "{"
             + ", ".join(items[: self.maxdict])
@@ -623,12 +632,38 @@ def _reject_constant(name: str) -> object:
 
 
 def load(text: str | bytes) -> object:
-    """The JSON value of ``text`` (each object as its ``_Pairs``); no NaN or Infinity."""
+    """The JSON value of ``text``, each object as the tuple of its (key, value) pairs in
+    order, so that a key given twice is seen (JSON arrays are lists: a tuple is always an
+    object); no NaN or Infinity."""
     if not isinstance(text, str | bytes | bytearray):
         raise fail("", "expected JSON text", text)
     try:
-        return json.loads(text, object_pairs_hook=_Pairs, parse_constant=_reject_constant)
+        return json.loads(text, object_pairs_hook=tuple, parse_constant=_reject_constant)
     except _NonFinite as e:
         raise fail("", "NaN and Infinity are not JSON", str(e)) from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, absurd nesting
         raise fail("", f"not valid JSON ({clip(str(e))})", text[:40]) from None
+
+
+def as_loaded(value: object) -> object:
+    """A Python object handed to the converter as ``load`` gives the JSON text it would be
+    written as: each dict as the tuple of its pairs, each list or tuple as a list. A dict
+    with a key that is no string stays a dict, for the reader to refuse at its path.
+
+    Raises:
+        SerializationError: the object nests too deeply to be a document.
+    """
+    try:
+        return _loaded(value)
+    except RecursionError:
+        raise fail("", "nested too deeply to be a JSON document", type(value).__name__) from None
+
+
+def _loaded(value: object) -> object:
+    if isinstance(value, dict):
+        if not all(type(k) is str for k in value):
+            return value
+        return tuple([(k, _loaded(v)) for k, v in value.items()])
+    if isinstance(value, list | tuple):
+        return [_loaded(v) for v in value]
+    return value

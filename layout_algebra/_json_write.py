@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from itertools import chain, repeat
 from json.encoder import encode_basestring_ascii
 from typing import Final
 
@@ -83,14 +84,20 @@ def table_obj(table: ParamLayoutTable) -> dict[str, object]:
 
 def table_text(table: ParamLayoutTable) -> str:
     """The table's document as text, one entry per line, one drop per line."""
-    texts = {layout: json.dumps(layout_obj(layout)) for layout in set(table.values())}
     doc = _table_doc(table, None)
-    entries = zip(table, map(texts.__getitem__, table.values()), strict=True)
-    lines = {"entries": _object_lines(entries, 1)}
+    lines = {"entries": _object_lines(table, map(_LayoutTexts().__getitem__, table.values()), 1)}
     dropped = doc.get("dropped")
     if isinstance(dropped, list):
         lines["dropped"] = _array_lines(map(json.dumps, dropped), 1)
     return _lay_out(doc, lines)
+
+
+class _LayoutTexts(dict[SourceLayout, str]):
+    """Each layout's JSON text, made when first asked for (a table holds a few layouts)."""
+
+    def __missing__(self, layout: SourceLayout) -> str:
+        text = self[layout] = json.dumps(layout_obj(layout))
+        return text
 
 
 def module_obj(spec: ModulePlan) -> dict[str, object]:
@@ -118,8 +125,8 @@ def plan_text(plan: ShardingPlan) -> str:
     doc = plan_obj(plan)
     modules = doc["modules"]
     assert isinstance(modules, dict)
-    items = ((name, _module_text(obj, 2)) for name, obj in modules.items())
-    return _lay_out(doc, {"modules": _object_lines(items, 1)})
+    texts = (_module_text(obj, 2) for obj in modules.values())
+    return _lay_out(doc, {"modules": _object_lines(modules, texts, 1)})
 
 
 def _module_text(obj: Mapping[str, object], indent: int) -> str:
@@ -128,7 +135,7 @@ def _module_text(obj: Mapping[str, object], indent: int) -> str:
     for key, value in obj.items():
         if key == "params":
             assert isinstance(value, Mapping)
-            text = _object_lines(((k, json.dumps(v)) for k, v in value.items()), indent)
+            text = "".join(_object_lines(value, map(json.dumps, value.values()), indent))
         else:
             text = json.dumps(value)
         items.append(f"{encode_basestring_ascii(key)}: {text}")
@@ -164,29 +171,41 @@ def shapes_text(shapes: Iterable[tuple[str, ParamShape]]) -> str:
     """A shapes document as text, one parameter per line."""
     items = list(shapes)
     texts = {shape: json.dumps(shape_obj(shape)) for shape in {shape for _, shape in items}}
-    params = _object_lines(((fqn, texts[shape]) for fqn, shape in items), 1)
+    params = _object_lines([fqn for fqn, _ in items], (texts[shape] for _, shape in items), 1)
     return _lay_out(shapes_obj(()), {"params": params})
 
 
-def _lay_out(doc: Mapping[str, object], lines: Mapping[str, str]) -> str:
-    """The document's fields one per line: those ``lines`` has, as the text it gives
-    (laid out one item per line), the rest as ``json.dumps`` writes them."""
-    fields = (
-        f"{encode_basestring_ascii(key)}: {lines[key] if key in lines else json.dumps(value)}"
-        for key, value in doc.items()
-    )
-    return "{" + ",\n ".join(fields) + "}"
+def _lay_out(doc: Mapping[str, object], parts: Mapping[str, list[str]]) -> str:
+    """The document's fields one per line: those ``parts`` has, as the text its pieces
+    spell (laid out one item per line), the rest as ``json.dumps`` writes them. The pieces
+    are joined once, so a large table's text is not copied field by field."""
+    out = ["{"]
+    for key, value in doc.items():
+        out.extend((",\n " if len(out) > 1 else "", encode_basestring_ascii(key), ": "))
+        if key in parts:
+            out.extend(parts[key])
+        else:
+            out.append(json.dumps(value))
+    out.append("}")
+    return "".join(out)
 
 
-def _object_lines(items: Iterable[tuple[str, str]], indent: int) -> str:
-    """A JSON object of keys and their values' text, one item per line (``{}`` if empty)."""
+def _object_lines(keys: Iterable[str], texts: Iterable[str], indent: int) -> list[str]:
+    """The pieces of a JSON object of ``keys`` and their values' ``texts`` (in the same
+    order), one item per line (``{}`` if empty)."""
     pad = " " * (indent + 1)
-    lines = f",\n{pad}".join(f"{encode_basestring_ascii(k)}: {v}" for k, v in items)
-    return f"{{\n{pad}{lines}\n{' ' * indent}}}" if lines else "{}"
+    # key, ": ", text, separator, ...: no string is made per item
+    items = zip(map(encode_basestring_ascii, keys), repeat(": "), texts, repeat(f",\n{pad}"))
+    parts = [f"{{\n{pad}", *chain.from_iterable(items)]
+    if len(parts) == 1:
+        return ["{}"]
+    parts[-1] = f"\n{' ' * indent}}}"  # the last separator closes the object
+    return parts
 
 
-def _array_lines(texts: Iterable[str], indent: int) -> str:
-    """A JSON array of its items' text, one item per line (``[]`` if empty)."""
+def _array_lines(texts: Iterable[str], indent: int) -> list[str]:
+    """The pieces of a JSON array of its items' text, one item per line (``[]`` if
+    empty)."""
     pad = " " * (indent + 1)
     lines = f",\n{pad}".join(texts)
-    return f"[\n{pad}{lines}\n{' ' * indent}]" if lines else "[]"
+    return [f"[\n{pad}{lines}\n{' ' * indent}]" if lines else "[]"]

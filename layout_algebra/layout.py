@@ -69,6 +69,8 @@ class SourceLayout:
     mesh: str = attrs.field(converter=plain_str, validator=_check_mesh_role, **REQUIRED)
     axes: tuple[AxisName, ...] = attrs.field(converter=as_axes, **REQUIRED)
     placements: tuple[Placement, ...] = attrs.field(converter=_as_placements, **REQUIRED)
+    # the DSL text, made once like the hash: tables print and fingerprint many entries
+    _text: str = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_pre_init__(
         self, mesh: str, axes: Iterable[AxisLike], placements: Iterable[Placement]
@@ -87,12 +89,15 @@ class SourceLayout:
             raise LayoutError(msg)
         check_distinct_axes(self.axes, f"the {clip(self.mesh)} layout")
 
-    def __str__(self) -> str:
+    def __attrs_post_init__(self) -> None:
         inner = ", ".join(
             f"{a.name}={format_placement(p)}"
             for a, p in zip(self.axes, self.placements, strict=True)
         )
-        return f"{self.mesh}[{inner}]"
+        object.__setattr__(self, "_text", f"{self.mesh}[{inner}]")
+
+    def __str__(self) -> str:
+        return self._text
 
     def placement_on(self, axis: AxisLike) -> Placement:
         """The placement on ``axis``.
@@ -460,29 +465,35 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
         """A stable digest of the table's value: the same in every process and for every
         insertion order, different when an entry, a tied group or a drop differs.
 
-        A SHA-256 over a canonical text (a version line, then one JSON line per entry
-        sorted by FQN, per tied group sorted, per drop sorted), as ``"v1:<hex>"``.
+        A SHA-256 over a canonical text, as ``"v1:<hex>"``: a version line; the FQNs
+        sorted, one per line; their layouts (``str(layout)``) in the same order, one per
+        line; then one JSON line per tied group and per drop, sorted. A column holding a
+        newline in one of its texts is written with each text as a JSON string instead,
+        and its header line says so.
         """
-        # each distinct layout's text once (a table has a few layouts for many FQNs);
-        # each line is what json.dumps(["entry", fqn, str(layout)]) writes
-        texts = {
-            layout: encode_basestring_ascii(str(layout)) for layout in set(self._items.values())
-        }
-        lines = [_FINGERPRINT_VERSION]
-        lines.extend(
-            f'["entry", {encode_basestring_ascii(fqn)}, {texts[self._items[fqn]]}]'
-            for fqn in sorted(self._items)
-        )
-        lines.extend(
-            json.dumps(["tied", members], ensure_ascii=True)
-            for members in sorted(sorted(group) for group in self.tied)
-        )
+        # entries read in the table's order, then put in FQN order by their positions
+        keys, layouts = list(self._items), list(map(str, self._items.values()))
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        fqns = _column("FQNs", list(map(keys.__getitem__, order)))
+        texts = _column("layouts", list(map(layouts.__getitem__, order)))
+        tied = sorted(sorted(group) for group in self.tied)
         drops = sorted(
             [d.fqn, d.mesh, d.axis.name, format_placement(d.placement)] for d in self.dropped
         )
-        lines.extend(json.dumps(["drop", *drop], ensure_ascii=True) for drop in drops)
-        digest = hashlib.sha256("\n".join(lines).encode("ascii")).hexdigest()
+        rest = [json.dumps(["tied", members]) for members in tied]
+        rest.extend(json.dumps(["drop", *drop]) for drop in drops)
+        text = "\n".join([_FINGERPRINT_VERSION, *fqns, *texts, *rest])
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
         return f"v1:{digest}"
+
+
+def _column(name: str, texts: list[str]) -> tuple[str, str]:
+    """A header line and ``texts`` one per line; each text as a JSON string when one
+    holds a newline (so that every text stays one line), which the header says."""
+    lines = "\n".join(texts)
+    if lines.count("\n") == max(len(texts) - 1, 0):
+        return f"{len(texts)} {name}", lines
+    return f"{len(texts)} {name} as JSON strings", "\n".join(map(encode_basestring_ascii, texts))
 
 
 _FINGERPRINT_VERSION: Final = "layout-algebra-fingerprint-v1"

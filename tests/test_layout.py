@@ -467,3 +467,19 @@ def test_a_full_interner_leaves_every_value_correct(monkeypatch: pytest.MonkeyPa
     assert table == ParamLayoutTable({"b": made[0], "a": made[1]})
     params = {"full_interner.weight": {"tp": Shard(7)}}
     assert ModulePlan(params) == ModulePlan(params) and dict(ModulePlan(params).params) == params
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [  # what joining FQNs, or mesh roles, by newlines alone would spell alike
+        ({"a\nb": W, "c": W}, {"a": W, "b\nc": W}),
+        (  # "q[]\nn[]\nz[]" both
+            {"a": SourceLayout("q[]\nn", [], []), "b": SourceLayout("z", [], [])},
+            {"a": SourceLayout("q", [], []), "b": SourceLayout("n[]\nz", [], [])},
+        ),
+    ],
+)
+def test_a_fingerprint_tells_texts_holding_newlines_apart(
+    one: dict[str, SourceLayout], other: dict[str, SourceLayout]
+) -> None:
+    assert ParamLayoutTable(one).fingerprint() != ParamLayoutTable(other).fingerprint()

@@ -434,6 +434,24 @@ def _entry(**changes: Any) -> str:
         (_table_doc(tied=[["layers.7.w", ""]]), "tied[0][1]", "non-empty"),
         (_table_doc(tied={"a": 1}), "tied", "JSON array"),
         ('{"version": 1, "entries": {"a": {}, "a": {}}}', 'entries["a"]', "appears twice"),
+        (  # the entries' keys are checked before their values
+            '{"version": 1, "entries": {"b": {}, "a": {}, "a": {}}}',
+            'entries["a"]',
+            "appears twice",
+        ),
+        ('{"version": 1, "entries": {"b": {}, "": {}}}', 'entries[""]', "non-empty"),
+        (
+            '{"version": 1, "entries": {"a": {"mesh": "d", "axes": [], "placements": []}, '
+            '"a": {"mesh": "d", "axes": [], "placements": []}}}',
+            'entries["a"]',
+            "appears twice",
+        ),
+        (
+            '{"version": 1, "entries": {"b": {"mesh": "d", "axes": [], "placements": []}, '
+            '"c": {"mesh": "d", "axes": [], "placements": []}, "b": {}}}',
+            'entries["b"]',
+            "appears twice",
+        ),
         ('{"version": 1, "version": 1, "entries": {}}', "version", "appears twice"),
         (
             '{"version": 1, "entries": {"a": {"mesh": "d", "mesh": "e", "axes": [], '
@@ -1040,3 +1058,17 @@ def test_plan_keys_with_patterns_round_trip() -> None:
     assert '"layers.*.attention": {' in text and '"*.bias": {}' in text
     assert plan_from_json(text) == plan
     assert converter.structure(converter.unstructure(plan), ShardingPlan) == plan
+
+
+def test_a_python_object_is_read_as_the_json_it_would_be_written_as() -> None:
+    """json writes a tuple as an array: so does the converter read one (never as an object)."""
+    doc = {
+        "version": 1,
+        "entries": {"w": {"mesh": "dense", "axes": ("tp",), "placements": ("S(0)",)}},
+    }
+    assert converter.structure(doc, ParamLayoutTable) == from_json(json.dumps(doc))
+    pairs = {"version": 1, "entries": {"w": (("mesh", "dense"), ("axes", []), ("placements", []))}}
+    with pytest.raises(SerializationError) as info:
+        converter.structure(pairs, ParamLayoutTable)
+    assert info.value.path == 'entries["w"]'
+    assert "JSON object" in info.value.message
