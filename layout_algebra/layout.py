@@ -430,16 +430,26 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
         return f"ParamLayoutTable({self._items!r}{tied})"
 
     def __str__(self) -> str:
+        return format(self, "")
+
+    def __format__(self, encoding: str) -> str:
+        """One line per entry, the layouts in one column; ``format(table, "ascii")`` is
+        the text for an output in that encoding (``""``: any).
+
+        FQNs are escaped before the column is measured: a control character must not move
+        a terminal's cursor, and a character the encoding cannot write is spelled as its
+        stream spells it (``\\xe9``), so the column stays one column there too.
+        """
         if not self._items:
             return "(empty table)"
-        # FQNs escaped: a control character in one must not move a terminal's cursor
-        names = [escape(fqn) for fqn in self._items]
+        code = encoding or None
+        names = [escape(fqn, code) for fqn in self._items]
         width = max(map(len, names))
         lines = [
             f"{name:<{width}}  {layout}"
             for name, layout in zip(names, self._items.values(), strict=True)
         ]
-        lines.extend(f"tied: {', '.join(map(escape, sorted(g)))}" for g in self.tied)
+        lines.extend(f"tied: {', '.join(escape(f, code) for f in sorted(g))}" for g in self.tied)
         return "\n".join(lines)
 
     def group_of(self, fqn: str) -> frozenset[str]:

@@ -26,7 +26,16 @@ from layout_algebra.cli._inputs import (
     read_checkpoint,
     torch_missing,
 )
-from layout_algebra.cli._output import PROG, Problem, Reported, Usage, plural, say, say_problems
+from layout_algebra.cli._output import (
+    PROG,
+    Problem,
+    Reported,
+    Usage,
+    output_encoding,
+    plural,
+    say,
+    say_problems,
+)
 from layout_algebra.cli._types import owned_axes
 from layout_algebra.draw import draw, mesh_str
 from layout_algebra.errors import LayoutError, PlanError
@@ -66,10 +75,11 @@ def _meshes_str(meshes: Mapping[str, Mesh]) -> str:
 
 
 def show_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
-    """The table, as ``str`` prints it, and how many parameters and tied groups it has."""
+    """The table, as ``str`` prints it (for stdout's encoding), and how many parameters
+    and tied groups it has."""
     del err
     table = load_table(args.table)
-    out.write(f"{table}\n")
+    out.write(f"{table:{output_encoding()}}\n")
     out.write(f"({plural(len(table), 'parameter')}, {plural(len(table.tied), 'tied group')})\n")
     return 0
 
@@ -267,7 +277,7 @@ def check_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> 
         )
     for line in _drops_lines(table):
         out.write(line + "\n")
-    out.write(f"\n{table}\n")
+    out.write(f"\n{table:{output_encoding()}}\n")
     return 0
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "Reported",
     "Usage",
     "deliver",
+    "output_encoding",
     "plural",
     "refuse",
     "say",
@@ -98,6 +99,14 @@ def unwritten(error: OSError | ValueError) -> str:
     reason = (error.strerror if isinstance(error, OSError) else None) or str(error)
     silence_stdout()
     return f"cannot write the output: {reason}; {_REMEDY}"
+
+
+def output_encoding() -> str:
+    """The encoding stdout writes in (``""`` when it does not say): the one a table's
+    text is formatted for, ``f"{table:{output_encoding()}}"``, so that the FQNs it cannot
+    write are escaped before the columns are measured, not after."""
+    encoding: object = getattr(sys.stdout, "encoding", None)
+    return encoding if isinstance(encoding, str) else ""
 
 
 def deliver(text: str) -> None:
