@@ -7,6 +7,7 @@ parameters share storage (``tied``).
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -440,9 +441,18 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
         a terminal's cursor, and a character the encoding cannot write is spelled as its
         stream spells it (``\\xe9``), so the column stays one column there too.
         """
+        code = encoding or None
+        if code is not None:
+            try:
+                codecs.lookup(code)
+            except LookupError:
+                msg = (
+                    f"a table's format spec is the output's encoding, such as 'ascii' or "
+                    f"'utf-8' (or '' for any), got {quote(encoding)}"
+                )
+                raise LayoutError(msg) from None
         if not self._items:
             return "(empty table)"
-        code = encoding or None
         names = [escape(fqn, code) for fqn in self._items]
         width = max(map(len, names))
         lines = [

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from layout_algebra import ModulePlan, ParamLayoutTable, Shard, ShardingPlan, SourceLayout
+from layout_algebra import (
+    LayoutError,
+    ModulePlan,
+    ParamLayoutTable,
+    Shard,
+    ShardingPlan,
+    SourceLayout,
+)
 from layout_algebra.cli import main
 from layout_algebra.serialization import plan_to_json, to_json
 
@@ -58,3 +65,9 @@ def test_show_and_check_align_the_table_on_the_terminal_s_encoding(
     lines = [line for line in raw.getvalue().decode(encoding).splitlines() if "  dense[" in line]
     assert len(lines) >= 2 and len(column(lines)) == 1, lines
     assert any(("caf\\xe9.w" if encoding == "ascii" else "caf\u00e9.w") in x for x in lines)
+
+
+def test_a_format_spec_that_is_no_encoding_is_refused() -> None:
+    table = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})
+    with pytest.raises(LayoutError, match="encoding"):
+        format(table, ">10")
