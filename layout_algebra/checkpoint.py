@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import os
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias, TypeVar
 
 import attrs
 
@@ -36,7 +38,7 @@ from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, rea
 from layout_algebra._shards import check_dims, check_layout, role_mesh, size_of
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.errors import LayoutError
-from layout_algebra.fsdp import FsdpAxes, compose_table, plan_error
+from layout_algebra.fsdp import FsdpAxes, compose_table, group_index, plan_error
 from layout_algebra.layout import (
     ParamLayoutTable,
     SourceLayout,
@@ -973,6 +975,53 @@ def _part_pattern(
     return part_pattern((layout, mesh, shape), sources, itemsize=itemsize)
 
 
+_SHAPE_AND_DTYPE: Final = operator.attrgetter("shape", "dtype")
+_TOTAL: Final = operator.attrgetter("total")
+V = TypeVar("V")
+
+
+def _by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:
+    """``mapping``'s value for each of ``fqns``, ``None`` where it has none: by position
+    when it lists exactly ``fqns`` in that order (the tables and shapes of one model do),
+    else looked up in a plain dict."""
+    if list(mapping) == fqns:
+        return list(mapping.values())
+    values = mapping if type(mapping) is dict else dict(mapping.items())
+    return list(map(values.get, fqns))
+
+
+def _plan_grouped(
+    planner: _Planner, src: ParamLayoutTable, dst: ParamLayoutTable, shapes: ShapesLike
+) -> tuple[list[str], list[_Pattern | PartPattern]] | None:
+    """Every parameter of ``dst`` and its reads, in order, grouped by what they depend on
+    (saved layout, layout, shape, dtype): per parameter its values and one dict lookup,
+    per group the planning. ``None`` when a parameter needs ``_plan_each``: an entry
+    ``src`` lacks, a shape that is missing (a tied member's) or no ``ParamShape``, a group
+    that cannot be planned; that path names every parameter such a problem concerns.
+    """
+    fqns = list(dst)
+    saved = _by_fqn(src, fqns)
+    found = _by_fqn(shapes, fqns)
+    if set(map(type, found)) != {ParamShape}:
+        return None
+    keys = zip(saved, dst.values(), map(_SHAPE_AND_DTYPE, found), strict=True)
+    groups, index = group_index(keys)
+    # One parameter of each group (its last) stands for it: a group that fails is planned
+    # again one parameter at a time, which names them all.
+    member = dict(zip(index, range(len(index)), strict=True))
+    patterns: list[_Pattern | PartPattern] = []
+    for (old, layout, _), i in groups.items():
+        fqn, given = fqns[member[i]], found[member[i]]
+        if old is None or given is None:  # an entry src lacks (a missing shape: see above)
+            return None
+        try:
+            shape, itemsize = _read_shape(fqn, given)
+            patterns.append(planner.pattern(fqn, old, layout, shape, itemsize))
+        except LayoutError:
+            return None
+    return fqns, list(map(patterns.__getitem__, index))
+
+
 def _plan_all(
     planner: _Planner,
     src: ParamLayoutTable,
@@ -981,7 +1030,22 @@ def _plan_all(
     specs: Mapping[str, _PartSpec],
 ) -> tuple[list[str], list[_Pattern | PartPattern], list[LayoutError]]:
     """Every parameter of ``dst`` and its reads, in order, and every problem found on the
-    way; each distinct (source layout, layout, shape, dtype) planned once."""
+    way; grouped when nothing needs a parameter on its own (``_plan_grouped``)."""
+    grouped = None if specs else _plan_grouped(planner, src, dst, shapes)
+    if grouped is not None:
+        return *grouped, []
+    return _plan_each(planner, src, dst, shapes, specs)
+
+
+def _plan_each(
+    planner: _Planner,
+    src: ParamLayoutTable,
+    dst: ParamLayoutTable,
+    shapes: ShapesLike,
+    specs: Mapping[str, _PartSpec],
+) -> tuple[list[str], list[_Pattern | PartPattern], list[LayoutError]]:
+    """``_plan_all`` one parameter at a time, each problem named by its parameter; each
+    distinct (source layout, layout, shape, dtype) still planned once."""
     fqns: list[str] = []
     kinds: list[_Pattern | PartPattern] = []
     problems: list[LayoutError] = []
@@ -1140,9 +1204,7 @@ def reshard_plan(
         ]
         raise plan_error("the reshard", problems)
     # Each pattern's bytes and reads counted once, for all the parameters sharing it.
-    uses: dict[_Pattern | PartPattern, int] = {}
-    for pattern in kinds:
-        uses[pattern] = uses.get(pattern, 0) + 1
+    uses = Counter(kinds)
     nbytes, reads = RankSum(dst_meshes), RankSum(dst_meshes)
     for pattern, count in uses.items():
         role = pattern.role
@@ -1155,7 +1217,7 @@ def reshard_plan(
         counts = [a + b for a, b in zip(counts, reads.per_rank(role), strict=True)]
     return ReshardPlan._planned(
         bytes_read=tuple(bytes_read),
-        by_param=frozen_map_of(dict(zip(fqns, (k.total for k in kinds), strict=True))),
+        by_param=frozen_map_of(dict(zip(fqns, map(_TOTAL, kinds), strict=True))),
         tables=(src, dst),
         fqns=tuple(fqns),
         kinds=tuple(kinds),

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, TypeAlias
+from itertools import repeat
+from typing import Final, TypeAlias, TypeVar
 
 import attrs
 
@@ -42,7 +43,14 @@ from layout_algebra.axes import (
     axis_name_set,
 )
 from layout_algebra.errors import LayoutError, PlanError
-from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_table, partial_error
+from layout_algebra.layout import (
+    CheckedEntries,
+    ParamLayoutTable,
+    SourceLayout,
+    check_table,
+    interned,
+    partial_error,
+)
 from layout_algebra.mesh import Mesh, as_coordinate, as_mesh, as_role_sizes
 from layout_algebra.placements import (
     MAX_SPLIT_FACTOR,
@@ -66,6 +74,8 @@ MAX_FSDP_SOURCE_AXES: Final = 2
 """FSDP2 composes 1-D TP/EP or 2-D EP+TP source layouts, nothing wider."""
 
 _REPLICATE: Final = Replicate()
+
+K = TypeVar("K")
 
 FsdpAxes: TypeAlias = AxisLike | tuple[AxisLike, AxisLike]
 """FSDP's mesh axes for one role: the shard axis, or ``(replicate, shard)`` for HSDP."""
@@ -407,24 +417,37 @@ def compose_table(
             )
             problems.append(LayoutError(msg, fqn=first))
     # Tables repeat a few layouts many times: compose each (layout, dim) once.
-    done: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
-    out: dict[str, SourceLayout] = {}
-    for fqn, layout in table.items():
-        key = (layout, dims.get(fqn, default_dim))
-        got = done.get(key)
-        if got is None:
-            try:
-                got = compose_entry(layout, key[1], roles, meshes, owned_axes)
-            except LayoutError as error:
-                got = error
-            done[key] = got
-        if isinstance(got, LayoutError):
-            problems.append(with_fqn(fqn, got))
-        else:
-            out[fqn] = got
+    fqns = list(table)
+    dim_of = map(dims.get, fqns, repeat(default_dim))
+    groups, index = group_index(zip(table.values(), dim_of, strict=True))
+    done: list[SourceLayout] = []
+    failed: dict[int, LayoutError] = {}
+    for i, (layout, dim) in enumerate(groups):
+        try:
+            done.append(interned(compose_entry(layout, dim, roles, meshes, owned_axes)))
+        except LayoutError as error:
+            failed[i] = error
+            done.append(layout)  # never used: the problems stop the table below
+    if failed:
+        problems.extend(
+            with_fqn(fqn, failed[i]) for fqn, i in zip(fqns, index, strict=True) if i in failed
+        )
     if problems:
         raise plan_error("composing the table with FSDP", problems)
-    return table.with_entries(out)  # every FQN replaced: same order, tied groups kept
+    # Made here from a checked table's FQNs and interned layouts: nothing to check again.
+    entries = CheckedEntries(zip(fqns, map(done.__getitem__, index), strict=True))
+    return ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)
+
+
+def group_index(keys: Iterable[K]) -> tuple[dict[K, int], list[int]]:
+    """The distinct ``keys``, numbered in order of first appearance, and each key's number
+    in order: work done once per distinct key is then looked up by number per key.
+
+    >>> group_index("abac")
+    ({'a': 0, 'b': 1, 'c': 2}, [0, 1, 0, 2])
+    """
+    groups: dict[K, int] = {}
+    return groups, [groups.setdefault(key, len(groups)) for key in keys]
 
 
 # ---------------------------------------------------------------------------------------
