@@ -21,7 +21,7 @@ import os
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 import attrs
 
@@ -38,7 +38,13 @@ from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, rea
 from layout_algebra._shards import check_dims, check_layout, role_mesh, size_of
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
 from layout_algebra.errors import LayoutError
-from layout_algebra.fsdp import FsdpAxes, compose_table, group_index, plan_error
+from layout_algebra.fsdp import (
+    FsdpAxes,
+    compose_table,
+    group_index,
+    plan_error,
+    values_by_fqn,
+)
 from layout_algebra.layout import (
     ParamLayoutTable,
     SourceLayout,
@@ -977,17 +983,6 @@ def _part_pattern(
 
 _SHAPE_AND_DTYPE: Final = operator.attrgetter("shape", "dtype")
 _TOTAL: Final = operator.attrgetter("total")
-V = TypeVar("V")
-
-
-def _by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:
-    """``mapping``'s value for each of ``fqns``, ``None`` where it has none: by position
-    when it lists exactly ``fqns`` in that order (the tables and shapes of one model do),
-    else looked up in a plain dict."""
-    if list(mapping) == fqns:
-        return list(mapping.values())
-    values = mapping if type(mapping) is dict else dict(mapping.items())
-    return list(map(values.get, fqns))
 
 
 def _plan_grouped(
@@ -1000,8 +995,8 @@ def _plan_grouped(
     that cannot be planned; that path names every parameter such a problem concerns.
     """
     fqns = list(dst)
-    saved = _by_fqn(src, fqns)
-    found = _by_fqn(shapes, fqns)
+    saved = values_by_fqn(src, fqns)
+    found = values_by_fqn(shapes, fqns)
     if set(map(type, found)) != {ParamShape}:
         return None
     keys = zip(saved, dst.values(), map(_SHAPE_AND_DTYPE, found), strict=True)

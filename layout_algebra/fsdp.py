@@ -13,7 +13,7 @@ live ``DeviceMesh`` (and no torch) is needed.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from typing import Final, TypeAlias, TypeVar
 
@@ -76,6 +76,7 @@ MAX_FSDP_SOURCE_AXES: Final = 2
 _REPLICATE: Final = Replicate()
 
 K = TypeVar("K")
+V = TypeVar("V")
 
 FsdpAxes: TypeAlias = AxisLike | tuple[AxisLike, AxisLike]
 """FSDP's mesh axes for one role: the shard axis, or ``(replicate, shard)`` for HSDP."""
@@ -294,6 +295,11 @@ def as_shard_dims(
     return 0, by_fqn
 
 
+def shard_dims_of(fqns: list[str], default: int, dims: Mapping[str, int]) -> Iterator[int]:
+    """The shard dim of each of ``fqns``, from ``as_shard_dims``'s default and dims by FQN."""
+    return map(dims.get, fqns, repeat(default)) if dims else repeat(default, len(fqns))
+
+
 def owned_names(owned: Iterable[AxisLike]) -> frozenset[str]:
     """The plain names of the ``owned`` argument (the axes FSDP and pipelining own)."""
     return axis_name_set(owned, "owned")
@@ -418,7 +424,7 @@ def compose_table(
             problems.append(LayoutError(msg, fqn=first))
     # Tables repeat a few layouts many times: compose each (layout, dim) once.
     fqns = list(table)
-    dim_of = map(dims.get, fqns, repeat(default_dim))
+    dim_of = shard_dims_of(fqns, default_dim, dims)
     groups, index = group_index(zip(table.values(), dim_of, strict=True))
     done: list[SourceLayout] = []
     failed: dict[int, LayoutError] = {}
@@ -439,6 +445,10 @@ def compose_table(
     return ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)
 
 
+# ---------------------------------------------------------------------------------------
+# tables by signature: per parameter a lookup, per distinct signature the work
+
+
 def group_index(keys: Iterable[K]) -> tuple[dict[K, int], list[int]]:
     """The distinct ``keys``, numbered in order of first appearance, and each key's number
     in order: work done once per distinct key is then looked up by number per key.
@@ -448,6 +458,20 @@ def group_index(keys: Iterable[K]) -> tuple[dict[K, int], list[int]]:
     """
     groups: dict[K, int] = {}
     return groups, [groups.setdefault(key, len(groups)) for key in keys]
+
+
+def values_by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:
+    """``mapping``'s value for each of ``fqns``, ``None`` where it has none: by position
+    when it lists exactly ``fqns`` in that order (the tables and shapes of one model do),
+    else looked up in a plain dict. ``mapping``'s keys are plain ``str``.
+
+    >>> values_by_fqn({"a": 1, "b": 2}, ["a", "b"]), values_by_fqn({"b": 2}, ["a", "b"])
+    ([1, 2], [None, 2])
+    """
+    if list(mapping) == fqns:
+        return list(mapping.values())
+    values = mapping if type(mapping) is dict else dict(mapping.items())
+    return list(map(values.get, fqns))
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ of its dims (``_ranks``), and counted for the parameters that share it.
 from __future__ import annotations
 
 import math
+import operator
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, TypeAlias
 
@@ -65,9 +67,12 @@ from layout_algebra.fsdp import (
     as_fsdp_axes,
     as_shard_dims,
     compose_entry,
+    group_index,
     owned_names,
     plan_error,
+    shard_dims_of,
     split_fsdp,
+    values_by_fqn,
 )
 from layout_algebra.geometry import Runs
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn, check_table
@@ -859,6 +864,8 @@ def _owners(table: ParamLayoutTable) -> dict[str, str]:
 _Key: TypeAlias = tuple[SourceLayout, ParamShape, int]
 """A parameter's signature: its layout, its shape and dtype, and FSDP's shard dim."""
 
+_SHAPE_FIELDS: Final = operator.attrgetter("shape", "dtype", "structure")
+
 
 def _shape_of(
     fqn: str, table: ParamLayoutTable, shapes: Mapping[str, ParamShape], owner: Mapping[str, str]
@@ -1010,7 +1017,43 @@ class _Run:
         return (layout, _check_shape(fqn, shape), self.dims.get(fqn, self.default_dim))
 
     def count(self) -> None:
-        """One pass over the parameters: count the storages of each signature."""
+        """Count the storages of each signature, and note each parameter's."""
+        if not self._count_grouped():
+            self._count_each()
+
+    def _count_grouped(self) -> bool:
+        """``count`` with per parameter its values and one dict lookup; false (nothing
+        counted) when a parameter has no ``ParamShape`` of its own, for ``_count_each``.
+
+        Parameters are grouped by their shape's fields (no ``ParamShape`` hash or ``==``
+        per parameter); each signature then holds one of its equal ``ParamShape`` objects.
+        """
+        fqns = list(self.table)
+        found = values_by_fqn(self.shapes, fqns)
+        if set(map(type, found)) != {ParamShape}:
+            return False
+        dim_of = shard_dims_of(fqns, self.default_dim, self.dims)
+        fields = map(_SHAPE_FIELDS, found)
+        groups, index = group_index(zip(self.table.values(), fields, dim_of, strict=True))
+        member = dict(zip(index, range(len(index)), strict=True))
+        keys: list[_Key] = []
+        for (layout, _, dim), i in groups.items():
+            shape = found[member[i]]
+            assert shape is not None  # every one is a ParamShape
+            keys.append((layout, shape, dim))
+        storages = Counter(index)
+        aliases = [fqn for fqn, first in self.owner.items() if first != fqn]
+        if aliases:  # a tied alias is no storage
+            position = dict(zip(fqns, range(len(fqns)), strict=True))
+            storages.subtract(index[position[fqn]] for fqn in aliases)
+        self.counts = {key: storages[i] for i, key in enumerate(keys)}
+        self.keys = list(map(keys.__getitem__, index))
+        self.hits = len(fqns)
+        return True
+
+    def _count_each(self) -> None:
+        """``count`` one parameter at a time: a missing shape, a tied alias's, a shape
+        that is no ``ParamShape`` (a ``LayoutError`` naming the first)."""
         counts, owner, keys = self.counts, self.owner, self.keys
         first: dict[_Key, _Key] = {}  # each signature as one tuple: the report finds it fast
         for fqn, layout in self.table.items():

@@ -26,9 +26,11 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
     compose_fsdp,
+    lint,
 )
 from layout_algebra.checkpoint import ReshardPlan, reshard_plan
 from layout_algebra.fsdp import compose_table
+from layout_algebra.lint import LintReport
 from layout_algebra.shapes import ParamShape
 from layout_algebra.structure import Packed, Part
 
@@ -206,3 +208,56 @@ def test_a_problem_of_one_group_names_every_parameter_of_it() -> None:
         reshard_plan(src, dst, shapes, src_sizes=SRC_SIZES, dst_sizes=DST_SIZES)
     assert [p.fqn for p in raised.value.problems] == ["w0", "w1", "w2"]
     assert all(isinstance(p, LayoutError) for p in raised.value.problems)
+
+
+# ---------------------------------------------------------------------------------------
+# lint
+
+
+class OtherShape(ParamShape):
+    """A ``ParamShape`` of another class: lint counts its parameters one at a time."""
+
+
+LINT_SIZES = {"dense": {"dp": 2, "tp": 2}, "expert": {"dp": 1, "ep": 2, "tp": 2}}
+LINT_LAYOUTS = [
+    SourceLayout("dense", (), ()),
+    SourceLayout("dense", ["tp"], [S0]),
+    SourceLayout("dense", ["tp"], [S1]),
+    SourceLayout("expert", ["ep"], [S0]),
+    SourceLayout("expert", ["ep", "tp"], [S0, S1]),
+    SourceLayout("expert", ["ep"], [S2]),  # a problem but in a 3-dim tensor
+]
+LINT_SHAPES = [((4, 6), "float32"), ((4, 6), "bfloat16"), ((5, 6), "float32"), ((3, 4, 2), "int8")]
+
+
+def as_lint_text(report: LintReport) -> tuple[object, ...]:
+    """The report with its coverage's shapes as their fields (whatever their class)."""
+    cover = [
+        (c.layout, c.shape.shape, c.shape.dtype, c.tensors, c.problem) for c in report.coverage
+    ]
+    return report.problems, report.notes, report.memory, cover, str(report)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), n=st.integers(1, 12))
+def test_grouped_lint_counts_as_one_tensor_at_a_time(data: st.DataObject, n: int) -> None:
+    fqns = [f"layers.{i}.w" for i in range(n)]
+    entries = {f: data.draw(st.sampled_from(LINT_LAYOUTS)) for f in fqns}
+    tie = n > 1 and data.draw(st.booleans())
+    if tie:  # a tied pair shares one storage, so one layout and one shape
+        entries[fqns[1]] = entries[fqns[0]]
+    table = ParamLayoutTable(entries, tied=[fqns[:2]] if tie else [])
+    order = data.draw(st.permutations(fqns)) if data.draw(st.booleans()) else fqns
+    shapes: dict[str, ParamShape] = {}
+    for fqn in order:
+        shape, dtype = data.draw(st.sampled_from(LINT_SHAPES))
+        shapes[fqn] = param_shape(shape, dtype, data.draw(st.booleans()))
+    if tie:
+        shapes[fqns[1]] = shapes[fqns[0]]
+    dims = {f: 1 for f in fqns if f not in fqns[:2] and data.draw(st.integers(0, 4)) == 0}
+
+    def linted(given: Mapping[str, ParamShape]) -> LintReport:
+        return lint(table, given, mesh_sizes=LINT_SIZES, fsdp=FSDP, shard_dim=dims)
+
+    each = {f: OtherShape(s.shape, s.dtype, structure=s.structure) for f, s in shapes.items()}
+    assert as_lint_text(linted(shapes)) == as_lint_text(linted(each))
