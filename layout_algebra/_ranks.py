@@ -12,6 +12,7 @@ costs a few passes over its ranks, not one per tensor.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeAlias
@@ -30,6 +31,7 @@ __all__ = [
     "DimRead",
     "RankSum",
     "chain_of",
+    "chunk_lengths",
     "cover_problem",
     "fsdp_runs_differ",
     "index_vector",
@@ -101,6 +103,25 @@ class DimRead:
         return tuple(a for a, _, _ in self.chain)
 
 
+def chunk_lengths(n: int, chunks: int) -> list[int]:
+    """The lengths of the ``chunks`` pieces ``torch.chunk`` cuts ``n`` rows into, as
+    ``chunk_bounds`` gives them one by one: pieces as long as the first, then the rest.
+
+    >>> chunk_lengths(10, 4), chunk_lengths(5, 4), chunk_lengths(0, 2)
+    ([3, 3, 3, 1], [2, 2, 1, 0], [0, 0])
+    """
+    size = chunk_bounds(n, chunks, 0)[1]
+    full, rest = divmod(n, size) if size else (0, 0)
+    tail = [rest] if rest else []
+    return [size] * full + tail + [0] * (chunks - full - len(tail))
+
+
+def _chunks(n: int, chunks: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each of ``chunk_lengths(n, chunks)``."""
+    lengths = chunk_lengths(n, chunks)
+    return list(zip(itertools.accumulate(lengths, initial=0), lengths, strict=False))
+
+
 def _shard_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:
     """Offsets and lengths of a chain of ``Shard``s: each cuts the block it is given."""
     states = [(0, n)]
@@ -108,9 +129,7 @@ def _shard_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:
         cuts: dict[int, list[tuple[int, int]]] = {}
         for _, h in states:
             if h not in cuts:
-                cuts[h] = [
-                    (lo, hi - lo) for lo, hi in (chunk_bounds(h, size, i) for i in range(size))
-                ]
+                cuts[h] = _chunks(h, size)
         states = [(s + lo, m) for s, h in states for lo, m in cuts[h]]
     return [s if m else n for s, m in states], [m for _, m in states]
 
@@ -128,9 +147,9 @@ def _canonical_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:
     ``S(0)`` over 2: pieces 0:4 and 4:8, FSDP index f takes its chunk of the source's piece."""
     split, fsdp = chain[0][2], chain[0][1]
     piece = n // split
-    bounds = [chunk_bounds(piece, fsdp, f) for f in range(fsdp)]
-    offsets = [p * piece + lo if hi > lo else n for lo, hi in bounds for p in range(split)]
-    lengths = [hi - lo for lo, hi in bounds for _ in range(split)]
+    chunks = _chunks(piece, fsdp)
+    offsets = [p * piece + lo if m else n for lo, m in chunks for p in range(split)]
+    lengths = [m for _, m in chunks for _ in range(split)]
     return offsets, lengths
 
 

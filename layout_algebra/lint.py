@@ -26,6 +26,7 @@ of its dims (``_ranks``), and counted for the parameters that share it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections import Counter
@@ -42,11 +43,12 @@ from layout_algebra._ranks import (
     Factor,
     RankSum,
     chain_of,
+    chunk_lengths,
     fsdp_runs_differ,
     index_vector,
     read_dim,
 )
-from layout_algebra._shards import chunk_bounds, role_mesh, shard_dim_of, split_factor_of
+from layout_algebra._shards import role_mesh, shard_dim_of, split_factor_of
 from layout_algebra._structure_rules import structure_problems
 from layout_algebra._text import (
     MAX_LISTED,
@@ -676,14 +678,9 @@ class _Examiner:
             chain = reads[dim].chain  # FSDP's axis first, then the source axes on its dim
             held = self.read(shape.shape[dim], chain[1:]).lengths
             # FSDP2 chunks each rank's source rows (torch.chunk), padding to the first chunk
-            cuts: dict[int, list[int]] = {}  # by rows held: a few distinct counts
-            for h in held:
-                if h not in cuts:
-                    cuts[h] = [
-                        hi - lo for lo, hi in (chunk_bounds(h, fsdp, f) for f in range(fsdp))
-                    ]
+            cuts = {h: chunk_lengths(h, fsdp) for h in set(held)}  # a few distinct counts
             cut = [cuts[h] for h in held]
-            chained = [c[f] for f in range(fsdp) for c in cut]  # by index on the chain
+            chained = list(itertools.chain.from_iterable(zip(*cut, strict=True)))  # by index
             if len(cuts) == 1:  # every source piece alike: FSDP's index alone decides
                 (h,) = cuts
                 kept[dim] = ((parts.shard.name,), cuts[h])
@@ -742,7 +739,7 @@ class _Examiner:
         dim = parts.shard_dim
         kept, chained = rows
         differ = fsdp_runs_differ(shape.shape[dim], reads[dim].chain, self.owned)
-        if all(d is None for d in differ):
+        if differ.count(None) == len(differ):
             return None
         flags = [
             d is not None and (k > 0 or r > 0)
@@ -1004,7 +1001,8 @@ class _Run:
         self.default_dim, self.dims = default_dim, dims
         self.owner = _owners(table)
         self.counts: dict[_Key, int] = {}
-        self.keys: list[_Key | None] = []  # by parameter, in table order
+        self.signatures: list[_Key] = []  # the distinct ones, numbered, as in counts
+        self.index: Sequence[int | None] = []  # by parameter: its signature's number
         self.no_shape = False
         self.hits = 0
         self.found: dict[_Key, _Found] = {}
@@ -1047,27 +1045,28 @@ class _Run:
             position = dict(zip(fqns, range(len(fqns)), strict=True))
             storages.subtract(index[position[fqn]] for fqn in aliases)
         self.counts = {key: storages[i] for i, key in enumerate(keys)}
-        self.keys = list(map(keys.__getitem__, index))
+        self.signatures, self.index = keys, index
         self.hits = len(fqns)
         return True
 
     def _count_each(self) -> None:
         """``count`` one parameter at a time: a missing shape, a tied alias's, a shape
         that is no ``ParamShape`` (a ``LayoutError`` naming the first)."""
-        counts, owner, keys = self.counts, self.owner, self.keys
-        first: dict[_Key, _Key] = {}  # each signature as one tuple: the report finds it fast
+        counts, owner = self.counts, self.owner
+        number: dict[_Key, int] = {}
+        index: list[int | None] = []
         for fqn, layout in self.table.items():
             key = self._key(fqn, layout)
             if key is None:
                 self.no_shape = True
-                keys.append(None)
+                index.append(None)
                 continue
-            key = first.setdefault(key, key)
-            keys.append(key)
+            index.append(number.setdefault(key, len(number)))
             if fqn in self.shapes:
                 self.hits += 1
             storage = 0 if owner.get(fqn, fqn) != fqn else 1  # a tied alias is no storage
             counts[key] = counts.get(key, 0) + storage
+        self.signatures, self.index = list(number), index
 
     def examine(self) -> None:
         """Each signature composed and followed over every rank, once."""
@@ -1099,13 +1098,15 @@ class _Run:
     def report(self) -> tuple[list[LintProblem], list[LintNote]]:
         """The problems and notes, parameter by parameter in table order."""
         problems: list[LintProblem] = []
-        alike: dict[_Key, list[str]] = {}  # the noted parameters of each signature
+        alike: dict[int, list[str]] = {}  # the noted parameters of each signature, by number
         per_expert: set[str] = set()  # shapes of experts stored one by one, said once
         if self.no_shape or any(f.problems or f.note for f in self.found.values()):
             fused = fused_experts(self.table, self.shapes) if self.no_shape else {}
-            found, owner = self.found, self.owner
-            for fqn, key in zip(self.table, self.keys, strict=True):
-                if key is None:
+            owner = self.owner
+            found = [self.found[key] for key in self.signatures]
+            flagged = [bool(f.problems) or f.note is not None for f in found]
+            for fqn, i in zip(self.table, self.index, strict=True):
+                if i is None:
                     if fqn not in fused:
                         msg = (
                             f"{fqn}: in the table but not in the shapes; check the FQN against "
@@ -1119,7 +1120,9 @@ class _Run:
                         )
                     per_expert.update(fused.get(fqn, ()))
                     continue
-                result = found[key]
+                if not flagged[i]:
+                    continue
+                result = found[i]
                 if result.problems:
                     problems.extend(
                         LintProblem(
@@ -1133,7 +1136,7 @@ class _Run:
                         for kind, tail, ranks, axis, placement in result.problems
                     )
                 if result.note is not None and owner.get(fqn, fqn) == fqn:
-                    alike.setdefault(key, []).append(fqn)
+                    alike.setdefault(i, []).append(fqn)
         if self.hits < len(self.shapes):
             for fqn, value in self.shapes.items():
                 if fqn not in self.table:
@@ -1145,7 +1148,7 @@ class _Run:
                         "lay it out; give it a layout (complete_default completes a table)"
                     )
                     problems.append(LintProblem(msg, kind="no-layout", fqn=fqn))
-        return problems, [self._note(key, fqns) for key, fqns in alike.items()]
+        return problems, [self._note(self.signatures[i], fqns) for i, fqns in alike.items()]
 
     def _note(self, key: _Key, fqns: list[str]) -> LintNote:
         """One note for the parameters of one signature (their layouts and shapes alike)."""
@@ -1185,7 +1188,8 @@ class _Run:
     def followed(self) -> dict[str, SourceLayout]:
         """The composed layout of every parameter followed on every rank, in table order."""
         out: dict[str, SourceLayout] = {}
-        for fqn, key in zip(self.table, self.keys, strict=True):
+        for fqn, i in zip(self.table, self.index, strict=True):
+            key = None if i is None else self.signatures[i]
             if key is None or not self.found[key].itemsize:
                 continue
             composed = self.composed.get(key, key[0] if self.roles is None else None)
@@ -1195,10 +1199,11 @@ class _Run:
 
     def shapes_followed(self) -> dict[str, ParamShape]:
         """The shape of every parameter followed (a tied alias takes its group's)."""
+        signatures = self.signatures
         return {
-            fqn: key[1]
-            for fqn, key in zip(self.table, self.keys, strict=True)
-            if key is not None and self.found[key].itemsize
+            fqn: signatures[i][1]
+            for fqn, i in zip(self.table, self.index, strict=True)
+            if i is not None and self.found[signatures[i]].itemsize
         }
 
     def coverage(self) -> tuple[Coverage, ...]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import pytest
+import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,7 @@ from layout_algebra import (
     compose_fsdp,
     lint,
 )
+from layout_algebra._ranks import chunk_lengths
 from layout_algebra.checkpoint import ReshardPlan, reshard_plan
 from layout_algebra.fsdp import compose_table
 from layout_algebra.lint import LintReport
@@ -254,6 +256,8 @@ def test_grouped_lint_counts_as_one_tensor_at_a_time(data: st.DataObject, n: int
         shapes[fqn] = param_shape(shape, dtype, data.draw(st.booleans()))
     if tie:
         shapes[fqns[1]] = shapes[fqns[0]]
+    if data.draw(st.integers(0, 4)) == 0:  # a shape the table lacks: a problem
+        shapes["extra.w"] = ParamShape((4, 6), "float32")
     dims = {f: 1 for f in fqns if f not in fqns[:2] and data.draw(st.integers(0, 4)) == 0}
 
     def linted(given: Mapping[str, ParamShape]) -> LintReport:
@@ -261,3 +265,10 @@ def test_grouped_lint_counts_as_one_tensor_at_a_time(data: st.DataObject, n: int
 
     each = {f: OtherShape(s.shape, s.dtype, structure=s.structure) for f, s in shapes.items()}
     assert as_lint_text(linted(shapes)) == as_lint_text(linted(each))
+
+
+@given(n=st.integers(0, 200), chunks=st.integers(1, 70))
+def test_chunk_lengths_are_torch_chunks(n: int, chunks: int) -> None:
+    pieces = torch.arange(n).chunk(chunks) if n else ()
+    want = [len(p) for p in pieces] + [0] * (chunks - len(pieces))
+    assert chunk_lengths(n, chunks) == want
