@@ -170,6 +170,51 @@ def _alias_conflict(
     return BindError(msg, fqn=fqn, axis=axis, placement=placement)
 
 
+def _matched(
+    table: ParamLayoutTable, module: nn.Module, binder: _Binder
+) -> list[tuple[str, nn.Parameter, Binding]]:
+    """Each ``(fqn, param, binding)`` of the walk of ``module`` whose FQN ``table``
+    mentions, in walk order; raises ``bind``'s errors of a walk against a table.
+
+    A table built from the model lists its FQNs in the walk's order, so they are met one
+    after the other with no lookup; from the first FQN met out of that order on, the rest
+    of the table is looked up by FQN. Either way a parameter meets the same entry.
+    """
+    fqns, layouts = list(table), list(table.values())
+    count = len(fqns)
+    at = 0  # fqns[:at] have been met; while unfound is None, the walk meets fqns[at] next
+    unfound: dict[str, SourceLayout] | None = None  # the rest, once met out of order
+    prepared = binder.prepared
+    matched: list[tuple[str, nn.Parameter, Binding]] = []
+    for name, param in named_parameters(module):
+        if unfound is None and at < count and name == fqns[at]:
+            fqn, layout = fqns[at], layouts[at]  # the table's own string: the walk's is freed
+            at += 1
+        else:
+            if unfound is None:
+                if name not in table:
+                    continue  # a parameter the table does not mention
+                unfound = dict(zip(fqns[at:], layouts[at:], strict=True))
+            found = unfound.pop(name, None)
+            if found is None:
+                if name in table:  # met before: a second parameter under one FQN
+                    raise _named_twice(name, module)
+                continue
+            fqn, layout = name, found
+        ready = prepared.get(layout)
+        if ready is None:  # the first parameter of this layout
+            ready = prepared[layout] = binder.prepare(fqn, layout)
+        binding, min_ndim = ready
+        if min_ndim and param.dim() < min_ndim:  # a layout sharding no dim fits any
+            raise _too_few_dims(fqn, layout, param)
+        matched.append((fqn, param, binding))
+    missing = fqns[at:] if unfound is None else list(unfound)
+    if missing:
+        names = [fqn for fqn, _ in named_parameters(module)]
+        raise _unknown_fqn(missing[0], module, names)
+    return matched
+
+
 def bind(
     table: ParamLayoutTable, module: nn.Module, meshes: Mapping[str, DeviceMesh]
 ) -> ParamBindings:
@@ -203,25 +248,7 @@ def bind(
     check_table(table, "bind(table=...)")
     check_module(module, "bind(module=...)")
     binder = _Binder(check_meshes(meshes, "bind(meshes=...)"))
-    layouts = dict(table.items())  # one plain dict lookup per parameter walked
-    unfound = layouts.copy()  # the table's FQNs no parameter has been found under yet
-    matched: list[tuple[str, nn.Parameter, Binding]] = []
-    for fqn, param in named_parameters(module):
-        layout = unfound.pop(fqn, None)
-        if layout is None:
-            if fqn in layouts:
-                raise _named_twice(fqn, module)
-            continue
-        prepared = binder.prepared.get(layout)
-        if prepared is None:
-            prepared = binder.prepared[layout] = binder.prepare(fqn, layout)
-        binding, min_ndim = prepared
-        if min_ndim and param.dim() < min_ndim:  # a layout sharding no dim fits any
-            raise _too_few_dims(fqn, layout, param)
-        matched.append((fqn, param, binding))
-    if unfound:
-        names = [fqn for fqn, _ in named_parameters(module)]
-        raise _unknown_fqn(next(iter(unfound)), module, names)
+    matched = _matched(table, module, binder)
 
     def conflict(first: str, fqn: str) -> BindError:
         return _alias_conflict(first, table[first], fqn, table[fqn])

@@ -156,6 +156,15 @@ def _pairs(items: Iterable[tuple[nn.Parameter, Binding]]) -> Iterator[tuple[nn.P
         raise BindError(msg)
 
 
+def _not_a_triple(shown: str) -> BindError:
+    """The error for an item of ``ParamBindings.sharing``, shown as ``shown``."""
+    msg = (
+        "ParamBindings.sharing(items=...): each item must be an (fqn, nn.Parameter, "
+        f"Binding) triple, got {shown}; pass (fqn, parameter, binding) for each parameter"
+    )
+    return BindError(msg)
+
+
 class ParamBindings(Mapping[nn.Parameter, Binding]):
     """The ``Binding`` of each live parameter, keyed by identity and held weakly.
 
@@ -196,8 +205,25 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         exception ``conflict(first_fqn, fqn)`` is raised.
 
         Raises:
-            BindError: an item is not an ``(fqn, nn.Parameter, Binding)`` triple.
+            BindError: ``items`` is not iterable, an item is not an ``(fqn, nn.Parameter,
+                Binding)`` triple, or ``conflict`` is not callable.
         """
+        raw: object = items
+        if isinstance(raw, str | bytes | Mapping) or not isinstance(raw, Iterable):
+            msg = (
+                "ParamBindings.sharing(items=...): must be an iterable of (fqn, "
+                f"nn.Parameter, Binding) triples, got {kind(raw)} {quote(raw)}; pass a list "
+                "of them"
+            )
+            raise BindError(msg)
+        given: object = conflict
+        if not callable(given):
+            msg = (
+                "ParamBindings.sharing(conflict=...): must be a function of the first FQN "
+                f"and the alias's, got {kind(given)} {quote(given)}; pass e.g. "
+                "lambda first, fqn: BindError(...)"
+            )
+            raise BindError(msg)
         out = cls()
         out._fill(items, conflict)
         return out
@@ -211,22 +237,21 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         ``Binding`` raises ``conflict(first_fqn, fqn)`` (with no ``conflict``, the first
         binding wins)."""
         refs, drop = self._refs, self._drop
-        for fqn, param, binding in items:
+        for item in items:
+            try:
+                fqn, param, binding = item
+            except (TypeError, ValueError):  # not three things
+                raise _not_a_triple(f"{kind(item)} {quote(item)}") from None
             if not (
                 isinstance(fqn, str)
                 and isinstance(param, nn.Parameter)
                 and isinstance(binding, Binding)
             ):
-                shown = f"({kind(fqn)}, {kind(param)}, {kind(binding)})"
-                msg = (
-                    "ParamBindings.sharing(items=...): each item must be an (fqn, "
-                    f"nn.Parameter, Binding) triple, got {shown}"
-                )
-                raise BindError(msg)
+                raise _not_a_triple(f"({kind(fqn)}, {kind(param)}, {kind(binding)})")
             key = id(param)  # by identity, held weakly: see the class comment
-            entry = _Entry(param, drop)
-            first = refs.setdefault(key, entry)  # an entry found is alive: see _dropper
-            if first is entry:
+            first = refs.get(key)  # an entry found is alive: see _dropper
+            if first is None:
+                entry = refs[key] = _Entry(param, drop)
                 entry.key, entry.fqn, entry.binding = key, fqn, binding
             elif conflict is not None and first.binding is not binding:
                 raise conflict(first.fqn, fqn)
