@@ -312,6 +312,32 @@ class _Boxes:
         rows -= max(0, offset - self.offsets[first]) + max(0, self.ends[stop - 1] - offset - length)
         return stop - first, rows
 
+    def count_all(
+        self, offsets: Sequence[int], lengths: Sequence[int]
+    ) -> tuple[list[int], list[int]]:
+        """``count_rows`` of every local box ``offsets[i]``/``lengths[i]``, as two lists:
+        for saved boxes that do not overlap one another, all the bisections in one pass
+        each, and only the first and last box of each read clipped."""
+        if not self.disjoint:
+            got = list(map(self.count_rows, offsets, lengths))
+            return [c for c, _ in got], [r for _, r in got]
+        his = list(map(operator.add, offsets, lengths))
+        stops = map(bisect_left, itertools.repeat(self.offsets), his)
+        firsts = map(bisect_right, itertools.repeat(self.ends), offsets)
+        at, ends, before = self.offsets, self.ends, self.before
+        count, rows = [], []
+        for lo, hi, first, stop in zip(offsets, his, firsts, stops, strict=True):
+            if first >= stop:
+                count.append(0)
+                rows.append(0)
+                continue
+            clipped = (lo - at[first] if lo > at[first] else 0) + (
+                ends[stop - 1] - hi if ends[stop - 1] > hi else 0
+            )
+            count.append(stop - first)
+            rows.append(before[stop] - before[first] - clipped)
+        return count, rows
+
 
 _Saved: TypeAlias = tuple[_Boxes, ...]
 """Per tensor dim, the distinct saved boxes along it."""
@@ -340,19 +366,18 @@ def _saved(
 def _boxes(n: int, chain: Chain) -> _Boxes:
     """One dim's distinct saved boxes over ``chain``: the first of each offset, sorted."""
     got = read_dim(n, chain)
-    first: dict[int, int] = {}
-    for offset, length in zip(got.offsets, got.lengths, strict=True):
-        first.setdefault(offset, length)
-    boxes = sorted(first.items())
-    ends = tuple(o + size for o, size in boxes)
-    offsets = tuple(o for o, _ in boxes)
+    # of the boxes at one offset the first in rank order, which a reversed dict keeps last
+    first = dict(zip(reversed(got.offsets), reversed(got.lengths), strict=True))
+    offsets = tuple(sorted(first))
+    sizes = tuple(map(first.__getitem__, offsets))
+    ends = tuple(map(operator.add, offsets, sizes))
     return _Boxes(
         offsets,
-        tuple(size for _, size in boxes),
+        sizes,
         ends,
-        all(a <= b for a, b in itertools.pairwise(ends)),
-        all(e <= o for e, o in zip(ends, offsets[1:], strict=False)),
-        tuple(itertools.accumulate((size for _, size in boxes), initial=0)),
+        list(ends) == sorted(ends),
+        all(map(operator.le, ends, offsets[1:])),
+        tuple(itertools.accumulate(sizes, initial=0)),
     )
 
 
@@ -375,16 +400,8 @@ class _Dims:
         key = (n, src, dst)
         found = self.read.get(key)
         if found is None:
-            boxes = self.boxes(n, src)
             read = read_dim(n, dst)
-            by_box: dict[tuple[int, int], tuple[int, int]] = {}
-            count, rows = [], []
-            for box in zip(read.offsets, read.lengths, strict=True):
-                got = by_box.get(box)
-                if got is None:
-                    got = by_box[box] = boxes.count_rows(*box)
-                count.append(got[0])
-                rows.append(got[1])
+            count, rows = self.boxes(n, src).count_all(read.offsets, read.lengths)
             found = self.read[key] = (read, (read.axes, count), (read.axes, rows))
         return found
 
