@@ -119,7 +119,7 @@ def chunk_lengths(n: int, chunks: int) -> list[int]:
 def _chunks(n: int, chunks: int) -> list[tuple[int, int]]:
     """``(offset, length)`` of each of ``chunk_lengths(n, chunks)``."""
     lengths = chunk_lengths(n, chunks)
-    return list(zip(itertools.accumulate(lengths, initial=0), lengths, strict=False))
+    return list(zip(itertools.accumulate(lengths[:-1], initial=0), lengths, strict=True))
 
 
 def _shard_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:

@@ -318,8 +318,12 @@ class _Boxes:
         """``count_rows`` of every local box ``offsets[i]``/``lengths[i]``, as two lists:
         for saved boxes that do not overlap one another, all the bisections in one pass
         each, and only the first and last box of each read clipped."""
-        if not self.disjoint:
-            got = list(map(self.count_rows, offsets, lengths))
+        if not self.disjoint:  # each distinct box once: replicas read alike
+            by_box: dict[tuple[int, int], tuple[int, int]] = {}
+            for box in zip(offsets, lengths, strict=True):
+                if box not in by_box:
+                    by_box[box] = self.count_rows(*box)
+            got = [by_box[box] for box in zip(offsets, lengths, strict=True)]
             return [c for c, _ in got], [r for _, r in got]
         his = list(map(operator.add, offsets, lengths))
         stops = map(bisect_left, itertools.repeat(self.offsets), his)

@@ -678,7 +678,7 @@ class _Examiner:
             chain = reads[dim].chain  # FSDP's axis first, then the source axes on its dim
             held = self.read(shape.shape[dim], chain[1:]).lengths
             # FSDP2 chunks each rank's source rows (torch.chunk), padding to the first chunk
-            cuts = {h: chunk_lengths(h, fsdp) for h in set(held)}  # a few distinct counts
+            cuts = {h: chunk_lengths(h, fsdp) for h in dict.fromkeys(held)}  # a few distinct
             cut = [cuts[h] for h in held]
             chained = list(itertools.chain.from_iterable(zip(*cut, strict=True)))  # by index
             if len(cuts) == 1:  # every source piece alike: FSDP's index alone decides
