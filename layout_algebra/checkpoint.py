@@ -33,6 +33,7 @@ from layout_algebra._args import (
 )
 from layout_algebra._extras import require
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
+from layout_algebra._grouping import group_index, values_by_fqn
 from layout_algebra._parts import PartPattern, PartSource, part_pattern, part_spans
 from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, role_mesh, size_of
@@ -41,9 +42,7 @@ from layout_algebra.errors import LayoutError
 from layout_algebra.fsdp import (
     FsdpAxes,
     compose_table,
-    group_index,
     plan_error,
-    values_by_fqn,
 )
 from layout_algebra.layout import (
     ParamLayoutTable,

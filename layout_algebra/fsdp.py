@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
-from typing import Final, TypeAlias, TypeVar
+from typing import Final, TypeAlias
 
 import attrs
 
 from layout_algebra._args import as_dim, as_shape, mapping_items, plain_str
 from layout_algebra._frozen import REQUIRED, check_init
+from layout_algebra._grouping import group_index
 from layout_algebra._shards import (
     Runs,
     check_dims,
@@ -75,8 +76,6 @@ MAX_FSDP_SOURCE_AXES: Final = 2
 
 _REPLICATE: Final = Replicate()
 
-K = TypeVar("K")
-V = TypeVar("V")
 
 FsdpAxes: TypeAlias = AxisLike | tuple[AxisLike, AxisLike]
 """FSDP's mesh axes for one role: the shard axis, or ``(replicate, shard)`` for HSDP."""
@@ -447,31 +446,6 @@ def compose_table(
 
 # ---------------------------------------------------------------------------------------
 # tables by signature: per parameter a lookup, per distinct signature the work
-
-
-def group_index(keys: Iterable[K]) -> tuple[dict[K, int], list[int]]:
-    """The distinct ``keys``, numbered in order of first appearance, and each key's number
-    in order: work done once per distinct key is then looked up by number per key.
-
-    >>> group_index("abac")
-    ({'a': 0, 'b': 1, 'c': 2}, [0, 1, 0, 2])
-    """
-    groups: dict[K, int] = {}
-    return groups, [groups.setdefault(key, len(groups)) for key in keys]
-
-
-def values_by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:
-    """``mapping``'s value for each of ``fqns``, ``None`` where it has none: by position
-    when it lists exactly ``fqns`` in that order (the tables and shapes of one model do),
-    else looked up in a plain dict. ``mapping``'s keys are plain ``str``.
-
-    >>> values_by_fqn({"a": 1, "b": 2}, ["a", "b"]), values_by_fqn({"b": 2}, ["a", "b"])
-    ([1, 2], [None, 2])
-    """
-    if list(mapping) == fqns:
-        return list(mapping.values())
-    values = mapping if type(mapping) is dict else dict(mapping.items())
-    return list(map(values.get, fqns))
 
 
 # ---------------------------------------------------------------------------------------

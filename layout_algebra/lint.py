@@ -37,6 +37,7 @@ import attrs
 
 from layout_algebra._args import as_instances, as_items, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
+from layout_algebra._grouping import group_index, values_by_fqn
 from layout_algebra._ranks import (
     Chain,
     DimRead,
@@ -69,12 +70,10 @@ from layout_algebra.fsdp import (
     as_fsdp_axes,
     as_shard_dims,
     compose_entry,
-    group_index,
     owned_names,
     plan_error,
     shard_dims_of,
     split_fsdp,
-    values_by_fqn,
 )
 from layout_algebra.geometry import Runs
 from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn, check_table

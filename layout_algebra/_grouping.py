@@ -1,0 +1,37 @@
+"""Grouping work by what is equal: number the distinct keys once, look each key's work up
+by its number; and reading one mapping's values in another's order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+__all__ = ["group_index", "values_by_fqn"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def group_index(keys: Iterable[K]) -> tuple[dict[K, int], list[int]]:
+    """The distinct ``keys``, numbered in order of first appearance, and each key's number
+    in order: work done once per distinct key is then looked up by number per key.
+
+    >>> group_index("abac")
+    ({'a': 0, 'b': 1, 'c': 2}, [0, 1, 0, 2])
+    """
+    groups: dict[K, int] = {}
+    return groups, [groups.setdefault(key, len(groups)) for key in keys]
+
+
+def values_by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:
+    """``mapping``'s value for each of ``fqns``, ``None`` where it has none: by position
+    when it lists exactly ``fqns`` in that order (the tables and shapes of one model do),
+    else looked up in a plain dict. ``mapping``'s keys are plain ``str``.
+
+    >>> values_by_fqn({"a": 1, "b": 2}, ["a", "b"]), values_by_fqn({"b": 2}, ["a", "b"])
+    ([1, 2], [None, 2])
+    """
+    if list(mapping) == fqns:
+        return list(mapping.values())
+    values = mapping if type(mapping) is dict else dict(mapping.items())
+    return list(map(values.get, fqns))
