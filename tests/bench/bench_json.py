@@ -109,6 +109,11 @@ def run(*, quick: bool = False) -> None:
     )
     record("per-entry growth, JSON round trip", growth, stdlib_growth, "target: the stdlib's own")
 
+    def side_growth(side: str) -> float:
+        at_last: float = getattr(last, side)
+        at_first: float = getattr(first, side)
+        return (at_last / last.entries) / (at_first / first.entries)
+
     def each(fmt: str) -> list[str]:
         return [fmt.format(s) for s in sizes]
 
@@ -147,6 +152,20 @@ def run(*, quick: bool = False) -> None:
             "",
             "",
             f"{growth:.2f} {verdict(growth, stdlib_growth)}",
+        ),
+        (  # where the growth is: each side beside the stdlib's same side
+            "    of from_json / of json.loads",
+            "",
+            "",
+            "",
+            f"{side_growth('from_json'):.2f} / {side_growth('loads'):.2f}",
+        ),
+        (
+            "    of to_json / of json.dumps",
+            "",
+            "",
+            "",
+            f"{side_growth('to_json'):.2f} / {side_growth('dumps'):.2f}",
         ),
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
