@@ -25,11 +25,11 @@ from torch import nn
 from layout_algebra._text import quote
 from layout_algebra.errors import BindError, LayoutError
 
-__all__ = ["named_modules", "named_parameters", "state_dict_fqn"]
+__all__ = ["WRAPPER_SEGMENT", "named_modules", "named_parameters", "state_dict_fqn", "walk_error"]
 
 T = TypeVar("T")
 
-_WRAPPER_SEGMENT: Final = "_checkpoint_wrapped_module"
+WRAPPER_SEGMENT: Final = "_checkpoint_wrapped_module"
 """The segment torch's activation-checkpoint wrapper adds, which its state dict drops."""
 
 
@@ -46,9 +46,9 @@ def state_dict_fqn(name: str) -> str:
     if not isinstance(raw, str):
         msg = f"state_dict_fqn(name=...) takes a parameter FQN (a str), got {quote(raw)}"
         raise LayoutError(msg)
-    if _WRAPPER_SEGMENT not in name:
+    if WRAPPER_SEGMENT not in name:
         return name
-    return ".".join(part for part in name.split(".") if part != _WRAPPER_SEGMENT)
+    return ".".join(part for part in name.split(".") if part != WRAPPER_SEGMENT)
 
 
 def named_parameters(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
@@ -58,7 +58,7 @@ def named_parameters(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
         BindError: a module of the tree holds one of its ancestors (a cycle).
     """
     for name, param in _torch_walk(module, module.named_parameters(remove_duplicate=False)):
-        yield (name if _WRAPPER_SEGMENT not in name else state_dict_fqn(name)), param
+        yield (name if WRAPPER_SEGMENT not in name else state_dict_fqn(name)), param
 
 
 def named_modules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -77,7 +77,13 @@ def _torch_walk(root: nn.Module, walk: Iterator[tuple[str, T]]) -> Iterator[tupl
     try:
         yield from walk
     except RecursionError:
-        raise _find_cycle(root) or _too_deep() from None
+        raise walk_error(root) from None
+
+
+def walk_error(root: nn.Module) -> BindError:
+    """The error for torch's walk of ``root`` recursing past Python's limit: the cycle of
+    submodules that made it, or a tree that deep."""
+    return _find_cycle(root) or _too_deep()
 
 
 def _too_deep() -> BindError:

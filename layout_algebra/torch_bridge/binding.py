@@ -22,7 +22,12 @@ from layout_algebra.torch_bridge._checks import (
     owned_names,
     parameters,
 )
-from layout_algebra.torch_bridge._walk import named_parameters, state_dict_fqn
+from layout_algebra.torch_bridge._walk import (
+    WRAPPER_SEGMENT,
+    named_parameters,
+    state_dict_fqn,
+    walk_error,
+)
 from layout_algebra.torch_bridge.convert import from_torch, to_torch
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 
@@ -186,28 +191,33 @@ def _matched(
     unfound: dict[str, SourceLayout] | None = None  # the rest, once met out of order
     prepared = binder.prepared
     matched: list[tuple[str, nn.Parameter, Binding]] = []
-    for name, param in named_parameters(module):
-        if unfound is None and at < count and name == fqns[at]:
-            fqn, layout = fqns[at], layouts[at]  # the table's own string: the walk's is freed
-            at += 1
-        else:
-            if unfound is None:
-                if name not in table:
-                    continue  # a parameter the table does not mention
-                unfound = dict(zip(fqns[at:], layouts[at:], strict=True))
-            found = unfound.pop(name, None)
-            if found is None:
-                if name in table:  # met before: a second parameter under one FQN
-                    raise _named_twice(name, module)
-                continue
-            fqn, layout = name, found
-        ready = prepared.get(layout)
-        if ready is None:  # the first parameter of this layout
-            ready = prepared[layout] = binder.prepare(fqn, layout)
-        binding, min_ndim = ready
-        if min_ndim and param.dim() < min_ndim:  # a layout sharding no dim fits any
-            raise _too_few_dims(fqn, layout, param)
-        matched.append((fqn, param, binding))
+    try:  # torch's own walk, named as _walk.named_parameters names it, without a frame each
+        for walked, param in module.named_parameters(remove_duplicate=False):
+            name = walked if WRAPPER_SEGMENT not in walked else state_dict_fqn(walked)
+            if unfound is None and at < count and name == fqns[at]:
+                fqn, layout = fqns[at], layouts[at]  # the table's own string: the walk's is freed
+                at += 1
+            else:
+                if unfound is None:
+                    if name not in table:
+                        continue  # a parameter the table does not mention
+                    unfound = dict(zip(fqns[at:], layouts[at:], strict=True))
+                found = unfound.pop(name, None)
+                if found is None:
+                    if name in table:  # met before: a second parameter under one FQN
+                        raise _named_twice(name, module)
+                    continue
+                fqn, layout = name, found
+            ready = prepared.get(layout)
+            if ready is None:  # the first parameter of this layout
+                ready = prepared[layout] = binder.prepare(fqn, layout)
+            binding, min_ndim = ready
+            if min_ndim and param.dim() < min_ndim:  # a layout sharding no dim fits any
+                raise _too_few_dims(fqn, layout, param)
+            matched.append((fqn, param, binding))
+    except RecursionError:  # a cycle of submodules, or a tree that deep
+        raise walk_error(module) from None
+
     missing = fqns[at:] if unfound is None else list(unfound)
     if missing:
         names = [fqn for fqn, _ in named_parameters(module)]

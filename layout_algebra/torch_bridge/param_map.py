@@ -249,12 +249,13 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
             ):
                 raise _not_a_triple(f"({kind(fqn)}, {kind(param)}, {kind(binding)})")
             key = id(param)  # by identity, held weakly: see the class comment
-            first = refs.get(key)  # an entry found is alive: see _dropper
-            if first is None:
+            if key not in refs:
                 entry = refs[key] = _Entry(param, drop)
                 entry.key, entry.fqn, entry.binding = key, fqn, binding
-            elif conflict is not None and first.binding is not binding:
-                raise conflict(first.fqn, fqn)
+            elif conflict is not None:
+                first = refs[key]  # an entry found is alive: see _dropper
+                if first.binding is not binding:
+                    raise conflict(first.fqn, fqn)
 
     @staticmethod
     def _binding(entry: _Entry) -> Binding:
