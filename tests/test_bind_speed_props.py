@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from layout_algebra import BindError, ParamLayoutTable, SourceLayout
 from layout_algebra.placements import Replicate, Shard
-from layout_algebra.torch_bridge import Binding, ParamBindings, bind, to_torch
+from layout_algebra.torch_bridge import Binding, ParamBindings, bind, managed_bindings, to_torch
 from tests.test_walk import trees
 from tests.torch_oracle import MeshFactory
 
@@ -138,3 +138,40 @@ def test_sharing_refuses_what_is_not_triples_and_a_function(
     are a ``BindError`` saying so, never Python's own unpacking or calling error."""
     with pytest.raises(BindError, match=r"^ParamBindings\.sharing" + said):
         ParamBindings.sharing(items, conflict or (lambda first, fqn: BindError(fqn)))  # type: ignore[arg-type]
+
+
+def test_bind_names_a_checkpoint_wrapped_parameter_as_the_state_dict_does(
+    world_mesh: MeshFactory,
+) -> None:
+    """bind walks torch's ``named_parameters`` itself: a parameter under activation
+    checkpointing's wrapper is bound under its state-dict FQN, in either table order, and
+    the wrapper's own spelling is no FQN of the model."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noqa: PLC0415
+        checkpoint_wrapper,
+    )
+
+    model = nn.Module()
+    model.block = checkpoint_wrapper(nn.Linear(2, 2))
+    model.head = nn.Linear(2, 2)
+    meshes = {"dense": world_mesh({"dp_shard": 2, "tp": 4})}
+    names = list(model.state_dict())
+    assert names == ["block.weight", "block.bias", "head.weight", "head.bias"]
+    for order in (names, names[::-1]):
+        table = ParamLayoutTable(dict.fromkeys(order, LAYOUTS[0]))
+        assert [b.fqn for b in bind(table, model, meshes).values()] == names
+    raw = "block._checkpoint_wrapped_module.weight"
+    with pytest.raises(BindError, match=r"unknown parameter FQN") as info:
+        bind(ParamLayoutTable({raw: LAYOUTS[0]}), model, meshes)
+    assert info.value.fqn == raw
+
+
+def test_managed_bindings_lists_five_missing_and_counts_the_rest() -> None:
+    """The parameters with no binding and no default are listed inline, five of them and
+    how many more."""
+    model = nn.Sequential(*(nn.Linear(1, 1, bias=False) for _ in range(7)))
+    with pytest.raises(BindError) as info:
+        managed_bindings(ParamBindings(), model)
+    assert "(7 such: 0.weight, 1.weight, 2.weight, 3.weight, 4.weight and 2 more); add" in str(
+        info.value
+    )
+    assert info.value.fqn == "0.weight"

@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
-from layout_algebra._text import clip, did_you_mean, quote
+from layout_algebra._text import clip, did_you_mean, quote, some_of
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError, LayoutError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
@@ -35,8 +35,6 @@ __all__ = ["bind", "default_binding", "managed_bindings"]
 
 DEFAULT_FQN: Final = "<default>"
 """The ``fqn`` of a ``default_binding`` before ``managed_bindings`` names its parameter."""
-
-_MAX_LISTED: Final = 5
 
 
 class _Binder:
@@ -191,11 +189,11 @@ def _matched(
     unfound: dict[str, SourceLayout] | None = None  # the rest, once met out of order
     prepared = binder.prepared
     matched: list[tuple[str, nn.Parameter, Binding]] = []
-    try:  # torch's own walk, named as _walk.named_parameters names it, without a frame each
+    try:  # torch's walk itself, named as _walk.named_parameters names it
         for walked, param in module.named_parameters(remove_duplicate=False):
             name = walked if WRAPPER_SEGMENT not in walked else state_dict_fqn(walked)
             if unfound is None and at < count and name == fqns[at]:
-                fqn, layout = fqns[at], layouts[at]  # the table's own string: the walk's is freed
+                fqn, layout = fqns[at], layouts[at]  # the table's string: the walk's is not kept
                 at += 1
             else:
                 if unfound is None:
@@ -409,11 +407,9 @@ def managed_bindings(
             binding = default.with_fqn(fqn)
         pairs.append((param, binding))
     if missing:
-        shown = ", ".join(missing[:_MAX_LISTED])
-        more = f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED else ""
         msg = (
             f"{missing[0]}: managed by fully_shard({type(owner).__name__}) but has no "
-            f"binding and no default was given ({len(missing)} such: {shown}{more}); add "
+            f"binding and no default was given ({len(missing)} such: {some_of(missing)}); add "
             "them to the table or pass default=default_binding(world_mesh)"
         )
         raise BindError(msg, fqn=missing[0])
