@@ -222,11 +222,7 @@ class OtherShape(ParamShape):
 
 LINT_SIZES = {"dense": {"dp": 2, "tp": 2}, "expert": {"dp": 1, "ep": 2, "tp": 2}}
 LINT_LAYOUTS = [
-    SourceLayout("dense", (), ()),
-    SourceLayout("dense", ["tp"], [S0]),
-    SourceLayout("dense", ["tp"], [S1]),
-    SourceLayout("expert", ["ep"], [S0]),
-    SourceLayout("expert", ["ep", "tp"], [S0, S1]),
+    *SOURCES[:5],  # the layouts both meshes have
     SourceLayout("expert", ["ep"], [S2]),  # a problem but in a 3-dim tensor
 ]
 LINT_SHAPES = [((4, 6), "float32"), ((4, 6), "bfloat16"), ((5, 6), "float32"), ((3, 4, 2), "int8")]
