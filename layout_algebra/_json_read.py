@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import reprlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final, TypeVar, cast
 
 from layout_algebra._frozen import FrozenMap
@@ -37,7 +37,6 @@ from layout_algebra.shapes import ParamShape
 from layout_algebra.structure import structure_from_obj
 
 __all__ = [
-    "as_loaded",
     "at_field",
     "at_index",
     "at_key",
@@ -107,15 +106,22 @@ def _string_keys(value: dict[object, object], path: str) -> None:
     """JSON text always has string keys; a Python object handed to the converter may not."""
     for k in value:
         if type(k) is not str:
-            where = f"{path}[{quote(k)}]" if path else quote(k)
-            raise fail(where, "keys are strings (FQNs, paths, axis names)", k)
+            raise _not_text(k, path)
+
+
+def _not_text(key: object, path: str) -> SerializationError:
+    """The error for an object's key that is no string, at its path."""
+    where = f"{path}[{quote(key)}]" if path else quote(key)
+    return fail(where, "keys are strings (FQNs, paths, axis names)", key)
 
 
 def _fields(value: object, path: str, at: Callable[[str, str], str]) -> dict[str, object] | None:
-    """A JSON object's values by key, ``None`` if ``value`` is no object. A key given twice
-    would silently drop a value: it is refused, at ``at(path, key)``. (A dict reaches a
-    reader only when ``as_loaded`` left it, for a key that is no string.)"""
+    """A JSON object's values by key, ``None`` if ``value`` is no object: the tuple of its
+    pairs ``load`` gives, or a dict (a Python object handed to the converter). A key given
+    twice would silently drop a value: it is refused, at ``at(path, key)``."""
     if type(value) is tuple:
+        if not _pairs(value):  # a Python tuple that spells no object
+            return None
         fields = dict(value)
         if len(fields) != len(value):
             _once(value, path, at)
@@ -126,7 +132,12 @@ def _fields(value: object, path: str, at: Callable[[str, str], str]) -> dict[str
     return None
 
 
-def _once(pairs: Sequence[tuple[str, object]], path: str, at: Callable[[str, str], str]) -> None:
+def _pairs(value: tuple[object, ...]) -> bool:
+    """Whether ``value`` is (key, value) pairs with string keys, as ``load`` gives an object."""
+    return all(type(p) is tuple and len(p) == 2 and type(p[0]) is str for p in value)
+
+
+def _once(pairs: Iterable[tuple[str, object]], path: str, at: Callable[[str, str], str]) -> None:
     """The error at the first key of ``pairs`` given a second time, if one is."""
     seen: set[str] = set()
     for key, _ in pairs:
@@ -307,41 +318,63 @@ def _entries(value: object, path: str) -> CheckedEntries:
     as tuples; it is remembered only once read in full, so it then holds strings only
     and equals no spelling of anything else.
     """
-    if type(value) is not tuple:
-        _mapping(value, path, "FQN -> layout")  # not an object, or a key that is no string
+    items: Collection[tuple[str, object]]
+    if type(value) is tuple:  # load's pairs (a Python tuple that holds none is refused)
+        items = value
+    elif isinstance(value, dict):  # a Python object handed to the converter
+        _string_keys(value, path)
+        items = value.items()
+    else:
         raise fail(path, "expected a JSON object of FQN -> layout", value)
-    items: tuple[tuple[str, object], ...] = value
     entries = CheckedEntries()
     read: dict[tuple[object, ...], SourceLayout] = {}
-    for fqn, raw in items:
-        layout = spelling = None
-        if type(raw) is tuple and len(raw) == len(_LAYOUT_ORDER):
-            (k1, mesh), (k2, axes), (k3, placements) = raw
-            if type(axes) is list and type(placements) is list:
-                spelling = (k1, k2, k3, mesh, tuple(axes), tuple(placements))
+    try:
+        for fqn, raw in items:
+            if type(fqn) is not str:
+                _check_keys(items, path)
+            layout = spelling = None
+            pairs = raw
+            if type(raw) is dict and raw.keys() == _LAYOUT_KEYS:  # spelled as load's would be
+                pairs = tuple(raw.items())
+            if type(pairs) is tuple and len(pairs) == len(_LAYOUT_ORDER):
                 try:
-                    layout = read.get(spelling)
-                except TypeError:  # an array or an object inside: the full read reports it
-                    spelling = None
-        if layout is None:
-            try:
-                layout = _entry(fqn, raw, at_key(path, fqn))
-            except SerializationError:
-                _check_fqns(items, path)
-                raise
-            if spelling is not None:
-                read[spelling] = layout
-        entries[fqn] = layout
+                    (k1, mesh), (k2, axes), (k3, placements) = pairs
+                    if type(axes) is list and type(placements) is list:
+                        spelling = (k1, k2, k3, mesh, tuple(axes), tuple(placements))
+                        layout = read.get(spelling)
+                except (TypeError, ValueError):  # no pairs, or arrays or objects inside
+                    spelling = None  # the full read reports it
+            if layout is None:
+                try:
+                    layout = _entry(fqn, raw, at_key(path, fqn))
+                except SerializationError:
+                    _check_keys(items, path)
+                    raise
+                if spelling is not None:
+                    read[spelling] = layout
+            entries[fqn] = layout
+    except (TypeError, ValueError) as e:  # an item that is no pair (a Python tuple's)
+        if isinstance(e, LayoutError):
+            raise
+        _check_keys(items, path)
+        raise
     if len(entries) != len(items) or "" in entries:
-        _check_fqns(items, path)
+        _check_keys(items, path)
     return entries
 
 
-def _check_fqns(items: Sequence[tuple[str, object]], path: str) -> None:
-    """Each key of a table's entries a non-empty FQN given once, or the error."""
-    if any(not fqn for fqn, _ in items):
-        raise fail(at_key(path, ""), "a parameter FQN must be non-empty", "")
-    _once(items, path, at_key)
+def _check_keys(items: Collection[object], path: str) -> None:
+    """The items of a table's entries each a pair of a non-empty FQN given once and its
+    value, or the error at the first that is not."""
+    for item in items:
+        if type(item) is not tuple or len(item) != 2:
+            raise fail(path, "expected a JSON object of FQN -> layout", items)
+        fqn = item[0]
+        if type(fqn) is not str:
+            raise _not_text(fqn, path)
+        if not fqn:
+            raise fail(at_key(path, fqn), "a parameter FQN must be non-empty", fqn)
+    _once(cast("Collection[tuple[str, object]]", items), path, at_key)
 
 
 def _tied_groups(value: object, path: str, entries: Mapping[str, SourceLayout]) -> list[list[str]]:
@@ -643,27 +676,3 @@ def load(text: str | bytes) -> object:
         raise fail("", "NaN and Infinity are not JSON", str(e)) from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, absurd nesting
         raise fail("", f"not valid JSON ({clip(str(e))})", text[:40]) from None
-
-
-def as_loaded(value: object) -> object:
-    """A Python object handed to the converter as ``load`` gives the JSON text it would be
-    written as: each dict as the tuple of its pairs, each list or tuple as a list. A dict
-    with a key that is no string stays a dict, for the reader to refuse at its path.
-
-    Raises:
-        SerializationError: the object nests too deeply to be a document.
-    """
-    try:
-        return _loaded(value)
-    except RecursionError:
-        raise fail("", "nested too deeply to be a JSON document", type(value).__name__) from None
-
-
-def _loaded(value: object) -> object:
-    if isinstance(value, dict):
-        if not all(type(k) is str for k in value):
-            return value
-        return tuple([(k, _loaded(v)) for k, v in value.items()])
-    if isinstance(value, list | tuple):
-        return [_loaded(v) for v in value]
-    return value

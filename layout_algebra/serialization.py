@@ -45,7 +45,6 @@ from cattrs.errors import AttributeValidationNote, BaseValidationError, Iterable
 
 from layout_algebra._args import mapping_items
 from layout_algebra._json_read import (
-    as_loaded,
     at_field,
     at_index,
     fail,
@@ -254,17 +253,17 @@ def configure_converter(converter: _C) -> _C:
     converter.register_unstructure_hook(AxisName, str)
     converter.register_structure_hook(AxisName, lambda v, _: read_axis(v, ""))
     converter.register_unstructure_hook(SourceLayout, layout_obj)
-    converter.register_structure_hook(SourceLayout, lambda v, _: read_layout(as_loaded(v), ""))
+    converter.register_structure_hook(SourceLayout, lambda v, _: read_layout(v, ""))
     converter.register_unstructure_hook(ParamLayoutTable, table_obj)
-    converter.register_structure_hook(ParamLayoutTable, lambda v, _: read_table(as_loaded(v)))
+    converter.register_structure_hook(ParamLayoutTable, lambda v, _: read_table(v))
     converter.register_unstructure_hook(ModulePlan, module_obj)
-    converter.register_structure_hook(ModulePlan, lambda v, _: read_module(as_loaded(v), ""))
+    converter.register_structure_hook(ModulePlan, lambda v, _: read_module(v, ""))
     converter.register_unstructure_hook(Mesh, mesh_obj)
-    converter.register_structure_hook(Mesh, lambda v, _: read_mesh(as_loaded(v), ""))
+    converter.register_structure_hook(Mesh, lambda v, _: read_mesh(v, ""))
     converter.register_unstructure_hook(ParamShape, shape_obj)
-    converter.register_structure_hook(ParamShape, lambda v, _: read_param_shape(as_loaded(v), ""))
+    converter.register_structure_hook(ParamShape, lambda v, _: read_param_shape(v, ""))
     converter.register_unstructure_hook(ShardingPlan, plan_obj)
-    converter.register_structure_hook(ShardingPlan, lambda v, _: read_plan(as_loaded(v)))
+    converter.register_structure_hook(ShardingPlan, lambda v, _: read_plan(v))
     converter.register_unstructure_hook(Training, training_to_obj)
     converter.register_structure_hook(Training, lambda v, _: training_from_obj(v))
     return converter

@@ -1060,15 +1060,18 @@ def test_plan_keys_with_patterns_round_trip() -> None:
     assert converter.structure(converter.unstructure(plan), ShardingPlan) == plan
 
 
-def test_a_python_object_is_read_as_the_json_it_would_be_written_as() -> None:
-    """json writes a tuple as an array: so does the converter read one (never as an object)."""
-    doc = {
-        "version": 1,
-        "entries": {"w": {"mesh": "dense", "axes": ("tp",), "placements": ("S(0)",)}},
-    }
-    assert converter.structure(doc, ParamLayoutTable) == from_json(json.dumps(doc))
-    pairs = {"version": 1, "entries": {"w": (("mesh", "dense"), ("axes", []), ("placements", []))}}
+def test_a_python_tuple_is_an_object_of_pairs_never_an_array() -> None:
+    """The reader takes a JSON object as the tuple of its pairs: so is a Python tuple read
+    where the converter is handed one, and refused where an array belongs."""
+    entry = {"mesh": "dense", "axes": ["tp"], "placements": ["S(0)"]}
+    as_pairs = {"version": 1, "entries": {"w": tuple(entry.items())}}
+    expected = from_json(json.dumps({"version": 1, "entries": {"w": entry}}))
+    assert converter.structure(as_pairs, ParamLayoutTable) == expected
+    as_tuples = {"version": 1, "entries": {"w": {**entry, "axes": ("tp",)}}}
     with pytest.raises(SerializationError) as info:
-        converter.structure(pairs, ParamLayoutTable)
-    assert info.value.path == 'entries["w"]'
-    assert "JSON object" in info.value.message
+        converter.structure(as_tuples, ParamLayoutTable)
+    assert info.value.path == 'entries["w"].axes'
+    for entries, path in [(("w",), "entries"), (((1, entry),), "entries[1]")]:
+        with pytest.raises(SerializationError) as info:
+            converter.structure({"version": 1, "entries": entries}, ParamLayoutTable)
+        assert info.value.path == path
