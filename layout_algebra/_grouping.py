@@ -1,12 +1,13 @@
 """Grouping work by what is equal: number the distinct keys once, look each key's work up
-by its number; and reading one mapping's values in another's order."""
+by its number, or make each distinct key's value when first asked; and reading one
+mapping's values in another's order."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-__all__ = ["group_index", "values_by_fqn"]
+__all__ = ["OncePerKey", "group_index", "values_by_fqn"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -35,3 +36,21 @@ def values_by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:
         return list(mapping.values())
     values = mapping if type(mapping) is dict else dict(mapping.items())
     return list(map(values.get, fqns))
+
+
+class OncePerKey(dict[K, V]):
+    """``make(key)`` for each distinct key, made when first asked for and kept for the
+    rest of one call's work (a table holds a few layouts for many parameters).
+
+    >>> texts = OncePerKey(str.upper)
+    >>> list(map(texts.__getitem__, "abab")), len(texts)
+    (['A', 'B', 'A', 'B'], 2)
+    """
+
+    def __init__(self, make: Callable[[K], V]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key: K) -> V:
+        value = self[key] = self._make(key)
+        return value

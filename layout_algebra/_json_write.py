@@ -16,6 +16,7 @@ from itertools import chain, repeat
 from json.encoder import encode_basestring_ascii
 from typing import Final
 
+from layout_algebra._grouping import OncePerKey
 from layout_algebra.layout import Drop, ParamLayoutTable, SourceLayout
 from layout_algebra.mesh import Mesh
 from layout_algebra.placements import format_placement
@@ -85,19 +86,19 @@ def table_obj(table: ParamLayoutTable) -> dict[str, object]:
 def table_text(table: ParamLayoutTable) -> str:
     """The table's document as text, one entry per line, one drop per line."""
     doc = _table_doc(table, None)
-    lines = {"entries": _object_lines(table, map(_LayoutTexts().__getitem__, table.values()), 1)}
+    lines = {
+        "entries": _object_lines(
+            table, map(OncePerKey(_layout_text).__getitem__, table.values()), 1
+        )
+    }
     dropped = doc.get("dropped")
     if isinstance(dropped, list):
         lines["dropped"] = _array_lines(map(json.dumps, dropped), 1)
     return _lay_out(doc, lines)
 
 
-class _LayoutTexts(dict[SourceLayout, str]):
-    """Each layout's JSON text, made when first asked for (a table holds a few layouts)."""
-
-    def __missing__(self, layout: SourceLayout) -> str:
-        text = self[layout] = json.dumps(layout_obj(layout))
-        return text
+def _layout_text(layout: SourceLayout) -> str:
+    return json.dumps(layout_obj(layout))
 
 
 def module_obj(spec: ModulePlan) -> dict[str, object]:

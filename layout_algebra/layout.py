@@ -19,6 +19,7 @@ import attrs
 
 from layout_algebra._args import as_instances, as_items, mapping_items, plain_str
 from layout_algebra._frozen import REQUIRED, DictView, check_init, intern
+from layout_algebra._grouping import OncePerKey
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
@@ -70,8 +71,6 @@ class SourceLayout:
     mesh: str = attrs.field(converter=plain_str, validator=_check_mesh_role, **REQUIRED)
     axes: tuple[AxisName, ...] = attrs.field(converter=as_axes, **REQUIRED)
     placements: tuple[Placement, ...] = attrs.field(converter=_as_placements, **REQUIRED)
-    # the DSL text, made once like the hash: tables print and fingerprint many entries
-    _text: str = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_pre_init__(
         self, mesh: str, axes: Iterable[AxisLike], placements: Iterable[Placement]
@@ -90,15 +89,12 @@ class SourceLayout:
             raise LayoutError(msg)
         check_distinct_axes(self.axes, f"the {clip(self.mesh)} layout")
 
-    def __attrs_post_init__(self) -> None:
+    def __str__(self) -> str:
         inner = ", ".join(
             f"{a.name}={format_placement(p)}"
             for a, p in zip(self.axes, self.placements, strict=True)
         )
-        object.__setattr__(self, "_text", f"{self.mesh}[{inner}]")
-
-    def __str__(self) -> str:
-        return self._text
+        return f"{self.mesh}[{inner}]"
 
     def placement_on(self, axis: AxisLike) -> Placement:
         """The placement on ``axis``.
@@ -492,7 +488,8 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
         and its header line says so.
         """
         # entries read in the table's order, then put in FQN order by their positions
-        keys, layouts = list(self._items), list(map(str, self._items.values()))
+        spelled = OncePerKey(str)  # each distinct layout's text once
+        keys, layouts = list(self._items), list(map(spelled.__getitem__, self._items.values()))
         order = sorted(range(len(keys)), key=keys.__getitem__)
         fqns = _column("FQNs", list(map(keys.__getitem__, order)))
         texts = _column("layouts", list(map(layouts.__getitem__, order)))
