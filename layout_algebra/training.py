@@ -189,14 +189,7 @@ class Training:
     reshard_after_forward: bool = attrs.field(default=True, validator=_check_reshard)
 
 
-_FIELDS: Final = (
-    "optimizer",
-    "param_dtype",
-    "reduce_dtype",
-    "master_dtype",
-    "units",
-    "reshard_after_forward",
-)
+_FIELDS: Final = tuple(field.name for field in attrs.fields(Training))
 """A ``Training``'s fields, in the order its JSON object writes them."""
 
 
