@@ -108,6 +108,15 @@ def apply(
     return out
 
 
+def _fused_case(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, dict[str, ParamShape]]:
+    """A random fused ``gate_up`` tensor of two ``rows x cols`` parts, and the shapes of
+    it and its parts."""
+    torch.manual_seed(seed)
+    shapes = {FUSED: gate_up(rows, cols), GATE: ParamShape((rows, cols), "float32")}
+    shapes[UP] = shapes[GATE]
+    return torch.randn(2 * rows, cols), shapes
+
+
 def check_split(
     size: tuple[int, int],
     src: tuple[SourceLayout, Mapping[str, int]],
@@ -117,10 +126,7 @@ def check_split(
 ) -> None:
     """The fused tensor saved under ``saved``, its parts loaded under ``loaded``."""
     (rows, cols), (saved, src_sizes), (loaded, dst_sizes) = size, src, dst
-    torch.manual_seed(seed)
-    full = torch.randn(2 * rows, cols)
-    shapes = {FUSED: gate_up(rows, cols), GATE: ParamShape((rows, cols), "float32")}
-    shapes[UP] = shapes[GATE]
+    full, shapes = _fused_case(rows, cols, seed)
     plan = reshard_plan(
         ParamLayoutTable({FUSED: saved}),
         ParamLayoutTable({GATE: loaded, UP: loaded}),
@@ -151,10 +157,7 @@ def check_fuse(
 ) -> None:
     """The parts saved under ``saved``, the fused tensor loaded under ``loaded``."""
     (rows, cols), (saved, src_sizes), (loaded, dst_sizes) = size, src, dst
-    torch.manual_seed(seed)
-    full = torch.randn(2 * rows, cols)
-    shapes = {FUSED: gate_up(rows, cols), GATE: ParamShape((rows, cols), "float32")}
-    shapes[UP] = shapes[GATE]
+    full, shapes = _fused_case(rows, cols, seed)
     plan = reshard_plan(
         ParamLayoutTable({GATE: saved, UP: saved}),
         ParamLayoutTable({FUSED: loaded}),

@@ -1071,7 +1071,8 @@ def test_a_python_tuple_is_an_object_of_pairs_never_an_array() -> None:
     with pytest.raises(SerializationError) as info:
         converter.structure(as_tuples, ParamLayoutTable)
     assert info.value.path == 'entries["w"].axes'
-    for entries, path in [(("w",), "entries"), (((1, entry),), "entries[1]")]:
+    bad = [(("w",), "entries"), (("ab", "cd"), "entries"), (((1, entry),), "entries[1]")]
+    for entries, path in bad:
         with pytest.raises(SerializationError) as info:
             converter.structure({"version": 1, "entries": entries}, ParamLayoutTable)
         assert info.value.path == path
