@@ -3,11 +3,19 @@
 Each public function and constructor of the bridge checks its arguments with these
 first, so ``bind(table, None, meshes)`` says which argument is wrong and what it should
 be rather than failing with an ``AttributeError`` deep inside torch.
+
+The importers read the user's objects further (a model's ``config`` and ``tp_plan``, a
+module's ``head_dim``, a torchtitan module's sharding config): ``read_attr`` and
+``reading`` are the one rule for that, whatever the object raises while it is read
+becoming a ``LayoutError`` naming what was read, its exception the ``__cause__``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import inspect
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Final
 
 import torch
 from torch import nn
@@ -29,6 +37,9 @@ __all__ = [
     "kind",
     "owned_names",
     "parameters",
+    "read_attr",
+    "read_error",
+    "reading",
     "refuse_spmd_local",
     "spmd_local",
 ]
@@ -120,6 +131,92 @@ def parameters(params: object, arg: str) -> list[nn.Parameter]:
         check_type(p, nn.Parameter, f"{arg} item {len(out)}", "an nn.Parameter", remedy)
         out.append(p)
     return out
+
+
+_ABSENT: Final = object()
+
+
+def read_error(
+    shown: str, e: BaseException, remedy: str, *, caller: str = "", fqn: str | None = None
+) -> LayoutError:
+    """The error for reading ``shown`` (``model.tp_plan``, ``the head_dim of module
+    'layers.0.attn'``) off the user's object, which raised ``e``; ``remedy`` says what to do,
+    ``caller`` (the public function) leads the message, ``fqn`` is set on the error."""
+    who = f"{caller}: " if caller else ""
+    msg = f"{who}reading {shown} raised {quote(e)}; {remedy}"
+    return LayoutError(msg, fqn=fqn)
+
+
+def read_attr(
+    obj: object,
+    name: str,
+    shown: str,
+    *,
+    remedy: str,
+    caller: str = "",
+    default: object = None,
+    fqn: str | None = None,
+) -> object:
+    """``obj.name``, read once; ``default`` when ``obj`` has no such attribute.
+
+    An attribute ``obj`` has (its class or its own dict defines it) whose reading raises is
+    an error, ``AttributeError`` included: a property that fails is not an attribute that
+    is missing, and read as missing it would silently change the answer (an experts
+    module's ``is_transposed``). An unset slot is missing.
+
+    Raises:
+        LayoutError: from ``read_error``, its ``__cause__`` what ``obj`` raised (a
+            ``LayoutError`` it raises passes untouched).
+    """
+    try:
+        return getattr(obj, name)
+    except LayoutError:
+        raise
+    except AttributeError as e:
+        found = _static(obj, name)
+        if found is _ABSENT:
+            return default
+        own = _own_error(found, obj) or e
+        raise read_error(shown, own, remedy, caller=caller, fqn=fqn) from own
+    except Exception as e:
+        raise read_error(shown, e, remedy, caller=caller, fqn=fqn) from e
+
+
+def _static(obj: object, name: str) -> object:
+    """What ``obj``'s class or own dict holds as ``name`` (looked up without running it),
+    ``_ABSENT`` when nothing or an unset slot."""
+    try:
+        found = inspect.getattr_static(obj, name, _ABSENT)
+    except Exception:  # a class whose lookup itself fails: its getattr said missing
+        return _ABSENT
+    return _ABSENT if inspect.ismemberdescriptor(found) else found
+
+
+def _own_error(found: object, obj: object) -> Exception | None:
+    """The exception a descriptor (a property) raises itself. After it raises
+    ``AttributeError``, Python asks the class's ``__getattr__`` (``nn.Module``'s says the
+    attribute does not exist), and that is all ``getattr`` shows."""
+    get = getattr(type(found), "__get__", None)
+    if get is None:
+        return None
+    try:
+        get(found, obj, type(obj))
+    except Exception as e:
+        return e
+    return None
+
+
+@contextmanager
+def reading(shown: str, *, remedy: str, caller: str = "", fqn: str | None = None) -> Iterator[None]:
+    """Run the block that reads ``shown`` (a call on the user's object:
+    ``model.config.get_text_config()``), whatever it raises becoming ``read_error``'s error
+    (a ``LayoutError`` passes untouched)."""
+    try:
+        yield
+    except LayoutError:
+        raise
+    except Exception as e:
+        raise read_error(shown, e, remedy, caller=caller, fqn=fqn) from e
 
 
 _SPMD_SHARDED = frozenset({"V", "P"})

@@ -12,20 +12,33 @@ activation checkpointing's wrapper (``checkpoint_wrapper``,
 
 A module that holds one of its own ancestors (``root.block.parent = root``) makes torch's
 walk recurse until ``RecursionError``: that is a ``BindError`` naming the path that closes
-the cycle.
+the cycle. Anything else a walk raises (a class whose ``named_parameters`` fails) is a
+``LayoutError`` naming the walk and the module (``_checks.reading``), and so is a module's
+own ``named_parameters(recurse=False)`` or ``named_children()`` failing (``own_parameters``,
+``children``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Final, TypeVar
 
 from torch import nn
 
 from layout_algebra._text import quote
 from layout_algebra.errors import BindError, LayoutError
+from layout_algebra.torch_bridge._checks import read_error, reading
 
-__all__ = ["WRAPPER_SEGMENT", "named_modules", "named_parameters", "state_dict_fqn", "walk_error"]
+__all__ = [
+    "WRAPPER_SEGMENT",
+    "children",
+    "named_modules",
+    "named_parameters",
+    "own_parameters",
+    "state_dict_fqn",
+    "walk_error",
+]
 
 T = TypeVar("T")
 
@@ -51,33 +64,91 @@ def state_dict_fqn(name: str) -> str:
     return ".".join(part for part in name.split(".") if part != WRAPPER_SEGMENT)
 
 
-def named_parameters(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
-    """``module.named_parameters(remove_duplicate=False)``, FQNs as the state dict gives them.
+def named_parameters(module: nn.Module, path: str = "") -> Iterator[tuple[str, nn.Parameter]]:
+    """``module.named_parameters(remove_duplicate=False)``, FQNs as the state dict gives them;
+    ``path`` is the module's FQN in the model, for the messages (``""``: the model).
 
     Raises:
         BindError: a module of the tree holds one of its ancestors (a cycle).
+        LayoutError: the walk raised anything else, naming it (its exception the cause).
     """
-    for name, param in _torch_walk(module, module.named_parameters(remove_duplicate=False)):
+    walk = _torch_walk(
+        module, path, "named_parameters", lambda: module.named_parameters(remove_duplicate=False)
+    )
+    for name, param in walk:
         yield (name if WRAPPER_SEGMENT not in name else state_dict_fqn(name)), param
 
 
-def named_modules(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """``module.named_modules(remove_duplicate=False)``, FQNs as the state dict gives them.
+def named_modules(module: nn.Module, path: str = "") -> Iterator[tuple[str, nn.Module]]:
+    """``module.named_modules(remove_duplicate=False)``, FQNs as the state dict gives them;
+    ``path`` is the module's FQN in the model, for the messages (``""``: the model).
 
     Raises:
         BindError: a module of the tree holds one of its ancestors (a cycle).
+        LayoutError: the walk raised anything else, naming it (its exception the cause).
     """
-    for name, sub in _torch_walk(module, module.named_modules(remove_duplicate=False)):
+    walk = _torch_walk(
+        module, path, "named_modules", lambda: module.named_modules(remove_duplicate=False)
+    )
+    for name, sub in walk:
         yield state_dict_fqn(name), sub
 
 
-def _torch_walk(root: nn.Module, walk: Iterator[tuple[str, T]]) -> Iterator[tuple[str, T]]:
-    """Torch's walk of ``root``, its ``RecursionError`` (a cycle, or a tree that deep) a
-    ``BindError``."""
+def own_parameters(
+    module: nn.Module, path: str, *, remove_duplicate: bool = False
+) -> list[tuple[str, nn.Parameter]]:
+    """``module.named_parameters(recurse=False, remove_duplicate=...)`` of the module at
+    ``path``, read whole.
+
+    Raises:
+        LayoutError: the module's walk raised, naming ``path`` (its exception the cause).
+    """
+    with _reading(path, "named_parameters(recurse=False)"):
+        return list(module.named_parameters(recurse=False, remove_duplicate=remove_duplicate))
+
+
+def children(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
+    """``module.named_children()`` of the module at ``path``, read whole.
+
+    Raises:
+        LayoutError: it raised, naming ``path`` (its exception the cause).
+    """
+    with _reading(path, "named_children()"):
+        return list(module.named_children())
+
+
+def _reading(path: str, call: str) -> AbstractContextManager[None]:
+    """``reading`` the module at ``path``'s ``call``: what it raises names the module."""
+    return reading(f"{call} of {_where(path)}", remedy=_remedy(call), fqn=path or None)
+
+
+def _where(path: str) -> str:
+    return f"module {quote(path)}" if path else "the model"
+
+
+def _remedy(call: str) -> str:
+    name = call.partition("(")[0]
+    return (
+        f"fix the class's {name} (torch's own walk of a module, which every reader of the "
+        "bridge uses)"
+    )
+
+
+def _torch_walk(
+    root: nn.Module, path: str, call: str, walk: Callable[[], Iterator[tuple[str, T]]]
+) -> Iterator[tuple[str, T]]:
+    """Torch's walk of ``root`` (its ``call``; the module at ``path``), its
+    ``RecursionError`` (a cycle, or a tree that deep) a ``BindError``, anything else it
+    raises a ``LayoutError`` naming ``call`` and ``path``."""
     try:
-        yield from walk
+        yield from walk()
     except RecursionError:
         raise walk_error(root) from None
+    except LayoutError:
+        raise
+    except Exception as e:
+        shown = f"{call}(remove_duplicate=False) of {_where(path)}"
+        raise read_error(shown, e, _remedy(call), fqn=path or None) from e
 
 
 def walk_error(root: nn.Module) -> BindError:

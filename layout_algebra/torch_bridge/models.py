@@ -307,7 +307,8 @@ def table_from_module(
             one of its ancestors (a cycle of submodules, naming the path that closes it).
         LayoutError: a DTensor on a mesh without dim names, a torch placement with no
             equivalent, a ``Partial`` placement on an owned axis, or a plain tensor
-            holding a spmd_types shard (torchtitan's default backend; naming the FQNs).
+            holding a spmd_types shard (torchtitan's default backend; naming the FQNs), or
+            the model's ``named_parameters`` raised (the exception its ``__cause__``).
     """
     check_module(module, "table_from_module(module=...)")
     checked = {} if roles is None else _check_roles(roles)
@@ -399,6 +400,8 @@ def tied_pairs_from_module(module: nn.Module) -> tuple[tuple[str, str], ...]:
     Raises:
         BindError: ``module`` is not an ``nn.Module``, or a module of it holds one of its
             ancestors (a cycle of submodules, naming the path that closes it).
+        LayoutError: the model's ``named_parameters`` raised (the exception its
+            ``__cause__``).
     """
     check_module(module, "tied_pairs_from_module(module=...)")
     aliases: dict[nn.Parameter, list[str]] = {}  # each parameter's FQNs (hashed by identity)

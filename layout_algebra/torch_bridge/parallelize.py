@@ -52,7 +52,12 @@ from layout_algebra.placements import Placement, Replicate, Shard, format_placem
 from layout_algebra.plan import ShardingPlan, param_fqn
 from layout_algebra.torch_bridge._checks import check_module
 from layout_algebra.torch_bridge._plans import Problems, axis_in, sharding_plan
-from layout_algebra.torch_bridge._walk import named_modules, named_parameters
+from layout_algebra.torch_bridge._walk import (
+    children,
+    named_modules,
+    named_parameters,
+    own_parameters,
+)
 
 __all__ = ["ParallelizePlan", "plan_from_parallelize"]
 
@@ -86,7 +91,7 @@ _R: Final = Replicate()
 
 
 def _where(path: str) -> str:
-    return f"module {path!r}" if path else "the root module"
+    return f"module {quote(path)}" if path else "the root module"
 
 
 def _style_kind(style: ParallelStyle) -> tuple[_Kind | None, str]:
@@ -125,12 +130,12 @@ class _Walk:
         if not isinstance(plan, Mapping):
             self.applied += 1  # it reached a module: the problem is the value
             msg = (
-                f"plan key {key!r}: {quote(plan)} is neither a ParallelStyle nor a dict of "
+                f"plan key {quote(key)}: {quote(plan)} is neither a ParallelStyle nor a dict of "
                 "them; give a style such as ColwiseParallel() or a dict {key: style}"
             )
             self.problems.add(msg, fqn=path)
             return
-        arg = f"plan key {key!r}" if key else "plan_from_parallelize(plan=...)"
+        arg = f"plan key {quote(key)}" if key else "plan_from_parallelize(plan=...)"
         example = "{'layers.*.attention.wq': ColwiseParallel()}"
         for raw, style in mapping_items(plan, arg, example):
             if not isinstance(raw, str):
@@ -146,7 +151,7 @@ class _Walk:
             self.reach(module, path, sub, style, shown, depth=depth + 1)
             if self.applied == before and not key:
                 msg = (
-                    f"plan key {sub!r} reaches no module of the model (torch's "
+                    f"plan key {quote(sub)} reaches no module of the model (torch's "
                     "parallelize_module would warn and skip it); fix the key, or remove it"
                 )
                 self.problems.add(msg, fqn=sub)
@@ -172,7 +177,7 @@ class _Walk:
             self.plan(module, path, style, key, depth=depth)  # the module itself
             return
         token, dot, rest = sub.partition(".")
-        for name, child in module.named_children():
+        for name, child in children(module, path):
             if fnmatch.fnmatch(name, token):
                 child_path = param_fqn(path, name)
                 if dot:
@@ -188,7 +193,7 @@ class _Walk:
             return
         if kind is None:
             msg = (
-                f"{where} (plan key {key!r}): {quote(style)} is {why}; give torch's "
+                f"{where} (plan key {quote(key)}): {quote(style)} is {why}; give torch's "
                 f"{_STYLE_NAMES}, or write this module's ShardingPlan entries by hand, or "
                 "let the style say it: parallelize_module on the model built on the meta "
                 "device over a mesh of the fake process group, then table_from_module"
@@ -198,10 +203,10 @@ class _Walk:
         earlier = self.distributed.get(module)
         if earlier is not None:
             msg = (
-                f"{where} (plan key {key!r}): {type(style).__name__} distributes a module that "
-                f"plan key {earlier[0]!r} already distributed, which torch's distribute_module "
-                "refuses; give each module one of ColwiseParallel, RowwiseParallel and "
-                "SequenceParallel"
+                f"{where} (plan key {quote(key)}): {type(style).__name__} distributes a module "
+                f"that plan key {quote(earlier[0])} already distributed, which torch's "
+                "distribute_module refuses; give each module one of ColwiseParallel, "
+                "RowwiseParallel and SequenceParallel"
             )
             self.problems.add(msg, fqn=path)
             return
@@ -209,7 +214,7 @@ class _Walk:
         named = self.placements(module, path, style, kind, key)
         if named is None:
             return
-        for name, param in module.named_parameters(recurse=False):
+        for name, param in own_parameters(module, path, remove_duplicate=True):
             p = named.get(name, _R)  # distribute_module replicates what the style leaves
             fqn = param_fqn(path, name)
             if isinstance(p, Shard) and p.dim >= param.ndim:
@@ -228,23 +233,24 @@ class _Walk:
     ) -> dict[str, Placement] | None:
         """What the style gives each of the module's own parameters, by name."""
         where = _where(path)
-        nested = _nested_parameters(module)
+        nested = _nested_parameters(module, path)
         if nested:
             msg = (
-                f"{where} (plan key {key!r}): {type(style).__name__} distributes every parameter "
-                f"of the module, and its submodules hold {', '.join(nested[:3])}, which torch "
-                "cannot re-register (it fails); apply the style to the submodules instead"
+                f"{where} (plan key {quote(key)}): {type(style).__name__} distributes every "
+                f"parameter of the module, and its submodules hold {', '.join(nested[:3])}, "
+                "which torch cannot re-register (it fails); apply the style to the submodules "
+                "instead"
             )
             self.problems.add(msg, fqn=path)
             return None
-        own = [n for n, _ in module.named_parameters(recurse=False)]
+        own = [n for n, _ in own_parameters(module, path, remove_duplicate=True)]
         if kind == "sequence":
             return dict.fromkeys(own, _R)
         linear = isinstance(module, nn.Linear)
         if not linear and not isinstance(module, nn.Embedding):
             msg = (
-                f"{where} (plan key {key!r}): {type(style).__name__} shards only nn.Linear and "
-                "nn.Embedding (torch raises NotImplementedError), and this is a "
+                f"{where} (plan key {quote(key)}): {type(style).__name__} shards only nn.Linear "
+                "and nn.Embedding (torch raises NotImplementedError), and this is a "
                 f"{type(module).__qualname__}; give it SequenceParallel, a Prepare* style, or "
                 "no style"
             )
@@ -257,12 +263,12 @@ class _Walk:
         return dict.fromkeys(own, _S0)
 
 
-def _nested_parameters(module: nn.Module) -> list[str]:
+def _nested_parameters(module: nn.Module, path: str) -> list[str]:
     """The names ``module.named_parameters()`` gives that hold a dot (a submodule's), each
     parameter under its first name, walked without recursion (a deep subtree is fine)."""
     seen: set[nn.Parameter] = set()  # parameters hash by identity
     out: list[str] = []
-    for name, param in named_parameters(module):
+    for name, param in named_parameters(module, path):
         if param not in seen:
             seen.add(param)
             if "." in name:
@@ -312,7 +318,9 @@ def plan_from_parallelize(
     Raises:
         LayoutError: ``module`` is not a module, ``axis`` not among ``mesh_axes``, or
             the plan leads more than 256 levels deep (nested dicts and dotted key
-            tokens together: a plan that holds itself).
+            tokens together: a plan that holds itself), or the model's walk of its
+            modules, parameters or children raised (naming the walk and the module, the
+            model's exception the ``__cause__``).
         BindError: a module of the model holds one of its ancestors (a cycle of
             submodules), naming the path that closes it.
         PlanError: every problem of the plan at once, each naming the module FQN and
@@ -338,7 +346,7 @@ def plan_from_parallelize(
     new: dict[tuple[nn.Module, str], list[str]] = {}
     groups: list[list[str]] = []  # both, in the order first named
     for path, owner in modules:
-        for leaf, param in owner.named_parameters(recurse=False, remove_duplicate=False):
+        for leaf, param in own_parameters(owner, path):
             fqn = param_fqn(path, leaf)
             p = walk.written.get((owner, leaf))
             if p is None:

@@ -37,7 +37,10 @@ def shapes_from_module(
             structure does not fit its parameter's shape (naming the FQN).
         LayoutError: a parameter is a plain tensor holding a spmd_types shard (torchtitan's
             default backend), whose shape is not the global one (naming the FQNs); or
-            ``structure`` is malformed or names no parameter.
+            ``structure`` is malformed or names no parameter; or reading the model raised
+            (its ``named_parameters``, ``config``, ``tp_plan``, a module's head fields:
+            naming what was read, the model's exception the ``__cause__``), or its
+            ``tp_plan`` is not a mapping of names to style names.
     """
     check_module(module, "shapes_from_module(module=...)")
     shapes: dict[str, ParamShape] = {}

@@ -18,6 +18,12 @@ The head dim is the attention module's ``head_dim`` when it has one, else the co
 What is not read is left out (no structure); ``structure=`` adds or overrides by FQN or
 pattern.
 
+Every attribute is read with the bridge's one rule (``_checks.read_attr``): an attribute
+the model, its config or a module lacks says nothing, and one that raises while it is read
+(a ``config`` property that fails, an experts module's ``is_transposed``, a ``tp_plan``
+whose items cannot be read) is a ``LayoutError`` naming it, the model's exception its
+``__cause__``. So is a ``tp_plan`` that is not a mapping of names to style names.
+
 A weight whose module the model's own ``tp_plan`` gives a style that computes it whole
 (``colwise_gather_output`` and ``colwise_rep`` gather the output before it is used,
 ``rowwise_split_input`` and ``rowwise_rep`` split a whole input to match the weight) is
@@ -34,14 +40,15 @@ from typing import Final
 
 from torch import nn
 
-from layout_algebra._args import mapping_items
+from layout_algebra._args import mapping_items, plain_str
 from layout_algebra._frozen import FrozenMap
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
 from layout_algebra.plan import param_fqn
 from layout_algebra.structure import EXPERTS, Packed, Part, as_structure
-from layout_algebra.torch_bridge._walk import named_modules
+from layout_algebra.torch_bridge._checks import read_attr, reading
+from layout_algebra.torch_bridge._walk import children, named_modules, own_parameters
 
 __all__ = ["structure_from_module"]
 
@@ -52,38 +59,53 @@ _EXAMPLE: Final = (
 )
 
 
-def _positive(obj: object, name: str) -> int | None:
-    """``obj.name`` when it is an int > 0 (not a bool), else ``None``; never raises."""
-    try:
-        value = getattr(obj, name, None)
-    except Exception:  # a config's property may raise: no structure from it then
-        return None
+def _of(path: str, name: str) -> str:
+    """An attribute of the module at ``path``, as a message names it."""
+    return f"the {name} of module {quote(path)}" if path else f"the {name} of the model"
+
+
+def _attr(obj: object, name: str, shown: str, *, fqn: str | None = None) -> object:
+    """``obj.name``, ``None`` when it has none (``read_attr``, a failure named ``shown``)."""
+    remedy = f"the structure of the model's weights cannot be read: fix {shown}"
+    return read_attr(obj, name, shown, remedy=remedy, fqn=fqn)
+
+
+def _size(value: object) -> int | None:
+    """``value`` when it is an int > 0 (not a bool): a head count or size; else ``None``."""
     return value if type(value) is int and value > 0 else None
 
 
-def _text_config(module: nn.Module) -> object:
-    config = getattr(module, "config", None)
-    text = getattr(config, "get_text_config", None)
-    if callable(text):
-        try:
-            return text()
-        except Exception:  # a config that cannot say: read the modules alone
-            return config
-    return config
+def _positive(module: nn.Module, path: str, name: str) -> int | None:
+    """The module at ``path``'s own ``name`` when it is an int > 0, else ``None``."""
+    return _size(_attr(module, name, _of(path, name), fqn=path or None))
 
 
-def _children(module: nn.Module) -> dict[str, nn.Module]:
-    return dict(module.named_children())
+def _text_config(model: nn.Module) -> tuple[object, str]:
+    """The model's (text) config and how a message names it."""
+    config = _attr(model, "config", "model.config")
+    text = _attr(config, "get_text_config", "model.config.get_text_config")
+    if not callable(text):
+        return config, "model.config"
+    shown = "model.config.get_text_config()"
+    with reading(shown, remedy=f"the structure of the model's weights cannot be read: fix {shown}"):
+        return text(), shown
 
 
-def _own(module: nn.Module) -> dict[str, nn.Parameter]:
-    return dict(module.named_parameters(recurse=False, remove_duplicate=False))
+def _children(module: nn.Module, path: str) -> dict[str, nn.Module]:
+    return dict(children(module, path))
 
 
-def _weight(module: nn.Module, child: str, leaf: str = "weight") -> tuple[int, ...] | None:
-    """The shape of ``module.child.leaf``, when there is such a parameter."""
-    sub = _children(module).get(child)
-    param = None if sub is None else _own(sub).get(leaf)
+def _own(module: nn.Module, path: str) -> dict[str, nn.Parameter]:
+    return dict(own_parameters(module, path))
+
+
+def _weight(
+    module: nn.Module, path: str, child: str, leaf: str = "weight"
+) -> tuple[int, ...] | None:
+    """The shape of ``module.child.leaf`` (``module`` at ``path``), when there is such a
+    parameter."""
+    sub = _children(module, path).get(child)
+    param = None if sub is None else _own(sub, param_fqn(path, child)).get(leaf)
     return None if param is None else tuple(param.shape)
 
 
@@ -97,7 +119,7 @@ class _Reader:
     """Collects each parameter's structure by FQN, module by module."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.config = _text_config(model)
+        self.config, self.config_shown = _text_config(model)
         self.found: dict[str, dict[int, Packed]] = {}
 
     def put(self, path: str, child: str, leaf: str, dim: int, packed: Packed | None) -> None:
@@ -105,26 +127,30 @@ class _Reader:
         if packed is not None:
             self.found.setdefault(fqn, {})[dim] = packed
 
-    def head_dim(self, module: nn.Module) -> int | None:
-        return _positive(module, "head_dim") or _positive(self.config, "head_dim") or self._split()
+    def config_int(self, name: str) -> int | None:
+        """The config's ``name`` when it is an int > 0."""
+        return _size(_attr(self.config, name, f"{self.config_shown}.{name}"))
+
+    def head_dim(self, path: str, module: nn.Module) -> int | None:
+        return _positive(module, path, "head_dim") or self.config_int("head_dim") or self._split()
 
     def _split(self) -> int | None:
-        hidden = _positive(self.config, "hidden_size")
-        heads = _positive(self.config, "num_attention_heads")
+        hidden = self.config_int("hidden_size")
+        heads = self.config_int("num_attention_heads")
         return hidden // heads if hidden and heads and hidden % heads == 0 else None
 
     def module(self, path: str, module: nn.Module) -> None:
-        children = _children(module)
+        children = _children(module, path)
         if "o_proj" in children and ("q_proj" in children or "qkv_proj" in children):
             self.attention(path, module, ("q_proj", "k_proj", "v_proj", "o_proj"))
         if "kv_b_proj" in children:
             self.latent_attention(path, module, ("q_proj", "q_b_proj"), "kv_b_proj", "o_proj")
         if "wkv_b" in children:
             self.latent_attention(path, module, ("wq", "wq_b"), "wkv_b", "wo")
-        elif "wo" in children and _positive(module, "n_heads"):
+        elif "wo" in children and _positive(module, path, "n_heads"):
             self.titan_attention(path, module)
         if "gate_up_proj" in children:
-            shape = _weight(module, "gate_up_proj")
+            shape = _weight(module, path, "gate_up_proj")
             if shape is not None and len(shape) == 2 and shape[0] % 2 == 0:
                 half = shape[0] // 2
                 self.put(
@@ -134,25 +160,27 @@ class _Reader:
                     0,
                     Packed([Part("gate", half), Part("up", half)]),
                 )
-        if _positive(module, "num_experts") and any(p.ndim == 3 for p in _own(module).values()):
+        if _positive(module, path, "num_experts") and any(
+            p.ndim == 3 for p in _own(module, path).values()
+        ):
             self.experts(path, module)
 
     def attention(self, path: str, module: nn.Module, names: tuple[str, str, str, str]) -> None:
-        head_dim = self.head_dim(module)
+        head_dim = self.head_dim(path, module)
         if head_dim is None:
             return
         q, k, v, o = names
         for child, part in ((q, "q"), (k, "k"), (v, "v")):
             for leaf in ("weight", "bias"):
-                shape = _weight(module, child, leaf)
+                shape = _weight(module, path, child, leaf)
                 if shape:
                     self.put(path, child, leaf, 0, _heads(part, shape[0], head_dim))
-        shape = _weight(module, o)
+        shape = _weight(module, path, o)
         if shape is not None and len(shape) == 2:
             self.put(path, o, "weight", 1, _heads("o", shape[1], head_dim))
-        qkv = _weight(module, "qkv_proj")
-        heads = _positive(self.config, "num_attention_heads")
-        kv = _positive(self.config, "num_key_value_heads") or heads
+        qkv = _weight(module, path, "qkv_proj")
+        heads = self.config_int("num_attention_heads")
+        kv = self.config_int("num_key_value_heads") or heads
         if qkv and heads and kv and qkv[0] == (heads + 2 * kv) * head_dim:
             packed = Packed(
                 [Part("q", heads, head_dim), Part("k", kv, head_dim), Part("v", kv, head_dim)]
@@ -165,60 +193,61 @@ class _Reader:
         """DeepSeek's multi-head latent attention (transformers' and torchtitan's): q heads
         of ``qk_head_dim``, kv heads of ``qk_nope_head_dim + v_head_dim`` (k's part and v's,
         per head), o of ``v_head_dim``."""
-        qk = _positive(module, "qk_head_dim")
-        nope, v = _positive(module, "qk_nope_head_dim"), _positive(module, "v_head_dim")
+        qk = _positive(module, path, "qk_head_dim")
+        nope, v = _positive(module, path, "qk_nope_head_dim"), _positive(module, path, "v_head_dim")
         for child in qs:
-            shape = _weight(module, child)
+            shape = _weight(module, path, child)
             if shape and qk:
                 self.put(path, child, "weight", 0, _heads("q", shape[0], qk))
-        shape = _weight(module, kv)
+        shape = _weight(module, path, kv)
         if shape and nope and v:
             self.put(path, kv, "weight", 0, _heads("kv", shape[0], nope + v))
-        shape = _weight(module, o)
+        shape = _weight(module, path, o)
         if shape is not None and len(shape) == 2 and v:
             self.put(path, o, "weight", 1, _heads("o", shape[1], v))
 
     def titan_attention(self, path: str, module: nn.Module) -> None:
         """torchtitan's attention: ``qkv_linear.wq/wk/wv`` or the fused ``qkv_linear.wqkv``
         (a block of ``heads_per_kv`` q heads, one k and one v head per KV head), ``wo``."""
-        head_dim = _positive(module, "head_dim")
+        head_dim = _positive(module, path, "head_dim")
         if head_dim is None:
             return
-        inner = _children(module).get("qkv_linear")
+        inner = _children(module, path).get("qkv_linear")
         inner_path = param_fqn(path, "qkv_linear")
         if inner is not None:
             for child, part in (("wq", "q"), ("wk", "k"), ("wv", "v")):
-                shape = _weight(inner, child)
+                shape = _weight(inner, inner_path, child)
                 if shape:
                     self.put(inner_path, child, "weight", 0, _heads(part, shape[0], head_dim))
-            shape = _weight(inner, "wqkv")
-            per_kv = _positive(inner, "heads_per_kv")
+            shape = _weight(inner, inner_path, "wqkv")
+            per_kv = _positive(inner, inner_path, "heads_per_kv")
             if shape and per_kv:
                 block = (per_kv + 2) * head_dim
                 self.put(inner_path, "wqkv", "weight", 0, _heads("kv_groups", shape[0], block))
-        shape = _weight(module, "wo")
+        shape = _weight(module, path, "wo")
         if shape is not None and len(shape) == 2:
             self.put(path, "wo", "weight", 1, _heads("o", shape[1], head_dim))
 
     def experts(self, path: str, module: nn.Module) -> None:
-        count = _positive(module, "num_experts")
+        count = _positive(module, path, "num_experts")
         assert count is not None
-        transposed = getattr(module, "is_transposed", False) is True
-        concatenated = getattr(module, "is_concatenated", True) is not False
-        for leaf, param in _own(module).items():
+        where = path or None
+        transposed = _attr(module, "is_transposed", _of(path, "is_transposed"), fqn=where)
+        concatenated = _attr(module, "is_concatenated", _of(path, "is_concatenated"), fqn=where)
+        for leaf, param in _own(module, path).items():
             if param.ndim < 2 or param.shape[0] != count:
                 continue
             self.put(path, "", leaf, 0, Packed([Part(EXPERTS, count)]))
             if leaf not in ("gate_up_proj", "gate_up_proj_bias"):
                 continue
             # the output dim: (E, 2I, H), or (E, H, 2I) transposed; a bias's is its last
-            dim = param.ndim - 1 if transposed or param.ndim == 2 else param.ndim - 2
+            dim = param.ndim - 1 if transposed is True or param.ndim == 2 else param.ndim - 2
             n = int(param.shape[dim])
             if n % 2:
                 continue
             packed = (
                 Packed([Part("gate", n // 2), Part("up", n // 2)])
-                if concatenated
+                if concatenated is not False
                 else Packed([Part("gate_up", n // 2, 2)])
             )
             self.put(path, "", leaf, dim, packed)
@@ -232,16 +261,34 @@ _WHOLE_STYLES: Final = frozenset(
 
 def _computed_whole(model: nn.Module) -> Matcher[str]:
     """The keys of the model's own ``tp_plan`` (``*`` one segment, as its layer numbers)
-    whose style computes the module whole; none when it has no such plan."""
-    try:
-        plan = getattr(model, "tp_plan", None)
-    except Exception:  # a model that cannot say: every structure is kept
-        plan = None
+    whose style computes the module whole; none when it has no such plan.
+
+    Raises:
+        LayoutError: the plan raises while it is read, or is not a mapping of names to
+            style names (transformers reads none other), naming ``model.tp_plan``.
+    """
+    plan = _attr(model, "tp_plan", "model.tp_plan")
+    if plan is None:
+        return Matcher([])
+    example = "{'model.layers.*.self_attn.q_proj': 'colwise'}"
+    raw: object = plan
+    if not isinstance(raw, Mapping):
+        msg = (
+            f"model.tp_plan must map module names to transformers' style names such as "
+            f"{example}, got {quote(raw)}; fix the model's tp_plan"
+        )
+        raise LayoutError(msg)
     rules: list[Rule[str]] = []
-    if isinstance(plan, Mapping):
-        for key, style in list(plan.items()):
-            if isinstance(key, str) and key and style in _WHOLE_STYLES:
-                rules.append(Rule(key, str(style)))
+    for key, style in mapping_items(raw, "model.tp_plan", example):
+        if not isinstance(key, str) or not isinstance(style, str):
+            msg = (
+                f"model.tp_plan maps {quote(key)} to {quote(style)}, not a module name to a "
+                f"style name such as {example} (transformers refuses it); fix the model's "
+                "tp_plan"
+            )
+            raise LayoutError(msg)
+        if key and style in _WHOLE_STYLES:
+            rules.append(Rule(plain_str(key), plain_str(style)))
     return Matcher(rules)
 
 
@@ -257,13 +304,15 @@ def structure_from_module(
     Raises:
         LayoutError: ``structure`` is not a mapping of FQN or pattern to ``{dim: Packed}``,
             a key matches no parameter, or two keys equally specific give one parameter
-            different structures (naming the keys).
+            different structures (naming the keys); or an attribute of the model, its
+            config or a module raised while it was read, or the model's ``tp_plan`` is not
+            a mapping of names to style names (naming it).
     """
     reader = _Reader(module)
     params: list[tuple[str, str]] = []  # (module path, parameter FQN)
     for path, sub in named_modules(module):
         reader.module(path, sub)
-        params.extend((path, param_fqn(path, leaf)) for leaf in _own(sub))
+        params.extend((path, param_fqn(path, leaf)) for leaf in _own(sub, path))
     whole = _computed_whole(module)
     found = {
         fqn: FrozenMap(dict(sorted(s.items())))
@@ -300,7 +349,7 @@ def _overrides(
     for path, fqn in dict.fromkeys(params):
         best = matcher.best(fqn) or (matcher.best(path) if path else ())
         if len({r.value for r in best}) > 1:
-            keys = ", ".join(repr(r.key) for r in best)
+            keys = ", ".join(quote(r.key) for r in best)
             msg = (
                 f"{fqn}: {arg} gives it different structures by equally specific keys "
                 f"({keys}); give it one, or an exact key"

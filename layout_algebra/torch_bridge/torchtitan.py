@@ -48,9 +48,14 @@ from layout_algebra.errors import LayoutError
 from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Placement, Replicate, Shard, format_placement
 from layout_algebra.plan import ShardingPlan, param_fqn
-from layout_algebra.torch_bridge._checks import check_module
+from layout_algebra.torch_bridge._checks import check_module, read_attr
 from layout_algebra.torch_bridge._plans import Problems, shard_dim, sharding_plan
-from layout_algebra.torch_bridge._walk import named_modules, named_parameters, state_dict_fqn
+from layout_algebra.torch_bridge._walk import (
+    named_modules,
+    named_parameters,
+    own_parameters,
+    state_dict_fqn,
+)
 
 __all__ = ["plan_from_torchtitan", "shard_dims_from_torchtitan", "state_dict_fqn"]
 
@@ -60,6 +65,30 @@ _DATA_AXES: Final = frozenset({"dp", "dp_replicate", "dp_shard", "fsdp", "efsdp"
 """torchtitan's data-parallel axes: FSDP (or pipelining) owns them, a parameter is whole."""
 
 _R: Final = Replicate()
+
+_PLAN: Final = "plan_from_torchtitan"
+_DIMS: Final = "shard_dims_from_torchtitan"
+_MISSING: Final = object()
+_PARALLEL_DIMS: Final = (
+    "pass torchtitan's ParallelDims for the run "
+    "(ParallelDims.from_config(job_config.parallelism, world_size))"
+)
+
+
+def _attr(
+    obj: object,
+    name: str,
+    shown: str,
+    caller: str,
+    *,
+    fqn: str | None = None,
+    default: object = None,
+    remedy: str = "",
+) -> object:
+    """``obj.name`` (``default`` when it has none), read once (``read_attr``): what it
+    raises names ``shown``."""
+    remedy = remedy or f"fix {shown}, or build the model from torchtitan's own config"
+    return read_attr(obj, name, shown, remedy=remedy, caller=caller, default=default, fqn=fqn)
 
 
 def _axis_name(axis: object) -> str | None:
@@ -82,15 +111,18 @@ def _spec_dims(spec: object, axis: str) -> list[int] | None:
     return dims
 
 
-def _placement(value: object, axis: str, spec: object, ndim: int) -> Placement | str:
+def _placement(value: object, axis: str, spec: object, fqn: str, ndim: int) -> Placement | str:
     """The DTensor placement torchtitan resolves a spmd type to, or why there is none.
 
     ``S(d)`` is ``Shard(d)``; ``R`` (replicated) and ``I`` (invariant) are ``Replicate``;
     ``V`` (varying) shards the dim the layout's ``partition_spec`` names for ``axis``.
+
+    Raises:
+        LayoutError: reading the spmd type's ``dim`` raised, naming ``fqn`` and ``axis``.
     """
     if isinstance(value, enum.Enum):
         return _local_placement(value.name, axis, spec)
-    dim: object = getattr(value, "dim", None)
+    dim = _attr(value, "dim", f"the dim of {fqn}'s spmd type on {axis!r}", _PLAN, fqn=fqn)
     if type(dim) is not int:
         return f"is {quote(value)}, not a spmd type (R, I, V, P or S(dim))"
     normal = shard_dim(dim, ndim)
@@ -145,8 +177,9 @@ class _Reader:
 
     def module(self, path: str, module: nn.Module, config: object) -> None:
         """Read one module's ``ShardingConfig`` for its own parameters."""
-        raw: object = getattr(config, "state_shardings", None)
-        where = f"module {path!r}" if path else "the root module"
+        where = f"module {quote(path)}" if path else "the root module"
+        shown = f"the state_shardings of {where}'s sharding config"
+        raw = _attr(config, "state_shardings", shown, _PLAN, fqn=path)
         if not isinstance(raw, Mapping):
             msg = (
                 f"{where}: its sharding config's state_shardings is {quote(raw)}, not a dict "
@@ -155,12 +188,12 @@ class _Reader:
             self.problems.add(msg, fqn=path)
             return
         layouts = dict(mapping_items(raw, f"{where}'s state_shardings", "{'weight': ...}"))
-        for leaf, param in module.named_parameters(recurse=False, remove_duplicate=False):
+        for leaf, param in own_parameters(module, path):
             fqn = param_fqn(path, leaf)
             layout = layouts.get(leaf)
             if layout is None:
                 msg = (
-                    f"{fqn}: its module's sharding config declares no layout for {leaf!r} "
+                    f"{fqn}: its module's sharding config declares no layout for {quote(leaf)} "
                     "(torchtitan's parallelize raises); add it to the module's "
                     "ShardingConfig.state_shardings"
                 )
@@ -170,7 +203,7 @@ class _Reader:
 
     def param(self, fqn: str, ndim: int, layout: object) -> None:
         """Read one parameter's ``SpmdLayout``."""
-        types: object = getattr(layout, "axis_types", None)
+        types = _attr(layout, "axis_types", f"the axis_types of {fqn}'s layout", _PLAN, fqn=fqn)
         if not isinstance(types, Mapping):
             msg = (
                 f"{fqn}: its layout {quote(layout)} has no axis_types mapping mesh axes to "
@@ -178,7 +211,9 @@ class _Reader:
             )
             self.problems.add(msg, fqn=fqn)
             return
-        spec: object = getattr(layout, "partition_spec", None)
+        spec = _attr(
+            layout, "partition_spec", f"the partition_spec of {fqn}'s layout", _PLAN, fqn=fqn
+        )
         named: dict[str, Placement] = {}
         for key, value in mapping_items(types, f"{fqn}'s axis_types", "{TP: spmd.S(0)}"):
             axis = _axis_name(key)
@@ -190,7 +225,7 @@ class _Reader:
                 )
                 self.problems.add(msg, fqn=fqn)
                 continue
-            p = _placement(value, axis, spec, ndim)
+            p = _placement(value, axis, spec, fqn, ndim)
             if isinstance(p, str):
                 msg = f"{fqn}: its layout on torchtitan's {axis!r} axis {p}; fix its ShardingConfig"
                 self.problems.add(msg, fqn=fqn)
@@ -227,15 +262,19 @@ def _configs(root: nn.Module) -> list[tuple[str, nn.Module, object]]:
     """Every module (FQN as the state dict shows it) with its torchtitan sharding config.
 
     Raises:
-        LayoutError: no module is a torchtitan one, or none carries a config.
+        LayoutError: no module is a torchtitan one, or none carries a config, or reading
+            a module's ``_sharding_config`` raised (naming the module).
     """
     found: list[tuple[str, nn.Module, object]] = []
     torchtitan = False
     for path, module in named_modules(root):
-        if not hasattr(module, "_sharding_config"):
+        shown = (
+            f"the _sharding_config of module {quote(path)}" if path else "model._sharding_config"
+        )
+        config = _attr(module, "_sharding_config", shown, _PLAN, fqn=path, default=_MISSING)
+        if config is _MISSING:
             continue
         torchtitan = True
-        config: object = module._sharding_config
         if config is not None:
             found.append((state_dict_fqn(path), module, config))
     if not torchtitan:
@@ -267,7 +306,7 @@ def _tied(root: nn.Module) -> list[tuple[str, str]]:
     for name, param in named_parameters(root):
         holders.setdefault(param, []).append(name)
     tied = [(group[0], other) for group in holders.values() for other in group[1:]]
-    if getattr(root, "enable_weight_tying", False) is True:
+    if _attr(root, "enable_weight_tying", "model.enable_weight_tying", _PLAN) is True:
         pair = ("tok_embeddings.weight", "lm_head.weight")  # in the model's order
         names = {n for group in holders.values() for n in group}
         if all(n in names for n in pair) and not any(set(t) == set(pair) for t in tied):
@@ -307,7 +346,10 @@ def plan_from_torchtitan(
 
     Raises:
         LayoutError: ``model`` is not a torchtitan model or carries no sharding config,
-            or an argument is of the wrong form.
+            or an argument is of the wrong form, or reading the model raised (a module's
+            ``_sharding_config``, its ``state_shardings``, a layout's ``axis_types`` or
+            ``partition_spec``, a spmd type's ``dim``, the model's walk): naming what was
+            read and the module or parameter, the model's exception the ``__cause__``.
         PlanError: every problem at once, each naming the parameter: a parameter its
             module's config declares no layout for (torchtitan raises), a layout torchtitan
             cannot give a parameter (``P``, a shard dim it lacks, a shard on a data-parallel
@@ -340,12 +382,11 @@ def plan_from_torchtitan(
 
 
 def _size(parallel_dims: object, name: str) -> int:
-    value: object = getattr(parallel_dims, name, None)
+    value = _attr(parallel_dims, name, f"parallel_dims.{name}", _DIMS, remedy=_PARALLEL_DIMS)
     if type(value) is not int or value < 1:
         msg = (
             f"shard_dims_from_torchtitan(parallel_dims=...): its {name!r} is {quote(value)}, "
-            "not a degree >= 1; pass torchtitan's ParallelDims for the run "
-            "(ParallelDims.from_config(job_config.parallelism, world_size))"
+            f"not a degree >= 1; {_PARALLEL_DIMS}"
         )
         raise LayoutError(msg)
     return value
@@ -371,13 +412,24 @@ def shard_dims_from_torchtitan(model: nn.Module, *, parallel_dims: object) -> di
         dim, for ``compose_table``/``lint``'s ``shard_dim`` (FQNs not named take 0).
 
     Raises:
-        LayoutError: ``model`` is not a module, or ``parallel_dims`` lacks a degree.
+        LayoutError: ``model`` is not a module, or ``parallel_dims`` lacks a degree, or
+            an MoE block's experts number fewer than one, or reading ``parallel_dims`` or
+            a block's ``moe_enabled``, ``moe.routed_experts.inner_experts`` or
+            ``num_experts`` raised (naming it and the block, the exception the
+            ``__cause__``).
     """
     root = check_module(model, "shard_dims_from_torchtitan(model=...)")
     replicate, shard, cp, tp, ep = (
         _size(parallel_dims, n) for n in ("dp_replicate", "dp_shard", "cp", "tp", "ep")
     )
-    backend: object = getattr(parallel_dims, "spmd_backend", "spmd_types")
+    backend = _attr(
+        parallel_dims,
+        "spmd_backend",
+        "parallel_dims.spmd_backend",
+        _DIMS,
+        default="spmd_types",
+        remedy=_PARALLEL_DIMS,
+    )
     if ep > 1:
         ranks = shard * cp * tp
     elif backend == "partial_dtensor":
@@ -386,17 +438,26 @@ def shard_dims_from_torchtitan(model: nn.Module, *, parallel_dims: object) -> di
         ranks = replicate * shard * cp * tp
     dims: dict[str, int] = {}
     for path, module in named_modules(root):
-        if getattr(module, "moe_enabled", False) is not True:
+        where = f"block {clip(path)!r}" if path else "the model"
+        if _attr(module, "moe_enabled", f"the moe_enabled of {where}", _DIMS, fqn=path) is not True:
             continue
-        experts = getattr(
-            getattr(getattr(module, "moe", None), "routed_experts", None), "inner_experts", None
+        experts: object = module
+        for name in ("moe", "routed_experts", "inner_experts"):
+            experts = _attr(experts, name, f"the {name} of {where}'s MoE", _DIMS, fqn=path)
+        count = _attr(
+            experts, "num_experts", f"the num_experts of {where}'s experts", _DIMS, fqn=path
         )
-        count: object = getattr(experts, "num_experts", None)
         if not isinstance(experts, nn.Module) or type(count) is not int:
             msg = (
-                f"shard_dims_from_torchtitan: block {clip(path)!r} is an MoE block "
-                "(moe_enabled) without moe.routed_experts.inner_experts.num_experts, "
-                "which torchtitan's FSDP reads; is the model a torchtitan decoder?"
+                f"{_DIMS}: {where} is an MoE block (moe_enabled) without "
+                "moe.routed_experts.inner_experts.num_experts, which torchtitan's FSDP reads; "
+                "is the model a torchtitan decoder?"
+            )
+            raise LayoutError(msg, fqn=path)
+        if count < 1:  # torchtitan's own dim-1 rule would read 0 experts as fewer than the ranks
+            msg = (
+                f"{_DIMS}: {where}'s experts have num_experts={count}, but an MoE block holds "
+                "at least one expert; fix the block's MoE config (num_experts)"
             )
             raise LayoutError(msg, fqn=path)
         dim = 1 if ranks > count else 0

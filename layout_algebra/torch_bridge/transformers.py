@@ -71,9 +71,14 @@ from layout_algebra.placements import (
     format_placement,
 )
 from layout_algebra.plan import ShardingPlan, param_fqn
-from layout_algebra.torch_bridge._checks import check_module
+from layout_algebra.torch_bridge._checks import check_module, read_attr, reading
 from layout_algebra.torch_bridge._plans import Problems, shard_dim, sharding_plan
-from layout_algebra.torch_bridge._walk import named_modules, named_parameters, state_dict_fqn
+from layout_algebra.torch_bridge._walk import (
+    named_modules,
+    named_parameters,
+    own_parameters,
+    state_dict_fqn,
+)
 
 __all__ = ["KNOWN_STYLES", "STYLES_BY_RELEASE", "plan_from_hf"]
 
@@ -276,24 +281,20 @@ _MISSING: Final = object()
 
 
 def _attr(obj: object, name: str, shown: str, default: object = None) -> object:
-    """``obj.name`` (``default`` when it has none), read once.
+    """``obj.name`` (``default`` when it has none), read once (``read_attr``).
 
     Raises:
-        LayoutError: reading it raised anything but ``AttributeError``: naming ``shown``
-            (``model.tp_plan``), the exception its ``__cause__``.
+        LayoutError: reading it raised: naming ``shown`` (``model.tp_plan``), the exception
+            its ``__cause__``.
     """
-    try:
-        return getattr(obj, name, default)
-    except Exception as e:
-        raise _raised(shown, e) from e
+    return read_attr(obj, name, shown, remedy=_remedy(shown), caller=_CALLER, default=default)
 
 
-def _raised(shown: str, e: Exception) -> LayoutError:
-    msg = (
-        f"plan_from_hf: reading {shown} raised {quote(e)}, so the model's plan cannot be "
-        f"read; fix the model's {shown}, or write the ShardingPlan"
-    )
-    return LayoutError(msg)
+_CALLER: Final = "plan_from_hf"
+
+
+def _remedy(shown: str) -> str:
+    return f"the model's plan cannot be read: fix {shown}, or write the ShardingPlan"
 
 
 def _read_plan(raw: object, attr: str, release: _Release, problems: Problems) -> dict[str, str]:
@@ -346,9 +347,11 @@ def _expand(model: nn.Module, plan: Mapping[str, str]) -> _Expanded:
     out: _Expanded = {}
     if not plan:
         return out
-    for raw, module in model.named_modules():
+    with reading("model.named_modules()", remedy=_remedy("its named_modules"), caller=_CALLER):
+        modules = list(model.named_modules())
+    for raw, module in modules:
         path = state_dict_fqn(raw)  # as every reader of the bridge names it
-        for leaf, _ in module.named_parameters(recurse=False):
+        for leaf, _ in own_parameters(module, path, remove_duplicate=True):
             fqn = param_fqn(path, leaf)
             rule = _rule_of(fqn, plan, param=True)
             if rule is not None:
@@ -359,16 +362,16 @@ def _expand(model: nn.Module, plan: Mapping[str, str]) -> _Expanded:
     return out
 
 
-def _head_count(model: nn.Module, module: nn.Module, *, rows: bool) -> int | None:
-    """The attention heads a unit style counts in ``module``'s weight, when the model's
-    config tells: its rows (``rows``) or columns over the config's head dim."""
+def _head_count(model: nn.Module, path: str, module: nn.Module, *, rows: bool) -> int | None:
+    """The attention heads a unit style counts in ``module``'s weight (the module at
+    ``path``), when the model's config tells: its rows (``rows``) or columns over the
+    config's head dim."""
     config = _attr(model, "config", "model.config")
     text = _attr(config, "get_text_config", "model.config.get_text_config")
     if callable(text):
-        try:
+        shown = "model.config.get_text_config()"
+        with reading(shown, remedy=_remedy(shown), caller=_CALLER):
             config = text()
-        except Exception as e:
-            raise _raised("model.config.get_text_config()", e) from e
     head_dim = _attr(config, "head_dim", "the text config's head_dim")
     if not head_dim:
         hidden = _attr(config, "hidden_size", "the text config's hidden_size")
@@ -376,7 +379,7 @@ def _head_count(model: nn.Module, module: nn.Module, *, rows: bool) -> int | Non
         if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0:
             return None
         head_dim = hidden // heads
-    weight = dict(module.named_parameters(recurse=False, remove_duplicate=False)).get("weight")
+    weight = dict(own_parameters(module, path)).get("weight")
     if not isinstance(head_dim, int) or head_dim <= 0 or weight is None or weight.ndim == 0:
         return None
     return int(weight.shape[0 if rows else -1]) // head_dim
@@ -414,12 +417,12 @@ class _Placer:
             if which == "tp_plan" and style in self.release.tp_cannot_hook:
                 if module is not None and key not in unhooked:
                     unhooked.add(key)
-                    why = f"on a module ({name!r}) it hooks the forward with the ep mesh too"
+                    why = f"on a module ({quote(name)}) it hooks the forward with the ep mesh too"
                     self.problems.add(_not_in_tp(key, style, self.release, why), fqn=key)
                 continue
             if module is not None and style in self.release.replicates_module:
-                for leaf, _ in module.named_parameters(recurse=False):
-                    self.place(param_fqn(name, leaf), _R, axis, f"{which}[{name!r}] {style!r}")
+                for leaf, _ in own_parameters(module, name, remove_duplicate=True):
+                    self.place(param_fqn(name, leaf), _R, axis, f"{which}[{quote(name)}] {style!r}")
 
     def param(
         self, fqn: str, param: nn.Parameter, *, key: str, style: str, axis: AxisName, which: str
@@ -457,11 +460,12 @@ class _Placer:
 
     def heads(self, fqn: str, rule: _OwnMesh) -> int | None:
         """The attention heads a unit style counts in ``fqn``'s weight, if the config says."""
-        module = self.modules.get(fqn.rpartition(".")[0])
+        path = fqn.rpartition(".")[0]
+        module = self.modules.get(path)
         if module is None:
             return None
         # unit_colwise counts heads in the rows, unit_rowwise in the columns
-        return _head_count(self.model, module, rows=rule.instead == "colwise")
+        return _head_count(self.model, path, module, rows=rule.instead == "colwise")
 
     def own_mesh(
         self,
@@ -711,8 +715,9 @@ def plan_from_hf(
             build of a newer release too), or ``tp_size`` is not ``None`` or an int from
             1 to ``MAX_MESH_SIZE``, or reading one of the model's attributes
             (``tp_plan``, ``ep_plan``, ``all_tied_weights_keys``, ``config`` and its
-            ``get_text_config()``) raised: naming it, the model's exception as
-            ``__cause__``.
+            ``get_text_config()``, its walk of its modules and parameters) raised, an
+            ``AttributeError`` from a property included: naming it, the model's exception
+            as ``__cause__``.
         BindError: a module of the model holds one of its ancestors (a cycle of
             submodules), naming the path that closes it.
         PlanError: every problem at once, each naming the rule or parameter and the
