@@ -1,10 +1,13 @@
-"""Hostile input to the importers: what the user's model raises is named.
+"""Hostile input to the importers: what the user's model raises is named, and a module's
+own head fields are what its heads are.
 
 Every importer reads attributes of the user's objects (a model's ``config`` and
 ``tp_plan``, a module's ``is_transposed``, a torchtitan module's sharding config, the
 model's own walk of its parameters). Whatever one raises while it is read is a
 ``LayoutError`` naming what was read, the model's own exception its ``__cause__``; an
-attribute the object does not have is still read as missing.
+attribute the object does not have is still read as missing. A module that carries its
+own head fields (a gated delta net's ``head_k_dim`` and ``head_v_dim``) is read by them,
+not by the config's head size.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any, Final
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from layout_algebra import LayoutError
+from layout_algebra import LayoutError, lint
 from layout_algebra.structure import Packed, Part
 from layout_algebra.torch_bridge import (
     plan_from_hf,
@@ -374,3 +377,109 @@ def test_shard_dims_from_torchtitan_refuses_no_experts_and_names_what_raises() -
         "pass torchtitan's ParallelDims for the run "
         "(ParallelDims.from_config(job_config.parallelism, world_size))"
     )
+
+
+# ---------------------------------------------------------------------------------------
+# a module's own head fields win over the config's
+
+
+def _olmo_hybrid() -> nn.Module:
+    """A small OLMo-Hybrid on meta whose gated delta net has 4 key heads of 12 and 4 value
+    heads of 24, where the config's head size is 96 / 6 = 16."""
+    import transformers  # noqa: PLC0415 - only these tests need it
+    from transformers import initialization  # noqa: PLC0415
+
+    config = transformers.OlmoHybridConfig(
+        vocab_size=48,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        hidden_size=96,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        linear_num_key_heads=4,
+        linear_key_head_dim=12,
+        linear_num_value_heads=4,
+        linear_value_head_dim=24,
+        layer_types=["linear_attention", "full_attention"],
+    )
+    with initialization.no_tie_weights(), torch.device("meta"):
+        model: nn.Module = transformers.OlmoHybridForCausalLM(config)
+    return model
+
+
+_GDN: Final = "model.layers.0.linear_attn"
+
+
+def test_a_gated_delta_net_is_read_by_its_own_head_fields() -> None:
+    model = _olmo_hybrid()
+    net: Any = model.get_submodule(_GDN)
+    k, v = (net.num_k_heads, net.head_k_dim), (net.num_v_heads, net.head_v_dim)
+    assert (k, v) == ((4, 12), (4, 24))  # what its forward views q, k and v by
+    shapes = shapes_from_module(model)
+    assert {
+        fqn.removeprefix(f"{_GDN}."): dict(s.structure)
+        for fqn, s in shapes.items()
+        if fqn.startswith(_GDN) and s.structure
+    } == {
+        "q_proj.weight": {0: Packed([Part("q", *k)])},
+        "k_proj.weight": {0: Packed([Part("k", *k)])},
+        "v_proj.weight": {0: Packed([Part("v", *v)])},
+        "o_proj.weight": {1: Packed([Part("o", *v)])},
+    }
+
+
+def test_lint_flags_the_tp_size_that_cuts_a_gated_delta_nets_heads() -> None:
+    """tp=4 gives each rank one whole head of q, k and v (12, 12 and 24 rows); tp=3 gives
+    16 and 32 rows, cutting them. Read with the config's 16, it was the other way round."""
+    model = _olmo_hybrid()
+    plan: dict[str, Any] = {f"{_GDN}.{p}_proj": ColwiseParallel() for p in "qkv"}
+    plan[f"{_GDN}.o_proj"] = RowwiseParallel()
+    table = table_from_parallelize(model, plan, mesh_axes=["tp"])
+    shapes = shapes_from_module(model)
+    found = {
+        tp: [
+            (p.fqn, p.kind) for p in lint(table, shapes, mesh_sizes={"dense": {"tp": tp}}).problems
+        ]
+        for tp in (3, 4)
+    }
+    assert found == {
+        3: [(f"{_GDN}.{p}_proj.weight", "cuts-unit") for p in "qkvo"],
+        4: [],
+    }
+
+
+def test_value_heads_of_their_own_size_are_read_by_it() -> None:
+    """MiMo-V2-Flash's attention: q and k heads of ``head_dim`` 24, v and o heads of
+    ``v_head_dim`` 16; before, v and o were read by 24, which divides neither."""
+    import transformers  # noqa: PLC0415
+    from transformers import initialization  # noqa: PLC0415
+
+    config = transformers.MiMoV2FlashConfig(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=32,
+        moe_intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["full_attention"],
+        mlp_layer_types=["dense"],
+    )
+    with initialization.no_tie_weights(), torch.device("meta"):
+        model = transformers.MiMoV2FlashForCausalLM(config)
+    shapes = shapes_from_module(model)
+    attn = "model.layers.0.self_attn"
+    got = {p: shapes[f"{attn}.{p}_proj.weight"].structure for p in "qkvo"}
+    assert got == {
+        "q": {0: Packed([Part("q", 4, 24)])},
+        "k": {0: Packed([Part("k", 2, 24)])},
+        "v": {0: Packed([Part("v", 2, 16)])},
+        "o": {1: Packed([Part("o", 4, 16)])},
+    }

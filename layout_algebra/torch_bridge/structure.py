@@ -3,9 +3,9 @@
 Read from the modules themselves and, for transformers models, their config:
 
 - attention (transformers' ``q_proj``/``k_proj``/``v_proj``/``o_proj``, torchtitan's
-  ``wq``/``wk``/``wv``/``wo``): the rows of q, k and v (weight and bias) are heads of
-  ``head_dim``, and so are the columns of o; DeepSeek's multi-head latent attention
-  (``q_b_proj``, ``kv_b_proj``) has heads of its own widths;
+  ``wq``/``wk``/``wv``/``wo``): the rows of q, k and v (weight and bias) are heads, and so
+  are the columns of o; DeepSeek's multi-head latent attention (``q_b_proj``,
+  ``kv_b_proj``) has heads of its own widths;
 - fused projections: transformers' ``qkv_proj`` is ``[q | k | v]`` (Phi-3), torchtitan's
   ``wqkv`` is one block per KV head (``heads_per_kv`` q heads, a k and a v head), a 2-D
   ``gate_up_proj`` is ``[gate | up]``;
@@ -14,9 +14,12 @@ Read from the modules themselves and, for transformers models, their config:
   or gate and up interleaved (GPT-OSS: units of 2), on its output dim (``is_transposed``
   says which).
 
-The head dim is the attention module's ``head_dim`` when it has one, else the config's.
-What is not read is left out (no structure); ``structure=`` adds or overrides by FQN or
-pattern.
+A module's own head fields win over the config's, since its forward splits heads by them:
+q and k heads are the module's ``head_k_dim`` (a gated delta net's key heads), v heads and
+o's columns its ``head_v_dim`` or ``v_head_dim`` (a linear attention's value heads,
+MiMo-V2-Flash's narrower v heads), each else its ``head_dim``, else the config's head dim
+(``head_dim``, or ``hidden_size / num_attention_heads``). What is not read is left out (no
+structure); ``structure=`` adds or overrides by FQN or pattern.
 
 Every attribute is read with the bridge's one rule (``_checks.read_attr``): an attribute
 the model, its config or a module lacks says nothing, and one that raises while it is read
@@ -166,22 +169,27 @@ class _Reader:
             self.experts(path, module)
 
     def attention(self, path: str, module: nn.Module, names: tuple[str, str, str, str]) -> None:
+        """q, k, v (rows) and o (columns) in heads. Each head size is the module's own when
+        it carries one: a linear attention (gated delta net) has key heads of ``head_k_dim``
+        and value heads of ``head_v_dim``, and v and o follow ``v_head_dim`` where it differs
+        from ``head_dim``; the config's head dim is the last resort."""
         head_dim = self.head_dim(path, module)
-        if head_dim is None:
-            return
-        q, k, v, o = names
-        for child, part in ((q, "q"), (k, "k"), (v, "v")):
+        qk = _positive(module, path, "head_k_dim") or head_dim
+        v = _positive(module, path, "head_v_dim") or _positive(module, path, "v_head_dim")
+        v = v or head_dim
+        q_name, k_name, v_name, o_name = names
+        for child, part, size in ((q_name, "q", qk), (k_name, "k", qk), (v_name, "v", v)):
             for leaf in ("weight", "bias"):
                 shape = _weight(module, path, child, leaf)
-                if shape:
-                    self.put(path, child, leaf, 0, _heads(part, shape[0], head_dim))
-        shape = _weight(module, path, o)
-        if shape is not None and len(shape) == 2:
-            self.put(path, o, "weight", 1, _heads("o", shape[1], head_dim))
+                if shape and size:
+                    self.put(path, child, leaf, 0, _heads(part, shape[0], size))
+        shape = _weight(module, path, o_name)
+        if shape is not None and len(shape) == 2 and v:
+            self.put(path, o_name, "weight", 1, _heads("o", shape[1], v))
         qkv = _weight(module, path, "qkv_proj")
         heads = self.config_int("num_attention_heads")
         kv = self.config_int("num_key_value_heads") or heads
-        if qkv and heads and kv and qkv[0] == (heads + 2 * kv) * head_dim:
+        if qkv and heads and kv and head_dim and qkv[0] == (heads + 2 * kv) * head_dim:
             packed = Packed(
                 [Part("q", heads, head_dim), Part("k", kv, head_dim), Part("v", kv, head_dim)]
             )
