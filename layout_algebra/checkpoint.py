@@ -31,7 +31,6 @@ from layout_algebra._args import (
     mapping_items,
     plain_str,
 )
-from layout_algebra._extras import require
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra._grouping import group_index, values_by_fqn
 from layout_algebra._parts import PartPattern, PartSource, part_pattern, part_spans
@@ -61,7 +60,7 @@ from layout_algebra.shapes import (
 )
 
 if TYPE_CHECKING:
-    from layout_algebra.torch_bridge.dcp import DcpLayouts
+    from layout_algebra.dcp import DcpLayouts
 
 __all__ = [
     "Chunk",
@@ -366,7 +365,7 @@ def _saved(
     return tuple(dims.boxes(n, chain_of(layout, dim, sizes)) for dim, n in enumerate(shape))
 
 
-def _boxes(n: int, chain: Chain) -> _Boxes:
+def saved_boxes(n: int, chain: Chain) -> _Boxes:
     """One dim's distinct saved boxes over ``chain``: the first of each offset, sorted."""
     got = read_dim(n, chain)
     # of the boxes at one offset the first in rank order, which a reversed dict keeps last
@@ -395,7 +394,7 @@ class _Dims:
     def boxes(self, n: int, chain: Chain) -> _Boxes:
         found = self.saved.get((n, chain))
         if found is None:
-            found = self.saved[n, chain] = _boxes(n, chain)
+            found = self.saved[n, chain] = saved_boxes(n, chain)
         return found
 
     def reads(self, n: int, src: Chain, dst: Chain) -> tuple[DimRead, Factor, Factor]:
@@ -1106,9 +1105,8 @@ def _plan_each(
 
 
 def _read_checkpoint(path: str | os.PathLike[str]) -> DcpLayouts:
-    """A DCP checkpoint directory's layouts, shapes and meshes, read by the torch bridge."""
-    require("torch", "torch", "reshard_plan of a checkpoint directory")
-    from layout_algebra.torch_bridge.dcp import table_from_dcp  # noqa: PLC0415 (loads torch)
+    """A DCP checkpoint directory's layouts, shapes and meshes, from its metadata."""
+    from layout_algebra.dcp import table_from_dcp  # noqa: PLC0415 (dcp builds on this module)
 
     return table_from_dcp(path)
 

@@ -50,7 +50,7 @@ from layout_algebra.shapes import ParamShape
 from layout_algebra.training import Training
 
 if TYPE_CHECKING:
-    from layout_algebra.torch_bridge.dcp import DcpLayouts
+    from layout_algebra.dcp import DcpLayouts
 
 __all__ = ["COMMANDS"]
 

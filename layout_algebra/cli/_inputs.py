@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final, TextIO
 from layout_algebra._files import open_regular
 from layout_algebra._text import clip, escape
 from layout_algebra.cli._output import PROG, Problem, Reported, Usage, say_problems
+from layout_algebra.dcp import table_from_dcp
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.layout import ParamLayoutTable
 from layout_algebra.mesh import Mesh
@@ -20,7 +21,7 @@ from layout_algebra.serialization import from_json, plan_from_json, shapes_from_
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 
 if TYPE_CHECKING:
-    from layout_algebra.torch_bridge.dcp import DcpLayouts
+    from layout_algebra.dcp import DcpLayouts
 
 __all__ = [
     "MAX_INPUT_BYTES",
@@ -232,16 +233,11 @@ def load_fqns(path: str, err: TextIO | None = None) -> list[str]:
 
 def read_checkpoint(path: str, meshes: Mapping[str, Mesh] | None, err: TextIO | None) -> DcpLayouts:
     """The layouts, shapes and meshes of the DCP checkpoint in the directory ``path``
-    (on ``meshes`` when given).
+    (on ``meshes`` when given), read with no torch and nothing run from the file.
 
     Raises:
-        Problem: torch, which reads the checkpoint's metadata, is not installed.
         Reported: tensors no layout writes, each said on ``err``.
     """
-    try:
-        from layout_algebra.torch_bridge import table_from_dcp  # noqa: PLC0415 (loads torch)
-    except ImportError as e:
-        raise torch_missing(e, "reading a DCP checkpoint") from None
     try:
         return table_from_dcp(path, mesh=meshes)
     except PlanError as e:
