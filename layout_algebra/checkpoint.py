@@ -1104,11 +1104,41 @@ def _plan_each(
     return fqns, kinds, problems
 
 
-def _read_checkpoint(path: str | os.PathLike[str]) -> DcpLayouts:
-    """A DCP checkpoint directory's layouts, shapes and meshes, from its metadata."""
+def _read_checkpoint(
+    path: str | os.PathLike[str], sizes: Mapping[str, Mesh | Mapping[str, int]] | Mesh | None
+) -> DcpLayouts:
+    """A DCP checkpoint directory's layouts, shapes and meshes, from its metadata; on
+    ``sizes`` (its saving run's meshes) when given, so its layouts name their axes."""
     from layout_algebra.dcp import table_from_dcp  # noqa: PLC0415 (dcp builds on this module)
 
-    return table_from_dcp(path)
+    return table_from_dcp(path, mesh=sizes)
+
+
+def _with_saved_shapes(
+    saved: Mapping[str, ParamShape], given: ShapesLike | None
+) -> Mapping[str, HasShape]:
+    """The checkpoint's shapes, and ``given`` for the tensors it lacks (a fused tensor's
+    parts); a given shape the checkpoint contradicts is a problem, never planned from."""
+    if given is None:
+        return saved
+    out: dict[str, HasShape] = dict(saved)
+    problems = []
+    for fqn, found in _shapes_by_fqn(given).items():
+        mine = saved.get(fqn)
+        if mine is None:
+            out[fqn] = found
+            continue
+        shape, _ = _read_shape(fqn, found)
+        if (shape, as_dtype(found.dtype)) != (mine.shape, mine.dtype):
+            msg = (
+                f"{clip(fqn)}: shapes gives {as_dtype(found.dtype)}{list(shape)}, but the "
+                f"checkpoint holds {mine}; leave it out of shapes (the checkpoint's metadata "
+                "gives it) or check that shapes is this model's"
+            )
+            problems.append(LayoutError(msg, fqn=fqn))
+    if problems:
+        raise plan_error("the reshard", problems)
+    return out
 
 
 def reshard_plan(
@@ -1147,16 +1177,21 @@ def reshard_plan(
     Args:
         src: the layouts the checkpoint was saved under, or the checkpoint's directory:
             its metadata then gives the layouts (composed), the shapes and the saving
-            run's sizes (``torch_bridge.table_from_dcp``; needs torch).
+            run's sizes (``table_from_dcp``, which runs nothing from the file).
         dst: the layouts it is loaded under.
         shapes: each parameter's shape and dtype by FQN (a tied group needs one member's);
-            a checkpoint directory's own when not given.
+            with a checkpoint directory, the shapes of what it lacks (a fused tensor's
+            parts): its own shapes come from its metadata, and a given one that
+            contradicts them is a problem.
         src_sizes: by mesh role, the sizes of the saving run's mesh axes, in mesh order;
-            a checkpoint directory's own when not given.
+            with a checkpoint directory, the mesh it was saved on, whose axis names its
+            layouts then take (inferred, ``d0, d1, ...``, when not given).
         dst_sizes: the same for the loading run; its world is the destination ranks.
         fsdp: FSDP's axis by mesh role (or a ``(replicate, shard)`` pair) when the
             tables are source tables, as for ``compose_table``.
-        shard_dim: the dim FSDP shards, for every parameter or by FQN (with ``fsdp=``).
+        shard_dim: the dim FSDP shards, for every parameter or by FQN (only with
+            ``fsdp=``; a checkpoint directory's layouts are composed already, so it
+            applies to ``dst``).
         parts: fused FQN to its parts' FQNs by part name (the names of the packed dim of
             the fused shape's ``structure``). With the fused tensor in ``src`` and its parts
             in ``dst``, each part is read from the fused tensor's saved chunks, its own
@@ -1172,14 +1207,21 @@ def reshard_plan(
         PlanError: every parameter that cannot be planned (``.problems``, each naming its
             FQN): one ``dst`` has and ``src`` lacks (DCP's missing key), no shape, a layout
             that does not fit its shape or sizes.
-        LayoutError: arguments of the wrong form, roles with different world sizes.
+        LayoutError: arguments of the wrong form, roles with different world sizes,
+            ``shard_dim`` without ``fsdp``.
     """
+    if fsdp is None and not (shard_dim == 0 or (isinstance(shard_dim, Mapping) and not shard_dim)):
+        msg = (
+            f"reshard_plan: shard_dim={quote(shard_dim)} is the dim FSDP shards, which only "
+            "fsdp= composes; give fsdp= (the tables are then source tables) or leave it out"
+        )
+        raise LayoutError(msg)
     saved = isinstance(src, str | os.PathLike)
     if isinstance(src, str | os.PathLike):
-        checkpoint = _read_checkpoint(src)
+        checkpoint = _read_checkpoint(src, src_sizes)
         src = checkpoint.table
-        shapes = checkpoint.shapes if shapes is None else shapes
-        src_sizes = checkpoint.meshes if src_sizes is None else src_sizes
+        shapes = _with_saved_shapes(checkpoint.shapes, shapes)
+        src_sizes = checkpoint.meshes
     check_table(src, "reshard_plan(src=...)")
     check_table(dst, "reshard_plan(dst=...)")
     if shapes is None or src_sizes is None:

@@ -39,6 +39,7 @@ from layout_algebra import (
     Mesh,
     ModulePlan,
     ParamLayoutTable,
+    ParamShape,
     PlanError,
     Replicate,
     Shard,
@@ -469,3 +470,56 @@ def test_a_few_ranks_read_under_a_huge_mesh_work_out_no_huge_chain(
     )
     assert table_from_dcp(path, mesh=mesh).table["w"] == layout
     assert boxes.largest <= 4
+
+
+# ---------------------------------------------------------------------------------------
+# reshard_plan of a checkpoint directory
+
+
+def saved_checkpoint(tmp_path: Path) -> tuple[Path, Mesh]:
+    """A ``.metadata`` of ``w`` (8 x 4) saved ``S(0)`` over ``tp=4`` and ``b`` replicated."""
+    mesh = Mesh({"tp": 4})
+    w = saved_by(on(mesh, Shard(0)), (8, 4), mesh)
+    b = saved_by(on(mesh, Replicate()), (4,), mesh)
+    return Path(write_metadata(tmp_path, {"w": w, "b": b})), mesh
+
+
+def test_shapes_that_contradict_the_checkpoint_are_refused(tmp_path: Path) -> None:
+    path, _ = saved_checkpoint(tmp_path)
+    dst = ParamLayoutTable({"w": on(TP2, Shard(0)), "b": on(TP2, Replicate())})
+    wrong = {"w": ParamShape((80, 4), "bfloat16"), "b": ParamShape((4,), "float32")}
+    with pytest.raises(PlanError) as info:
+        reshard_plan(path, dst, wrong, dst_sizes={"dense": TP2})
+    assert [p.fqn for p in info.value.problems] == ["w", "b"]
+    assert "shapes gives bfloat16[80, 4], but the checkpoint holds" in str(info.value)
+    agreeing = {"w": ParamShape((8, 4), "bfloat16")}
+    assert reshard_plan(path, dst, agreeing, dst_sizes={"dense": TP2}) == reshard_plan(
+        path, dst, dst_sizes={"dense": TP2}
+    )
+
+
+def test_the_saving_mesh_names_a_checkpoints_axes(tmp_path: Path) -> None:
+    path, mesh = saved_checkpoint(tmp_path)
+    dst = ParamLayoutTable({"w": on(TP2, Shard(1)), "b": on(TP2, Replicate())})
+    named = reshard_plan(path, dst, src_sizes={"dense": mesh}, dst_sizes={"dense": TP2})
+    inferred = reshard_plan(path, dst, dst_sizes={"dense": TP2})
+    assert named.bytes_read == inferred.bytes_read
+    assert [str(r) for r in named.reads(1)] == [str(r) for r in inferred.reads(1)]
+    with pytest.raises(PlanError, match="no layout of dense"):
+        reshard_plan(path, dst, src_sizes={"dense": {"tp": 8}}, dst_sizes={"dense": TP2})
+
+
+@pytest.mark.parametrize("given", [1, {"w": 1}])
+def test_shard_dim_without_fsdp_is_refused(tmp_path: Path, given: object) -> None:
+    path, _ = saved_checkpoint(tmp_path)
+    dst = ParamLayoutTable({"w": on(TP2, Shard(0)), "b": on(TP2, Replicate())})
+    for src in (path, dst):
+        with pytest.raises(LayoutError, match=r"shard_dim=.* only fsdp= composes"):
+            reshard_plan(
+                src,
+                dst,
+                {"w": ParamShape((8, 4), "bfloat16"), "b": ParamShape((4,), "bfloat16")},
+                src_sizes=None if src == path else {"dense": TP2},
+                dst_sizes={"dense": TP2},
+                shard_dim=given,  # type: ignore[arg-type]  # both forms are taken
+            )
