@@ -97,7 +97,11 @@ def shown(path: str) -> str:
 def fail(path: str, what: str, value: object, fqn: str | None = None) -> SerializationError:
     """The error for ``value`` at ``path``: ``what`` was expected or is wrong."""
     # a document's arrays and objects (tuples: see ``load``) as JSON shows them
-    got = _SHOWN.repr(value) if isinstance(value, list | tuple) else quote(value)
+    if isinstance(value, list | tuple):
+        got = _Shown().repr(value)  # its first values: cut, with no length to give
+        got = got if len(got) <= MAX_QUOTED else f"{got[:MAX_QUOTED]}..."
+    else:
+        got = quote(value)
     msg = f"{shown(path)}: {what}, got {got}"
     return SerializationError(msg, path=shown(path), fqn=None if fqn is None else clip(fqn))
 
@@ -632,7 +636,24 @@ def read_shapes(value: object, path: str = "") -> FrozenMap[str, ParamShape]:
 
 class _Shown(reprlib.Repr):
     """How a message shows a value read from JSON: objects as dicts in their order, a few
-    levels deep (however deep the document nests)."""
+    levels deep (however deep the document nests), and only the first values of it, so a
+    list shared many times over (``x = [x] * 16``, eight deep) is shown at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 8
+        self.maxstring = self.maxlong = self.maxother = MAX_QUOTED
+        self.maxdict = self.maxlist = 16
+        self.left = MAX_QUOTED  # values still shown: each shows as a character or more
+
+    def repr1(self, x: object, level: int) -> str:
+        self.left -= 1
+        return super().repr1(x, level) if self.left >= 0 else self.fillvalue
+
+    def repr_instance(self, x: object, level: int) -> str:
+        return quote(x, self.maxother)  # a big int, or a container of another type
+
+    repr_int = repr_instance
 
     def repr_tuple(self, value: tuple[object, ...], level: int) -> str:
         if not all(type(p) is tuple and len(p) == 2 for p in value):
@@ -648,12 +669,6 @@ class _Shown(reprlib.Repr):
             + ", ".join(items[: self.maxdict])
             + (", ...}" if len(items) > self.maxdict else "}")
         )
-
-
-_SHOWN: Final = _Shown()
-_SHOWN.maxlevel = 8
-_SHOWN.maxstring = _SHOWN.maxlong = _SHOWN.maxother = MAX_QUOTED
-_SHOWN.maxdict = _SHOWN.maxlist = 16
 
 
 class _NonFinite(Exception):

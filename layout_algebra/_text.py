@@ -13,8 +13,8 @@ ranks and at 16,384.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable, Sequence
-from typing import Final, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Final, TypeVar
 
 __all__ = [
     "MAX_INLINE",
@@ -73,24 +73,145 @@ def quote(value: object, limit: int = MAX_QUOTED) -> str:
 
     Strings and bytes are cut before they are quoted (no copy of a huge input is made);
     an int too long to print shows its size; a value whose ``repr`` raises shows its type.
+    Lists, tuples, dicts and sets are spelled as ``repr`` spells them but only up to
+    ``limit`` characters, so a huge or self-sharing one (``x = [x, x]``, 60 levels deep)
+    costs no more than its first ``limit`` characters.
 
     >>> quote("tp")
     "'tp'"
     >>> quote(10**5000)
     '<an int of 16610 bits>'
+    >>> quote({"tp": [1, 2], "ep": (3,)})
+    "{'tp': [1, 2], 'ep': (3,)}"
+    >>> quote(list(range(10**6)), 12)
+    '[0, 1, 2, 3,... (a list of 1000000 items)'
     """
     if isinstance(value, str | bytes):
         if len(value) <= limit:
             return repr(value)
         unit = "characters" if isinstance(value, str) else "bytes"
         return f"{value[:limit]!r}... ({len(value)} {unit})"
+    base = _container(value)
+    if base is None:
+        return clip(_leaf(value, limit), limit)
+    try:
+        text = _walk(value, limit)
+        if len(text) <= limit:
+            return text
+        size = base.__len__(value)
+    except Exception:  # a dict changed by a repr it called, say
+        return f"<a {type(value).__name__} that cannot be shown>"
+    items = "item" if size == 1 else "items"
+    return f"{text[:limit]}... (a {type(value).__name__} of {size} {items})"
+
+
+class _Text(str):
+    """Text the walk writes as it is (brackets, separators), not a value to show."""
+
+    __slots__ = ()
+
+
+def _container(value: object) -> type[Any] | None:
+    """The built-in container whose ``repr`` spells ``value`` (a subclass that keeps
+    that ``repr`` included), or ``None``."""
+    spelled = type(value).__repr__
+    for base in (list, tuple, dict, set, frozenset):
+        if spelled is base.__repr__:
+            return base
+    return None
+
+
+def _leaf(value: object, limit: int) -> str:
+    """The ``repr`` of a value that is no container, cut once past ``limit``."""
+    if isinstance(value, str | bytes):
+        return repr(value if len(value) <= limit else value[: limit + 1])
     if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
         return f"<an int of {value.bit_length()} bits>"
     try:
-        text = repr(value)
+        return repr(value)
     except Exception:
         return f"<a {type(value).__name__} that cannot be shown>"
-    return clip(text, limit)
+
+
+def _items(value: Any, base: type[Any]) -> tuple[str, Iterator[object], str]:
+    """How ``repr`` opens and closes a container, and what it shows in between: values
+    and ``_Text`` separators, read through the built-in type (a subclass's ``__iter__``
+    is not what ``repr`` reads)."""
+    if base is dict:
+        body = (
+            x
+            for i, (k, v) in enumerate(dict.items(value))
+            for x in ((_Text(", "),) if i else ()) + (k, _Text(": "), v)
+        )
+        return "{", body, "}"
+    items = _separated(base.__iter__(value))
+    if base is list:
+        return "[", items, "]"
+    if base is tuple:
+        return "(", items, ",)" if tuple.__len__(value) == 1 else ")"
+    name = type(value).__name__  # a set: {1, 2}, frozenset({1, 2}), set(), frozenset()
+    if not base.__len__(value):
+        return f"{name}(", items, ")"
+    if type(value) is set:
+        return "{", items, "}"
+    return f"{name}({{", items, "})"
+
+
+def _separated(values: Iterator[object]) -> Iterator[object]:
+    for i, v in enumerate(values):
+        if i:
+            yield _Text(", ")
+        yield v
+
+
+def _walk(value: object, limit: int) -> str:
+    """``repr(value)`` for a container, up to a character or two past ``limit``.
+
+    The walk keeps its own stack (a value nested 100,000 deep is no ``RecursionError``)
+    and stops once past ``limit``, so it visits at most that many values however often
+    one is shared; a container met inside itself is ``[...]``, as in ``repr``.
+    """
+    pieces: list[str] = []
+    size = 0
+    stack: list[tuple[Iterator[object], str, int]] = []
+    active: set[int] = set()
+    item: object = value
+    while True:
+        base = _container(item)
+        if isinstance(item, _Text):
+            piece = str(item)
+        elif base is None:
+            piece = _leaf(item, limit)
+        elif (ident := id(item)) in active:  # value holds every container on the stack
+            piece = _WITHIN_ITSELF[base]
+        else:
+            piece, body, close = _items(item, base)
+            stack.append((body, close, ident))
+            active.add(ident)
+        pieces.append(piece[: limit + 1 - size])
+        size += len(pieces[-1])
+        # close the containers whose items are all shown, up to the next item to show
+        while size <= limit and stack:
+            body, close, ident = stack[-1]
+            item = next(body, _DONE)
+            if item is not _DONE:
+                break
+            stack.pop()
+            active.discard(ident)
+            pieces.append(close)
+            size += len(close)
+        else:
+            return "".join(pieces)
+
+
+_DONE: Final = object()
+_WITHIN_ITSELF: Final[dict[type[Any], str]] = {
+    list: "[...]",
+    tuple: "(...)",
+    dict: "{...}",
+    set: "{...}",
+    frozenset: "{...}",
+}
 
 
 def label(value: object) -> str:

@@ -271,7 +271,7 @@ def build_table(
         builder.add_matched(plan, names)
     elif not builder.add_plan(plan):
         keys = [k for k in _plan_keys(plan) if is_pattern(k)]
-        shown = clip(", ".join(repr(k) for k in keys[:5]))
+        shown = clip(", ".join(quote(k) for k in keys[:5]))
         msg = (
             f"the plan has {len(keys)} key{'s' if len(keys) != 1 else ''} with '*' ({shown}), "
             "which only the model's parameter FQNs can resolve; pass them as "

@@ -704,7 +704,7 @@ def fused_experts(fqns: Iterable[str], shapes: Mapping[str, object]) -> dict[str
 def per_expert_message(fqn: str, fused: Mapping[str, list[str]]) -> str:
     """The one message for ``fqn`` of ``fused_experts``: what the shapes hold, what to do."""
     stored = sorted({_NUMBER.sub(".<n>", k) for k in fused[fqn]})
-    shown = ", ".join(repr(k) for k in stored[:3])
+    shown = ", ".join(quote(k) for k in stored[:3])
     return (
         f"{fqn}: the shapes store the experts one by one ({shown}) where the table names "
         f"fused runtime parameters (this one and {len(fused) - 1} more): a transformers "

@@ -31,6 +31,7 @@ import hypothesis.strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.strategies import SearchStrategy
 
+from layout_algebra._text import quote
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, AxisName, as_axes
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.placements import (
@@ -79,7 +80,7 @@ _ABSENT_PREFIX: Final = "absent"
 def axis_names(*, max_length: int = 8) -> SearchStrategy[AxisName]:
     """Axis names: the usual source and owned ones, or any identifier up to ``max_length``."""
     if max_length < 1:
-        raise InvalidArgument(f"max_length={max_length!r} must be >= 1")
+        raise InvalidArgument(f"max_length={quote(max_length)} must be >= 1")
     identifiers = st.builds(
         str.__add__,
         st.sampled_from(string.ascii_letters + "_"),
@@ -102,10 +103,11 @@ def placements(
     """
     unknown = [k for k in kinds if k not in ALL_KINDS]
     if unknown or not kinds:
-        raise InvalidArgument(f"kinds={kinds!r} must be a non-empty choice of {ALL_KINDS!r}")
+        raise InvalidArgument(f"kinds={quote(kinds)} must be a non-empty choice of {ALL_KINDS!r}")
     if max_dim < 0 or max_split_factor < 2:
         raise InvalidArgument(
-            f"need max_dim >= 0 and max_split_factor >= 2, got {max_dim!r}, {max_split_factor!r}"
+            "need max_dim >= 0 and max_split_factor >= 2, got "
+            f"{quote(max_dim)}, {quote(max_split_factor)}"
         )
     dims = st.integers(0, max_dim)
     options: list[SearchStrategy[Placement]] = []
@@ -349,7 +351,8 @@ def sharding_plans(
     """
     if max_modules < 1 or max_params < 0:
         raise InvalidArgument(
-            f"need max_modules >= 1 and max_params >= 0, got {max_modules!r}, {max_params!r}"
+            "need max_modules >= 1 and max_params >= 0, got "
+            f"{quote(max_modules)}, {quote(max_params)}"
         )
     return _plans(
         mesh_axes=mesh_axes,

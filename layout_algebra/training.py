@@ -705,7 +705,7 @@ class _Model:
         unit = _unit_of(fqn, self.patterns, self.used)
         held = self.dtypes.setdefault((unit, layout.mesh), (fqn, shape.dtype))
         if held[1] != shape.dtype:
-            name = repr(unit) if unit else "the root"
+            name = quote(unit) if unit else "the root"
             msg = (
                 f"{fqn}: unit {name} holds {held[0]} ({held[1]}) and {fqn} ({shape.dtype}); "
                 "FSDP2 needs one dtype per unit: cast them alike or give them their own unit"
