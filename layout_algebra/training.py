@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from decimal import Decimal, InvalidOperation
 from typing import Final, TypeAlias
 
 import attrs
@@ -237,7 +236,7 @@ def training_from_obj(value: object, path: str = "") -> Training:
 # byte sizes
 
 
-_SIZE: Final = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)", re.ASCII)
+_SIZE: Final = re.compile(r"([0-9]+)(?:\.([0-9]+))?\s*([A-Za-z]*)", re.ASCII)
 _UNITS: Final = {
     "": 1,
     "b": 1,
@@ -245,13 +244,17 @@ _UNITS: Final = {
     **{f"{p}ib": 1024 ** (i + 1) for i, p in enumerate("kmgtpe")},
 }
 _MAX_BYTES: Final = 2**80
+_MAX_DIGITS: Final = 64
+"""The most digits a byte count is written with (1 ZiB has 22): more is no size, and a
+million of them would be no number to work with."""
 
 
 def parse_bytes(text: str, arg: str = "budget") -> int:
     """A byte count as people write it: ``"80GiB"``, ``"1.5 TiB"``, ``"500MB"``, ``"1024"``.
 
-    Binary units (KiB .. EiB) are powers of 1024, decimal ones (KB .. EB) of 1000; a
-    fraction is rounded down to whole bytes.
+    Binary units (KiB .. EiB) are powers of 1024, decimal ones (KB .. EB) of 1000; the
+    count is worked out exactly and a fraction of a byte is dropped (rounded down, so a
+    budget is never more than was written).
 
     >>> parse_bytes("80GiB"), parse_bytes("1.5 KiB"), parse_bytes("2kb")
     (85899345920, 1536, 2000)
@@ -262,19 +265,24 @@ def parse_bytes(text: str, arg: str = "budget") -> int:
     arg = label(arg)
     raw: object = text
     match = _SIZE.fullmatch(raw.strip()) if isinstance(raw, str) else None
-    scale = _UNITS.get(match.group(2).lower()) if match else None
+    scale = _UNITS.get(match.group(3).lower()) if match else None
     if match is None or scale is None:
         msg = (
             f"{arg}: {quote(raw)} is not a byte count; write a number and a unit such as "
             "'80GiB', '1.5TiB' or '500MB' (binary units KiB..EiB, decimal KB..EB)"
         )
         raise LayoutError(msg)
-    try:
-        n = int(Decimal(match.group(1)) * scale)
-    except InvalidOperation:  # pragma: no cover - the pattern admits only plain decimals
-        n = -1
+    whole, fraction = match.group(1), match.group(2) or ""
+    if len(whole) + len(fraction) > _MAX_DIGITS:
+        msg = f"{arg}: {quote(raw)} has more than {_MAX_DIGITS} digits, more than a byte count has"
+        raise LayoutError(msg)
+    digits = int(whole + fraction)
+    n: int = digits * scale // 10 ** len(fraction)  # exact, and rounded down
     if not 0 < n <= _MAX_BYTES:
-        msg = f"{arg}: {quote(raw)} must be above 0 bytes and at most 1 ZiB"
+        why = "must be above 0 bytes and at most 1 ZiB"
+        if n == 0 < digits:
+            why = "is less than one byte (a fraction of a byte is dropped)"
+        msg = f"{arg}: {quote(raw)} {why}"
         raise LayoutError(msg)
     return n
 

@@ -9,11 +9,23 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import pytest
 
+from layout_algebra import (
+    LayoutError,
+    ParamLayoutTable,
+    ParamShape,
+    Shard,
+    SourceLayout,
+)
 from layout_algebra._text import quote
+from layout_algebra.cli import main
+from layout_algebra.serialization import shapes_to_json, to_json
+from layout_algebra.training import parse_bytes
 
 # ---------------------------------------------------------------------------------------
 # a value that holds one list many times over is quoted at once
@@ -120,3 +132,125 @@ def test_quote_cuts_a_long_container_and_counts_its_items() -> None:
     for _ in range(100_000):  # deeper than repr can recurse
         nested = [nested]
     assert quote(nested).endswith("... (a list of 1 item)")
+
+
+# ---------------------------------------------------------------------------------------
+# the command line: files every test points it at
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    table = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})
+    return {
+        "table": _write(tmp_path / "t.json", to_json(table)),
+        "shapes": _write(tmp_path / "s.json", shapes_to_json({"w": ParamShape((4, 4), "float32")})),
+    }
+
+
+def _run(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _lint(files: dict[str, str], *flags: str) -> list[str]:
+    return ["lint", files["table"], "--shapes", files["shapes"], "--mesh", "tp=2", *flags]
+
+
+# ---------------------------------------------------------------------------------------
+# --budget: bytes worked out exactly, never rounded up
+
+
+@pytest.mark.parametrize(
+    ("text", "n"),
+    [
+        ("1023.99999999999999999999999999KiB", 1024 * 1024 - 1),
+        ("1.99999999999999999999999999999", 1),
+        ("0.0000001EiB", 115_292_150_460),
+        ("80GiB", 80 * 2**30),
+    ],
+)
+def test_a_byte_count_is_exact_and_rounded_down(text: str, n: int) -> None:
+    assert parse_bytes(text) == n
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("0.99999999999999999999999999999", "less than one byte"),
+        ("9" * 1_000_000, "more than 64 digits"),
+        ("1" + "0" * 1_000_000 + "EiB", "more than 64 digits"),
+    ],
+)
+def test_a_budget_below_a_byte_or_absurdly_long_is_a_usage_error(
+    text: str, words: str, files: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(LayoutError, match=words):
+        parse_bytes(text, "--budget")
+    code, out, err = _run(_lint(files, "--budget", text), capsys)
+    assert (code, out) == (2, "")
+    assert len(err.splitlines()) == 1
+    assert err.startswith("layout-algebra lint: argument --budget: ")
+    assert words in err
+    assert len(err) < 1000
+
+
+def test_a_budget_just_below_a_rank_s_need_fails_the_lint(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # w is 4x4 float32 over tp=2 (32 bytes a rank) and AdamW keeps two states and a step
+    code, out, _ = _run(_lint(files, "--budget", "132"), capsys)
+    assert code == 0
+    code, out, _ = _run(_lint(files, "--budget", "131.99999999999999999999999999999"), capsys)
+    assert code == 1
+    assert "above the budget of 131 B" in out
+
+
+# ---------------------------------------------------------------------------------------
+# the training flags: an empty or malformed value is a usage error naming its flag
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--units", ""),
+        ("--units", ","),
+        ("--units", "layers..w"),
+        ("--units", "layers.*,"),
+        ("--units", "a,,b"),
+        ("--units", "a,a"),
+        ("--units", "."),
+        ("--optimizer", ""),
+        ("--param-dtype", ""),
+        ("--reduce-dtype", ""),
+        ("--budget", ""),
+        ("--budget", "0"),
+        ("--budget", " "),
+    ],
+)
+def test_an_empty_or_malformed_training_flag_is_a_usage_error(
+    flag: str, value: str, files: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(_lint(files, flag, value), capsys)
+    assert (code, out) == (2, ""), err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"layout-algebra lint: argument {flag}: "), err
+    assert "Training(" not in err
+    if flag == "--units":
+        assert "e.g. 'layers.*'" in err
+
+
+def test_units_alone_count_the_training_state(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = ParamLayoutTable({"layers.0.w": SourceLayout("dense", ["tp"], [Shard(0)])})
+    Path(files["table"]).write_text(to_json(table))
+    Path(files["shapes"]).write_text(shapes_to_json({"layers.0.w": ParamShape((4, 4), "float32")}))
+    code, out, err = _run(_lint(files, "--units", "layers.0"), capsys)
+    assert code == 0, err
+    assert "training memory per rank" in out

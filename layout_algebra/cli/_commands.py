@@ -552,12 +552,13 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     meshes = _roles(args.mesh, expert)
     fsdp, found = _lint_fsdp(args, owned, guess=from_plan)
     training = None
-    if args.optimizer or args.param_dtype or args.reduce_dtype or args.units or args.budget:
+    given = (args.optimizer, args.param_dtype, args.reduce_dtype, args.units, args.budget)
+    if any(flag is not None for flag in given):  # any training flag counts the training state
         training = Training(
             optimizer=args.optimizer or "adamw",
             param_dtype=args.param_dtype,
             reduce_dtype=args.reduce_dtype,
-            units=args.units,
+            units=args.units or (),
         )
 
     def run(expert_dim: int | None) -> LintReport:

@@ -401,16 +401,23 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
     lnt.add_argument(
         "--units",
         type=patterns_arg,
-        default=(),
+        default=None,
         metavar="PATTERN,...",
-        help="the modules fully_shard wraps besides the root, e.g. 'layers.*'",
+        help=(
+            "the modules fully_shard wraps besides the root, e.g. 'layers.*' or "
+            "'layers.*,layers.*.moe.experts' (at least one pattern)"
+        ),
     )
     lnt.add_argument(
         "--budget",
         type=bytes_arg,
         default=None,
         metavar="SIZE",
-        help="memory per rank, e.g. 80GiB: a rank whose training state exceeds it is a problem",
+        help=(
+            "memory per rank, e.g. 80GiB, 1.5TiB or 500MB (KiB..EiB are powers of 1024, "
+            "KB..EB of 1000; worked out exactly, a fraction of a byte dropped, never rounded "
+            "up): a rank whose training state exceeds it is a problem"
+        ),
     )
     lnt.add_argument("--json", action="store_true", help="print the report as JSON")
     add_owned_arguments(lnt)

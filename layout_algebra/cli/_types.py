@@ -18,7 +18,7 @@ from layout_algebra.cli._output import MAX_USAGE_CHARS
 from layout_algebra.errors import LayoutError
 from layout_algebra.mesh import Mesh
 from layout_algebra.shapes import as_dtype
-from layout_algebra.training import parse_bytes
+from layout_algebra.training import Training, parse_bytes
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -60,6 +60,9 @@ def mesh_arg(text: str) -> Mesh:
     Raises:
         argparse.ArgumentTypeError: what ``Mesh.parse`` refuses, in its words.
     """
+    if not text.strip():  # Mesh.parse reads it as the mesh of no axes; here it is a slip
+        msg = "the mesh is empty; give its axes as axis=size pairs, e.g. dp_shard=8,tp=4"
+        raise argparse.ArgumentTypeError(msg)
     try:
         return Mesh.parse(text)
     except LayoutError as e:
@@ -185,13 +188,31 @@ def dtype_arg(text: str) -> str:
 
 
 def bytes_arg(text: str) -> int:
-    """A byte count such as ``80GiB`` (``parse_bytes``)."""
+    """A byte count such as ``80GiB`` (``parse_bytes``: worked out exactly, a fraction of
+    a byte dropped, at most 64 digits)."""
     try:
-        return parse_bytes(text, "size")
-    except LayoutError as e:
-        raise argparse.ArgumentTypeError(e.message) from None
+        return parse_bytes(text, _SIZE)
+    except LayoutError as e:  # argparse names the option: the message's own name goes
+        raise argparse.ArgumentTypeError(e.message.removeprefix(f"{_SIZE}: ")) from None
+
+
+_SIZE: Final = "size"
 
 
 def patterns_arg(text: str) -> tuple[str, ...]:
-    """Module FQN patterns separated by commas: ``"layers.*,layers.*.moe.experts"``."""
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+    """Module FQN patterns separated by commas: ``"layers.*,layers.*.moe.experts"``; at
+    least one, each dotted with no empty segment, none twice (``Training(units=...)``).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty or malformed list.
+    """
+    patterns = tuple(part.strip() for part in text.split(","))
+    try:
+        return Training(units=patterns).units
+    except LayoutError:
+        msg = (
+            f"{clip(text)!r} is not a list of module patterns; give the modules fully_shard "
+            "wraps besides the root, separated by commas, e.g. 'layers.*' or "
+            "'layers.*,layers.*.moe.experts' (dotted, no empty segment, each once)"
+        )
+        raise argparse.ArgumentTypeError(msg) from None
