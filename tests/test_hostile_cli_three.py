@@ -14,17 +14,21 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+import safetensors.torch
+import torch
 
 from layout_algebra import (
     LayoutError,
+    ModulePlan,
     ParamLayoutTable,
     ParamShape,
     Shard,
+    ShardingPlan,
     SourceLayout,
 )
 from layout_algebra._text import quote
 from layout_algebra.cli import main
-from layout_algebra.serialization import shapes_to_json, to_json
+from layout_algebra.serialization import from_json, plan_to_json, shapes_to_json, to_json
 from layout_algebra.training import parse_bytes
 
 # ---------------------------------------------------------------------------------------
@@ -254,3 +258,54 @@ def test_units_alone_count_the_training_state(
     code, out, err = _run(_lint(files, "--units", "layers.0"), capsys)
     assert code == 0, err
     assert "training memory per rank" in out
+
+
+# ---------------------------------------------------------------------------------------
+# a transformers directory with a DCP .metadata beside it: the headers win
+
+
+def _save_pretrained_dir(root: Path, *, sharded: bool) -> Path:
+    """A directory as ``save_pretrained`` writes it, with a ``.metadata`` that is no DCP
+    checkpoint's (reading it would fail)."""
+    root.mkdir()
+    tensors = {"w": torch.zeros(4, 4), "b": torch.zeros(4)}
+    if sharded:
+        safetensors.torch.save_file(tensors, str(root / "model-00001-of-00001.safetensors"))
+        index = {"weight_map": dict.fromkeys(tensors, "model-00001-of-00001.safetensors")}
+        (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, **index}))
+    else:
+        safetensors.torch.save_file(tensors, str(root / "model.safetensors"))
+    (root / ".metadata").write_bytes(b"not a pickle of DCP's metadata")
+    return root
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_shapes_of_a_directory_with_both_checkpoints_are_its_headers(
+    sharded: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _save_pretrained_dir(tmp_path / "ckpt", sharded=sharded)
+    table = ParamLayoutTable(
+        {
+            "w": SourceLayout("dense", ["tp"], [Shard(0)]),
+            "b": SourceLayout("dense", ["tp"], [Shard(0)]),
+        }
+    )
+    table_file = _write(tmp_path / "t.json", to_json(table))
+    code, out, err = _run(["lint", table_file, "--shapes", str(root), "--mesh", "tp=2"], capsys)
+    assert code == 0, err
+    assert "2 parameters" in out
+    name = "model.safetensors.index.json" if sharded else "model.safetensors"
+    assert err.count("\n") == 1, err
+    assert "note:" in err and name in err and ".metadata" in err, err
+
+
+def test_fqns_of_a_directory_with_both_checkpoints_are_its_headers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _save_pretrained_dir(tmp_path / "ckpt", sharded=False)
+    plan = ShardingPlan({"": ModulePlan({"w": {"tp": Shard(0)}})}, mesh_axes=["tp"])
+    plan_file = _write(tmp_path / "p.json", plan_to_json(plan))
+    code, out, err = _run(["table", plan_file, "--mesh", "tp=2", "--fqns", str(root)], capsys)
+    assert code == 0, err
+    assert set(from_json(out)) == {"w", "b"}
+    assert "note:" in err and "model.safetensors" in err, err

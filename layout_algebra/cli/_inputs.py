@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Final, TextIO
 
 from layout_algebra._files import open_regular
 from layout_algebra._text import clip, escape
-from layout_algebra.cli._output import PROG, Problem, Reported, Usage, say_problems
+from layout_algebra.cli._output import PROG, Problem, Reported, Usage, say, say_problems
 from layout_algebra.dcp import table_from_dcp
 from layout_algebra.errors import LayoutError, PlanError
 from layout_algebra.layout import ParamLayoutTable
@@ -146,20 +146,44 @@ def is_dcp_checkpoint(path: str) -> bool:
     return is_directory(path) and os.path.isfile(os.path.join(path, _DCP_METADATA))
 
 
-def _checkpoint_file(path: str, option: str) -> str:
+def _safetensors_file(path: str) -> str | None:
+    """The directory's index, else its single ``model.safetensors`` (as ``save_pretrained``
+    writes them), or ``None``."""
+    for name in (_INDEX, _SINGLE):
+        candidate = os.path.join(path, name)
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def _reads_dcp(path: str) -> bool:
+    """Whether the shapes of ``path`` are read from a DCP checkpoint's metadata: a DCP
+    directory holding no safetensors checkpoint, whose headers win where there is one
+    (a header is read as data, and a transformers directory may hold a ``.metadata``)."""
+    return is_dcp_checkpoint(path) and _safetensors_file(path) is None
+
+
+def _checkpoint_file(path: str, option: str, err: TextIO | None = None) -> str:
     """The file a checkpoint directory's shapes are read from: its index, else its
     single ``model.safetensors`` (as ``save_pretrained`` writes them); other paths as
-    they are.
+    they are. A directory that also holds a DCP ``.metadata`` says on ``err`` which
+    was read.
 
     Raises:
         Usage: a directory holding neither.
     """
     if not is_directory(path):
         return path
-    for name in (_INDEX, _SINGLE):
-        candidate = os.path.join(path, name)
-        if os.path.exists(candidate):
-            return candidate
+    found = _safetensors_file(path)
+    if found is not None:
+        if is_dcp_checkpoint(path):
+            name = os.path.basename(found)
+            say(
+                err,
+                f"{PROG}: note: {option} {escape(clip(path))} holds both {name} and a DCP "
+                f"{_DCP_METADATA}; the safetensors headers ({name}) were read",
+            )
+        return found
     msg = (
         f"{option} {clip(path)}: the directory has no {_INDEX} nor {_SINGLE} nor a DCP "
         f"{_DCP_METADATA}; give a checkpoint directory, its index, a .safetensors file "
@@ -180,9 +204,9 @@ def load_shapes(
         Reported: a DCP checkpoint whose chunks no layout writes, said on ``err``.
         Usage: a directory holding no checkpoint.
     """
-    if is_dcp_checkpoint(path):
+    if _reads_dcp(path):
         return read_checkpoint(path, None, err).shapes
-    path = _checkpoint_file(path, option)
+    path = _checkpoint_file(path, option, err)
     try:
         if path.endswith((".safetensors", ".safetensors.index.json")):
             return shapes_from_safetensors(path)
@@ -198,9 +222,9 @@ def load_fqns(path: str, err: TextIO | None = None) -> list[str]:
     Raises:
         Problem: not UTF-8 text, or an FQN named twice, naming the file and the line.
     """
-    if is_dcp_checkpoint(path):
+    if _reads_dcp(path):
         return list(load_shapes(path, "--fqns", err=err))
-    path = _checkpoint_file(path, "--fqns")
+    path = _checkpoint_file(path, "--fqns", err)
     if path.endswith((".safetensors", ".json")):
         return list(load_shapes(path, "--fqns"))
     data = read(path)
