@@ -6,6 +6,7 @@ transformers checkpoint and a DCP one, and problem lists printed as lines.
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -28,6 +29,8 @@ from layout_algebra import (
 )
 from layout_algebra._text import quote
 from layout_algebra.cli import main
+from layout_algebra.cli._commands import COMMANDS
+from layout_algebra.fsdp import plan_error
 from layout_algebra.serialization import from_json, plan_to_json, shapes_to_json, to_json
 from layout_algebra.training import parse_bytes
 
@@ -309,3 +312,103 @@ def test_fqns_of_a_directory_with_both_checkpoints_are_its_headers(
     assert code == 0, err
     assert set(from_json(out)) == {"w", "b"}
     assert "note:" in err and "model.safetensors" in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# a list of problems prints as lines, an FQN's own line breaks escaped
+
+
+_HOSTILE_FQN: Final = "a\x1b[2J\nb"
+
+
+@pytest.fixture
+def owned_files(tmp_path: Path) -> dict[str, str]:
+    """A table placing shards on FSDP's own axis (composing it fails for both entries),
+    one entry's FQN holding a line break and an escape sequence."""
+    table = ParamLayoutTable(
+        {
+            _HOSTILE_FQN: SourceLayout("dense", ["dp_shard", "tp"], [Shard(0), Shard(0)]),
+            "c": SourceLayout("dense", ["dp_shard"], [Shard(1)]),
+        }
+    )
+    shapes = {fqn: ParamShape((4, 4), "float32") for fqn in table}
+    return {
+        "table": _write(tmp_path / "owned.json", to_json(table)),
+        "shapes": _write(tmp_path / "owned-shapes.json", shapes_to_json(shapes)),
+    }
+
+
+def _assert_problem_lines(code: int, err: str) -> None:
+    assert code == 1
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 3, err
+    assert lines[0].startswith("layout-algebra: ") and lines[0].endswith("2 problems:"), err
+    assert lines[1].startswith("  - a\\x1b[2J\\nb: "), err
+    assert lines[2].startswith("  - c: "), err
+    assert "\x1b" not in err
+
+
+def _dcp_directory(root: Path) -> str:
+    """A directory holding the metadata ``dcp.save`` writes for a 4x4 tensor ``w`` saved
+    as two blocks of rows."""
+    from torch.distributed.checkpoint.metadata import (  # noqa: PLC0415
+        ChunkStorageMetadata,
+        Metadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    chunks = [
+        ChunkStorageMetadata(offsets=torch.Size([row, 0]), sizes=torch.Size([2, 4]))
+        for row in (0, 2)
+    ]
+    saved = TensorStorageMetadata(
+        properties=TensorProperties(dtype=torch.float32), size=torch.Size([4, 4]), chunks=chunks
+    )
+    root.mkdir()
+    (root / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={"w": saved})))
+    return str(root)
+
+
+def test_diff_prints_a_plan_error_as_lines(
+    owned_files: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = _dcp_directory(tmp_path / "ckpt")
+    argv = ["diff", checkpoint, owned_files["table"], "--mesh", "dp_shard=2,tp=2"]
+    code, _, err = _run([*argv, "--fsdp", "dp_shard"], capsys)
+    _assert_problem_lines(code, err)
+    assert "composing the table with FSDP" in err
+
+
+def test_reshard_prints_a_plan_error_as_lines(
+    owned_files: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    table, shapes = owned_files["table"], owned_files["shapes"]
+    meshes = ["--mesh", "dp_shard=2,tp=2", "--to-mesh", "dp_shard=2,tp=2"]
+    fsdp = ["--fsdp", "dp_shard", "--to-fsdp", "dp_shard"]
+    code, _, err = _run(["reshard", table, table, "--shapes", shapes, *meshes, *fsdp], capsys)
+    _assert_problem_lines(code, err)
+
+
+def test_every_plan_error_reaching_the_command_line_prints_as_lines(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # whichever command lets a PlanError through, main prints it the one way
+    problems = [LayoutError(f"{_HOSTILE_FQN}: first", fqn=_HOSTILE_FQN), LayoutError("c: second")]
+    error = plan_error("the check", problems)
+
+    def fails(*_: object) -> int:
+        raise error
+
+    for command in ("check", "lint", "reshard", "diff"):
+        monkeypatch.setitem(COMMANDS, command, fails)
+    for argv in (
+        ["check", "p.json", "--mesh", "tp=2"],
+        ["lint", "t.json", "--shapes", "s.json", "--mesh", "tp=2"],
+        ["reshard", "a.json", "b.json", "--to-mesh", "tp=2"],
+        ["diff", "a.json", "b.json"],
+    ):
+        code, _, err = _run(argv, capsys)
+        _assert_problem_lines(code, err)
+        assert err.splitlines()[0] == "layout-algebra: the check has 2 problems:"

@@ -55,6 +55,7 @@ from layout_algebra.cli._output import (
     deliver,
     refuse,
     say,
+    say_error,
     silence_stdout,
     tolerant,
     unwritten,
@@ -116,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Problem as e:
         return refuse(err, e, args.command)
     except LayoutError as e:
-        say(err, f"{PROG}: {escape(e.message)}")
+        say_error(err, e)
         return 1
     except BrokenPipeError:
         # `layout-algebra show t.json | head`: the reader stopped, which is no problem

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Final, TextIO
 
 from layout_algebra._text import clip, escape, listed
-from layout_algebra.errors import LayoutError
+from layout_algebra.errors import LayoutError, PlanError
 
 __all__ = [
     "MAX_USAGE_CHARS",
@@ -28,6 +28,7 @@ __all__ = [
     "plural",
     "refuse",
     "say",
+    "say_error",
     "say_problems",
     "silence_stdout",
     "tolerant",
@@ -66,6 +67,19 @@ def say_problems(err: TextIO | None, what: str, problems: Sequence[LayoutError])
     say(err, f"{PROG}: {what} {plural(len(problems), 'problem')}:")
     for line in listed([escape(problem.message) for problem in problems]):
         say(err, line)
+
+
+def say_error(err: TextIO | None, error: LayoutError) -> None:
+    """A problem the library raised, escaped: one line, or a ``PlanError``'s first line and
+    its problems one line each. Only the message's own line breaks are real: one inside a
+    problem (an FQN's) is shown escaped, as every control character is."""
+    if isinstance(error, PlanError) and error.problems:
+        head = error.message.partition("\n")[0]  # "the plan has 3 problems:"
+        say(err, f"{PROG}: {escape(head)}")
+        for line in listed([escape(problem.message) for problem in error.problems]):
+            say(err, line)
+        return
+    say(err, f"{PROG}: {escape(error.message)}")
 
 
 def say(stream: TextIO | None, line: str) -> None:
