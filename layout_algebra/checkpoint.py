@@ -20,7 +20,7 @@ import operator
 import os
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 import attrs
@@ -33,7 +33,14 @@ from layout_algebra._args import (
 )
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
 from layout_algebra._grouping import group_index, values_by_fqn
-from layout_algebra._parts import PartPattern, PartSource, part_pattern, part_spans
+from layout_algebra._parts import (
+    PartGeometry,
+    PartPattern,
+    PartPlanner,
+    PartSource,
+    RankPieces,
+    part_spans,
+)
 from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, role_mesh, size_of
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
@@ -58,6 +65,7 @@ from layout_algebra.shapes import (
     fused_experts,
     per_expert_message,
 )
+from layout_algebra.structure import Packed
 
 if TYPE_CHECKING:
     from layout_algebra.dcp import DcpLayouts
@@ -554,6 +562,7 @@ class _Planner:
         self.saved: dict[tuple[SourceLayout, tuple[int, ...]], _Saved] = {}
         self.patterns: dict[tuple[SourceLayout, SourceLayout, tuple[int, ...], int], _Pattern] = {}
         self.dims = _Dims()
+        self.parts = PartPlanner()
 
     def pattern(
         self, fqn: str, src: SourceLayout, dst: SourceLayout, shape: tuple[int, ...], itemsize: int
@@ -677,12 +686,16 @@ class ReshardPlan:
             )
             raise LayoutError(msg)
         pieces: dict[_Pattern, tuple[_Piece, ...]] = {}
+        parted: dict[PartGeometry, RankPieces] = {}
         out: list[Read] = []
         for fqn, pattern in zip(self._fqns, self._kinds, strict=True):
             if isinstance(pattern, PartPattern):
+                found = parted.get(pattern.geometry)
+                if found is None:  # parameters of one signature read alike but for FQNs
+                    found = parted[pattern.geometry] = pattern.geometry.pieces(rank)
                 out.extend(
                     Read(name, Chunk(offsets, sizes), dest, storage, lengths, dest_fqn=fqn)
-                    for name, offsets, sizes, dest, storage, lengths in pattern.pieces(rank)
+                    for name, offsets, sizes, dest, storage, lengths in pattern.pieces(rank, found)
                 )
                 continue
             got = pieces.get(pattern)
@@ -859,7 +872,13 @@ def _as_parts(parts: object) -> dict[str, dict[str, str]]:
             )
             raise LayoutError(msg)
         inner: dict[str, str] = {}
-        for part, fqn in mapping_items(names, f"parts[{quote(fused)}]", _PARTS_EXAMPLE):
+        # a dict's items cannot fail, so its name for a message is made only for others
+        items = (
+            names.items()
+            if type(names) is dict
+            else mapping_items(names, f"parts[{quote(fused)}]", _PARTS_EXAMPLE)
+        )
+        for part, fqn in items:
             if not isinstance(part, str) or not isinstance(fqn, str):
                 msg = (
                     f"parts[{quote(fused)}] must map part names to FQNs (str to str), got "
@@ -883,6 +902,15 @@ class _PartSpec:
     """``(part name, its FQN, start, stop)`` on ``dim``, the ones this parameter reads."""
 
 
+def _shape_and_dtype(fqn: str, found: HasShape) -> tuple[tuple[int, ...], str]:
+    """``found``'s checked shape and dtype name: a ``ParamShape``'s own, checked when it
+    was made, so each of many fused tensors costs a look, not a check."""
+    if type(found) is ParamShape:
+        return found.shape, found.dtype
+    shape, _ = _read_shape(fqn, found)
+    return shape, as_dtype(found.dtype)
+
+
 def _part_specs(
     parts: dict[str, dict[str, str]],
     src: ParamLayoutTable,
@@ -899,6 +927,7 @@ def _part_specs(
             the fused tensor is loaded.
     """
     out: dict[str, _PartSpec] = {}
+    spans_of: dict[Packed, Mapping[str, tuple[int, int]]] = {}  # fused tensors share a few
     for fused, names in parts.items():
         split = fused in src and fused not in dst
         if not split and not (fused in dst and fused not in src):
@@ -924,9 +953,10 @@ def _part_specs(
             )
             raise LayoutError(msg, fqn=fused)
         dim, whole = packed[0]
-        spans = part_spans(whole)
-        shape, _ = _read_shape(fused, found)
-        dtype = as_dtype(found.dtype)
+        spans = spans_of.get(whole)
+        if spans is None:
+            spans = spans_of[whole] = part_spans(whole)
+        shape, dtype = _shape_and_dtype(fused, found)
         pairs = []
         for part, fqn in names.items():
             span = spans.get(part)
@@ -945,11 +975,11 @@ def _part_specs(
                 raise LayoutError(msg, fqn=fused)
             got = _find_shape(fqn, shapes, table)
             want = (*shape[:dim], span[1] - span[0], *shape[dim + 1 :])
-            part_shape, _ = _read_shape(fqn, got)
-            if part_shape != want or as_dtype(got.dtype) != dtype:
+            part_shape, part_dtype = _shape_and_dtype(fqn, got)
+            if part_shape != want or part_dtype != dtype:
                 msg = (
                     f"parts: {clip(fused)}'s part {part!r} ({whole} on dim {dim}) is "
-                    f"{dtype}{list(want)}, but {clip(fqn)} is {as_dtype(got.dtype)}"
+                    f"{dtype}{list(want)}, but {clip(fqn)} is {part_dtype}"
                     f"{list(part_shape)}; map the part to a tensor of its shape and dtype"
                 )
                 raise LayoutError(msg, fqn=fused)
@@ -979,12 +1009,27 @@ def _part_pattern(
     tables: tuple[ParamLayoutTable, ParamLayoutTable],
     shapes: ShapesLike,
 ) -> PartPattern:
-    """The reads of ``fqn``, a fused tensor's part or the fused tensor, by ``spec``."""
+    """The reads of ``fqn``, a fused tensor's part or the fused tensor, by ``spec``: each
+    distinct (layouts, shapes, spans) planned once, and looked up by the values given."""
     src, dst = tables
+    names = tuple(spec.fused if spec.split else name for _, name, _, _ in spec.pairs)
+    found = tuple(_find_shape(name, shapes, src) for name in names)
+    own = _find_shape(fqn, shapes, dst)
+    key: Hashable = None
+    if type(own) is ParamShape and all(type(f) is ParamShape for f in found):
+        # values checked when made: equal ones read alike, so they are looked up, not read
+        pairs = zip(names, found, spec.pairs, strict=True)
+        key = (
+            (dst[fqn], own.shape, own.dtype, spec.split, spec.dim),
+            tuple((src[n], f.shape, f.dtype, p[2], p[3]) for n, f, p in pairs),
+        )
+        known = planner.parts.known.get(key)
+        if known is not None:
+            return PartPattern(known, names)
     sources = []
-    for _, name, lo, hi in spec.pairs:
+    for (_, name, lo, hi), given in zip(spec.pairs, found, strict=True):
         saved = spec.fused if spec.split else name
-        shape, itemsize = _read_shape(saved, _find_shape(saved, shapes, src))
+        shape, itemsize = _read_shape(saved, given)
         layout = src[saved]
         _check_layout(layout, saved)
         mesh = role_mesh(planner.src, layout, "src_sizes", saved)
@@ -993,11 +1038,22 @@ def _part_pattern(
             sources.append(PartSource(saved, layout, mesh, shape, spec.dim, 0, hi - lo, lo))
         else:
             sources.append(PartSource(saved, layout, mesh, shape, spec.dim, lo, hi, -lo))
-    shape, _ = _read_shape(fqn, _find_shape(fqn, shapes, dst))
+    shape, _ = _read_shape(fqn, own)
     layout = dst[fqn]
     mesh = role_mesh(planner.dst, layout, "dst_sizes", fqn)
     check_dims(layout, len(shape), shape=shape)
-    return part_pattern((layout, mesh, shape), sources, itemsize=itemsize)
+    geometry = planner.parts.geometry((layout, mesh, shape), sources, itemsize=itemsize)
+    if key is not None:
+        planner.parts.known[key] = geometry
+    return PartPattern(geometry, names)
+
+
+def _terms(pattern: _Pattern | PartGeometry) -> tuple[tuple[tuple[Factor, ...], ...], ...]:
+    """A pattern's rows and reads by index, as products over the dims: one for a plain
+    pattern, one per group of sources for a part pattern."""
+    if isinstance(pattern, PartGeometry):
+        return pattern.terms
+    return ((pattern.rows, pattern.reads),)
 
 
 _SHAPE_AND_DTYPE: Final = operator.attrgetter("shape", "dtype")
@@ -1259,12 +1315,12 @@ def reshard_plan(
         ]
         raise plan_error("the reshard", problems)
     # Each pattern's bytes and reads counted once, for all the parameters sharing it.
-    uses = Counter(kinds)
+    uses = Counter(k.geometry if isinstance(k, PartPattern) else k for k in kinds)
     nbytes, reads = RankSum(dst_meshes), RankSum(dst_meshes)
     for pattern, count in uses.items():
-        role = pattern.role
-        nbytes.add(role, pattern.rows, count * pattern.itemsize)
-        reads.add(role, pattern.reads, count)
+        for rows, found in _terms(pattern):
+            nbytes.add(pattern.role, rows, count * pattern.itemsize)
+            reads.add(pattern.role, found, count)
     world = next(iter(dst_meshes.values())).size
     bytes_read, counts = [0] * world, [0] * world
     for role in dst_meshes:
