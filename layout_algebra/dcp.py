@@ -135,6 +135,9 @@ class _Saved:
     """Per dim, the distinct ``(offset, size)`` the boxes take along it, when the boxes
     are exactly their product (as every layout's are); else ``None``."""
 
+    pieces: tuple[_Pieces, ...] = attrs.field(
+        default=attrs.Factory(lambda self: _pieces(self.grid), takes_self=True)
+    )
     key: _Key = attrs.field(
         default=attrs.Factory(
             lambda self: _Key(self.shape.shape, self.chunks, self.writers), takes_self=True
@@ -156,6 +159,21 @@ class _Key:
 _Grid: TypeAlias = tuple[tuple[tuple[int, int], ...], ...]
 
 
+@attrs.frozen(eq=False)
+class _Pieces:
+    """One dim's pieces of a grid: in order, and as sets to look a box or offset up."""
+
+    boxes: tuple[tuple[int, int], ...]
+    kept: frozenset[tuple[int, int]]
+    offsets: frozenset[int]
+
+
+def _pieces(grid: _Grid | None) -> tuple[_Pieces, ...]:
+    if grid is None:
+        return ()
+    return tuple(_Pieces(b, frozenset(b), frozenset(o for o, _ in b)) for b in grid)
+
+
 def _grid(shape: tuple[int, ...], chunks: Sequence[Chunk]) -> _Grid | None:
     """Per dim, the ``(offset, size)`` pairs ``chunks`` take, sorted, when ``chunks`` are
     their product with one size per offset; else ``None``.
@@ -171,6 +189,22 @@ def _grid(shape: tuple[int, ...], chunks: Sequence[Chunk]) -> _Grid | None:
     if math.prod(map(len, per_dim)) != len(chunks):  # chunks are distinct: a product
         return None
     return tuple(tuple(sorted(d.items())) for d in per_dim)
+
+
+def _longer_than_first(grid: _Grid) -> tuple[int, tuple[int, int], tuple[int, int]] | None:
+    """A dim whose piece at offset 0 is not its longest, with the two pieces, if any.
+
+    torch.chunk's first piece is its longest, FSDP2's ``_S(d, k)`` gives its first index
+    the first chunk of every piece, and a later axis chunks what that holds: on every
+    dim, the first index of every layout the search tries holds the most rows, so boxes
+    that break this are refused with no mesh tried.
+    """
+    for d, boxes in enumerate(grid):
+        first = boxes[0]
+        longer = max(boxes, key=lambda box: box[1])
+        if first[0] == 0 and longer[1] > first[1]:
+            return d, first, longer
+    return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,27 +408,31 @@ class _Search:
             return found
         return SourceLayout(role, found.axes, found.placements)
 
-    def _dim_fits(self, n: int, chain: Chain, want: tuple[tuple[int, int], ...]) -> bool:
-        """Whether ``chain`` cuts ``n`` rows into the boxes ``want``: first by its first
-        and last rank's boxes (arithmetic), then, for the few chains those leave, whole."""
+    def _dim_fits(self, n: int, chain: Chain, want: _Pieces) -> bool:
+        """Whether ``chain`` cuts ``n`` rows into the pieces ``want``: first by three of
+        its indices' boxes (arithmetic), then, for the few chains those leave, whole."""
+        if want.boxes[0][1] != _first_length(n, chain):
+            return False  # most chains, by arithmetic alone
         key = (n, tuple((size, k) for _, size, k in chain))
         ends = self.ends.get(key)
         if ends is None:
             ends = self.ends[key] = _end_boxes(n, chain)
-        first, last = ends
-        if want[0] != first or all(o != last[0] for o, _ in want):
-            return False  # rank 0 keeps its box; the last rank's offset is some box's
+        first, second, last = ends
+        # the first index's box is kept at offset 0, the second's at its own offset (the
+        # first holds the most rows); the last's offset may be an earlier index's
+        if want.boxes[0] != first or second not in want.kept or last[0] not in want.offsets:
+            return False
         boxes = self.boxes.get(key)
         if boxes is None:
             got = saved_boxes(n, chain)
             boxes = self.boxes[key] = tuple(zip(got.offsets, got.sizes, strict=True))
-        return boxes == want
+        return boxes == want.boxes
 
     def _candidates(self, saved: _Saved, mesh: Mesh) -> Iterator[SourceLayout]:
         """Every layout on ``mesh`` that writes ``saved``'s boxes, in the order of
         preference the module's docstring states."""
         grid, shape = saved.grid, saved.shape.shape
-        if grid is None:
+        if grid is None or _longer_than_first(grid) is not None:
             return
         dims = _sharded_dims(grid, shape)
         cut = sum(1 for n in mesh.sizes if n > 1)
@@ -423,38 +461,64 @@ class _Search:
                     self._dim_fits(
                         shape[d],
                         tuple((names[i], sizes[i], splits[i]) for i in axes_of[d]),
-                        grid[d],
+                        saved.pieces[d],
                     )
                     for d in wanted
                 ):
                     yield SourceLayout(_DEFAULT_ROLE, names, _placements(assign, splits))
 
 
-_Ends: TypeAlias = tuple[tuple[int, int], tuple[int, int]]
+_Ends: TypeAlias = tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+
+
+def _first_length(n: int, chain: Chain) -> int:
+    """How many rows the first index on ``chain`` holds of ``n``: for a chain the search
+    makes (``Shard``s, FSDP2's ``_S(d, k)`` first), in closed form.
+
+    ``_S(d, k)`` over ``a`` ranks cuts the rows into torch.chunk's ``k`` pieces (all of
+    one length but the tail) and gives each rank its chunk of every piece; later axes
+    chunk what the rank holds, the first index taking the first chunk each time.
+    """
+    (_, a, k), *rest = chain
+    length = n
+    if k > 1:
+        piece = -(-n // k)
+        full, tail = divmod(n, piece) if piece else (0, 0)
+        length = full * min(-(-piece // a), piece) + min(-(-tail // a), tail)
+    else:
+        rest = list(chain)
+    for _, b, _ in rest:
+        length = min(-(-length // b), length)
+    return length
 
 
 def _end_boxes(n: int, chain: Chain) -> _Ends:
-    """The ``(offset, size)`` of the first and the last index on ``chain`` over ``n`` rows:
-    by arithmetic for a chain of ``Shard``s, by the geometry for any other."""
+    """The ``(offset, size)`` of the first, the second and the last index on ``chain`` over
+    ``n`` rows: by arithmetic for a chain of ``Shard``s, by the geometry for any other."""
+    indices = (
+        [0] * len(chain),
+        [*[0] * (len(chain) - 1), 1],
+        [size - 1 for _, size, _ in chain],
+    )
+    out = []
     if all(k == 1 for _, _, k in chain):
-        ends = []
-        for last in (False, True):
+        for index in indices:
             offset, length = 0, n
-            for _, size, _ in chain:
-                lo, hi = chunk_bounds(length, size, size - 1 if last else 0)
+            for (_, size, _), i in zip(chain, index, strict=True):
+                lo, hi = chunk_bounds(length, size, i)
                 offset, length = offset + lo, hi - lo
-            ends.append((offset if length else n, length))  # DTensor's offset of nothing
-        return ends[0], ends[1]
+            out.append((offset if length else n, length))  # DTensor's offset of nothing
+        return out[0], out[1], out[2]
     placements: list[Placement] = [
         Shard(0) if k == 1 else StridedShard(0, split_factor=k) for _, _, k in chain
     ]
     layout = SourceLayout(_DEFAULT_ROLE, [a for a, _, _ in chain], placements)
     sizes = {a: size for a, size, _ in chain}
-    out = []
-    for at in ({a: 0 for a in sizes}, {a: size - 1 for a, size in sizes.items()}):
+    for index in indices:
+        at = dict(zip(sizes, index, strict=True))
         (length,), (offset,) = local_shape_and_offset((n,), layout, sizes, at)
         out.append((offset, length))
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 def _placements(assign: Sequence[int | None], splits: Sequence[int]) -> list[Placement]:
@@ -537,11 +601,7 @@ def _why(saved: _Saved) -> str:
         if any(o + n > size for o, n, size in zip(c.offsets, c.sizes, shape, strict=True)):
             return f"chunk {c} reaches beyond the tensor"
     if saved.grid is not None:
-        for d in range(len(shape)):
-            problem = _dim_problem(saved, saved.grid, d)
-            if problem is not None:
-                return problem
-        return "a split into pieces torch.chunk does not make, or boxes on other ranks"
+        return _why_grid(saved, saved.grid)
     found = _some_overlap(saved.chunks)
     if found is not None:
         return f"chunks {found[0]} and {found[1]} overlap"
@@ -552,6 +612,22 @@ def _why(saved: _Saved) -> str:
         "they are not the product of each dim's pieces (one piece per offset on every "
         "dim), as the boxes of every layout are"
     )
+
+
+def _why_grid(saved: _Saved, grid: _Grid) -> str:
+    """``_why`` of boxes that are the product of each dim's pieces."""
+    for d in range(len(grid)):
+        problem = _dim_problem(saved, grid, d)
+        if problem is not None:
+            return problem
+    longer = _longer_than_first(grid)
+    if longer is not None:
+        d, (_, first), (o, n) = longer
+        return (
+            f"on dim {d} rows {o}:{o + n} are a longer piece than the first (0:{first}), "
+            "which no torch.chunk split makes (its first piece is its longest)"
+        )
+    return "a split into pieces torch.chunk does not make, or boxes on other ranks"
 
 
 def _no_layout(saved: _Saved, where: str, remedy: str) -> LayoutError:
@@ -676,7 +752,7 @@ def _infer(
     low = _fewest_ranks(tensors)
     high = min(low + _WORLDS_TRIED - 1, MAX_WORLD)
     remedy = "give mesh= the mesh it was saved on"
-    ragged = [s for s in tensors if s.grid is None]
+    ragged = [s for s in tensors if s.grid is None or _longer_than_first(s.grid) is not None]
     if ragged:  # no layout on any mesh writes these: nothing to search
         return {}, {}, [_no_layout(s, "any mesh", remedy) for s in ragged]
     first: list[_Saved] = []

@@ -11,6 +11,7 @@ torch's own reader reads them: every tensor's shape, dtype and boxes, field by f
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import subprocess
@@ -21,6 +22,8 @@ from typing import Any, Final
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -45,6 +48,8 @@ from layout_algebra import (
     Shard,
     ShardingPlan,
     SourceLayout,
+    StridedShard,
+    local_shape_and_offset,
     reshard_plan,
 )
 from layout_algebra._dcp_pickle import load_metadata
@@ -398,11 +403,13 @@ def test_a_saved_checkpoint_reads_as_torchs_reader_reads_it(tmp_path: Path) -> N
 # the work of a refusal
 
 
-def ragged(tmp_path: Path, n: int) -> Path:
-    """``n`` boxes of a 1-D tensor, the last one longer than the rest: no torch.chunk."""
-    chunks = [Chunk((3 * i,), (3,)) for i in range(n - 1)] + [Chunk((3 * (n - 1),), (5,))]
+def ragged(tmp_path: Path, n: int, *, last: int = 3, first: int = 3) -> Path:
+    """``n`` boxes of a 1-D tensor of 3 rows each but the first and the last."""
+    lengths = [first, *[3] * (n - 2), last]
+    starts = [sum(lengths[:i]) for i in range(n)]
+    chunks = [Chunk((o,), (size,)) for o, size in zip(starts, lengths, strict=True)]
     writers = {c: rank for rank, c in enumerate(chunks)}
-    return Path(write_metadata(tmp_path, {"w": ((3 * n + 2,), chunks, writers)}))
+    return Path(write_metadata(tmp_path, {"w": ((sum(lengths),), chunks, writers)}))
 
 
 def even(tmp_path: Path, n: int) -> Path:
@@ -433,15 +440,25 @@ class Counted:
 def test_a_ragged_split_is_refused_without_working_out_a_dim_rank_by_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every mesh of 16 worlds is tried, but each chain is judged by its end boxes: no
-    dim's boxes are worked out rank by rank for a split its ends already rule out."""
+    """A first box longer than the rest, as torch.chunk's is, but of no split: every mesh
+    of 16 worlds is tried, each chain judged by its end boxes, and no dim's boxes are
+    worked out rank by rank for a split its ends already rule out."""
     boxes = Counted(monkeypatch, "saved_boxes")
     with pytest.raises(PlanError, match="no layout of any mesh of 1024 to 1039 ranks"):
-        table_from_dcp(ragged(tmp_path / "ragged", 1024))
+        table_from_dcp(ragged(tmp_path / "ragged", 1024, first=4))
     assert boxes.calls <= 8  # of the hundreds of chains tried
     refused = boxes.calls
     table_from_dcp(even(tmp_path / "even", 1024))
     assert boxes.calls == refused + 1
+
+
+def test_a_piece_longer_than_the_first_is_refused_with_no_mesh_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ends = Counted(monkeypatch, "_end_boxes")
+    with pytest.raises(PlanError, match="rows 3069:3074 are a longer piece than the first"):
+        table_from_dcp(ragged(tmp_path, 1024, last=5))
+    assert ends.calls == 0
 
 
 def test_boxes_that_are_no_grid_are_refused_before_any_mesh_is_tried(
@@ -523,3 +540,35 @@ def test_shard_dim_without_fsdp_is_refused(tmp_path: Path, given: object) -> Non
                 dst_sizes={"dense": TP2},
                 shard_dim=given,  # type: ignore[arg-type]  # both forms are taken
             )
+
+
+@given(
+    n=st.integers(0, 400),
+    sizes=st.lists(st.integers(2, 9), min_size=1, max_size=4),
+    strided=st.booleans(),
+)
+def test_the_first_and_end_boxes_of_a_chain_are_the_geometrys(
+    n: int, sizes: list[int], strided: bool
+) -> None:
+    """The search's arithmetic for the chains it makes (``Shard``s, FSDP2's ``_S(d, k)``
+    first) against ``local_shape_and_offset`` of the same layout."""
+    strided = strided and len(sizes) > 1
+    later = math.prod(sizes[1:])
+    chain = tuple(
+        (f"a{i}", size, later if strided and i == 0 else 1) for i, size in enumerate(sizes)
+    )
+    layout = SourceLayout(
+        "dense",
+        [a for a, _, _ in chain],
+        [Shard(0) if k == 1 else StridedShard(0, split_factor=k) for _, _, k in chain],
+    )
+    mesh = {a: size for a, size, _ in chain}
+    indices = ([0] * len(sizes), [*[0] * (len(sizes) - 1), 1], [s - 1 for s in sizes])
+    want = []
+    for index in indices:
+        (length,), (offset,) = local_shape_and_offset(
+            (n,), layout, mesh, dict(zip(mesh, index, strict=True))
+        )
+        want.append((offset, length))
+    assert dcp_module._end_boxes(n, chain) == tuple(want)
+    assert dcp_module._first_length(n, chain) == want[0][1]

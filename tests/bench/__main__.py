@@ -21,6 +21,7 @@ from tests.bench import (
     bench_bind,
     bench_build,
     bench_complete,
+    bench_dcp,
     bench_e2e,
     bench_json,
     bench_lint,
@@ -56,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench_lint.run(quick=args.quick)
     print()
     bench_world.run(quick=args.quick, full=args.full)
+    print()
+    bench_dcp.run(quick=args.quick)
     print()
     bench_parts.run(quick=args.quick)
     print()
