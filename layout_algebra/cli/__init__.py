@@ -31,8 +31,9 @@ Commands that strip FSDP's axes (``check``, ``table``, ``draw``, ``lint``) take
 Exit status: 0 on success, 1 on a layout problem (a bad plan, table or file, or output
 that cannot be written; one line on stderr), 2 on a usage error. ``main`` is the one place
 that turns a problem into its message and exit status: no traceback, names shown escaped,
-output written only once the command has succeeded. Only ``demo`` and a DCP checkpoint
-directory (read by ``torch_bridge.table_from_dcp``) import torch, and only when they run.
+output written only once the command has succeeded. Only ``demo`` imports torch; a DCP
+checkpoint directory is read by ``layout_algebra.dcp`` with no torch and nothing run
+from it.
 
 The package's modules: ``_types`` (argument types), ``_parser`` (the commands' arguments),
 ``_inputs`` (bounded reading of the input files), ``_commands`` (the commands, which call
