@@ -3,7 +3,9 @@
 ``as_items(value, arg, example)`` is the one place where a collection argument (axes,
 FQNs, tied pairs, owned axes) is turned into a tuple. A bare ``str`` is refused (it
 would be iterated as characters: ``owned="dp"`` as ``{'d', 'p'}``), and so is anything
-that is not iterable, each with a ``LayoutError`` naming the argument.
+that is not iterable, each with a ``LayoutError`` naming the argument. Where the order
+is part of the meaning (a layout's axes, a dim's parts), ``ordered=True`` also refuses a
+set, whose order changes from run to run; ``as_sequence`` is that read with its bound.
 
 ``mapping_items(value, arg, example)`` is its counterpart for a mapping argument (mesh
 sizes, named placements, a plan's modules, a table's entries): its items, read once,
@@ -13,7 +15,15 @@ argument (the mapping's own exception is its ``__cause__``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import (
+    Callable,
+    Collection,
+    ItemsView,
+    Iterable,
+    KeysView,
+    Mapping,
+)
+from collections.abc import Set as AbstractSet
 from itertools import islice
 from typing import Final, TypeVar
 
@@ -24,7 +34,9 @@ __all__ = [
     "as_dim",
     "as_instances",
     "as_items",
+    "as_sequence",
     "as_shape",
+    "is_unordered",
     "mapping_dict",
     "mapping_items",
     "plain_str",
@@ -36,15 +48,22 @@ V = TypeVar("V")
 
 
 def as_items(
-    value: Iterable[T], arg: str, example: str, *, limit: int | None = None
+    value: Iterable[T],
+    arg: str,
+    example: str,
+    *,
+    limit: int | None = None,
+    ordered: bool = False,
 ) -> tuple[T, ...]:
     """``value`` as a tuple, order kept; ``arg`` and ``example`` shape the message. With
     ``limit``, at most ``limit + 1`` items are read (an endless iterable ends there): a
-    caller given more than ``limit`` says what the bound is.
+    caller given more than ``limit`` says what the bound is. With ``ordered``, a set is
+    refused (see ``is_unordered``).
 
     Raises:
-        LayoutError: ``value`` is a ``str`` or ``bytes``, is not iterable, or raises while
-            it is read (the caller's exception is its ``__cause__``).
+        LayoutError: ``value`` is a ``str`` or ``bytes``, is not iterable, is a set where
+            the order counts, or raises while it is read (the caller's exception is its
+            ``__cause__``).
     """
     raw: object = value
     if isinstance(raw, str | bytes):
@@ -56,6 +75,8 @@ def as_items(
     if not isinstance(raw, Iterable):
         msg = f"{arg} must be a collection such as {example}, got {quote(raw)}"
         raise LayoutError(msg)
+    if ordered and is_unordered(raw):
+        raise LayoutError(unordered_message(raw, arg, example))
     try:
         if limit is None:
             return tuple(value)
@@ -68,13 +89,51 @@ def as_items(
     return items
 
 
-def as_instances(value: Iterable[T], kind: type[T], arg: str, example: str) -> tuple[T, ...]:
-    """``as_items`` of ``value``, each item a ``kind``: the check of a tuple of values.
+def is_unordered(value: object) -> bool:
+    """Whether ``value`` is a set (``set``, ``frozenset``, any other ``Set`` but a
+    mapping's keys or items, which keep the mapping's order): its order is not its own."""
+    return isinstance(value, AbstractSet) and not isinstance(value, KeysView | ItemsView)
+
+
+def unordered_message(value: object, arg: str, example: str) -> str:
+    """The message for a set given where the order counts (``arg``, such as ``example``)."""
+    return (
+        f"{arg} must be given in order, not as a {type(value).__name__} ({quote(value)}): "
+        f"the order is part of its meaning, and a set's order changes from run to run; "
+        f"give a list or tuple, such as {example}"
+    )
+
+
+def as_sequence(
+    value: Iterable[T], arg: str, example: str, *, limit: int, what: str = "items"
+) -> tuple[T, ...]:
+    """``value`` read in order (``as_items`` with ``ordered=True``), at most ``limit``
+    ``what``: the one read of a list whose order counts and which has a bound.
+
+    Raises:
+        LayoutError: as ``as_items``, or more than ``limit`` items (an endless iterable
+            is read only that far).
+    """
+    items = as_items(value, arg, example, limit=limit, ordered=True)
+    if len(items) > limit:
+        msg = f"{arg} holds more than {limit:,} {what}, the most it takes; check it"
+        raise LayoutError(msg)
+    return items
+
+
+def as_instances(
+    value: Iterable[T], kind: type[T], arg: str, example: str, *, limit: int | None = None
+) -> tuple[T, ...]:
+    """``value`` read in order, each item a ``kind``: the check of a tuple of values (a
+    set is refused: a value's tuple has an order). With ``limit``, as ``as_sequence``.
 
     Raises:
         LayoutError: as ``as_items``, or an item that is not a ``kind``, naming ``arg``.
     """
-    out = as_items(value, arg, example)
+    if limit is None:
+        out = as_items(value, arg, example, ordered=True)
+    else:
+        out = as_sequence(value, arg, example, limit=limit, what=f"{kind.__name__} values")
     for item in out:
         raw: object = item
         if not isinstance(raw, kind):
@@ -89,6 +148,7 @@ def mapping_items(
     example: str,
     *,
     error: Callable[[str], LayoutError] = LayoutError,
+    limit: int | None = None,
 ) -> Collection[tuple[K, V]]:
     """The items of ``value``, a mapping argument (its caller has checked it is one), read once.
 
@@ -96,8 +156,10 @@ def mapping_items(
     fail). Any other mapping is read into a list, in its order, each value fetched once
     (a mapping that builds its values on access builds each once), so the items are read
     before anything is done with them and never again: its ``items()``, its iteration,
-    and its ``__getitem__`` of the keys it iterated. ``arg`` and ``example`` shape the
-    message, ``error`` makes the error (a ``LayoutError`` subclass of the caller's).
+    and its ``__getitem__`` of the keys it iterated. With ``limit``, at most ``limit + 1``
+    items are read (a mapping that never ends its items ends there), and the caller says
+    what the bound is. ``arg`` and ``example`` shape the message, ``error`` makes the
+    error (a ``LayoutError`` subclass of the caller's).
 
     Raises:
         LayoutError: from ``error``: the mapping raised while it was read (its exception
@@ -106,7 +168,9 @@ def mapping_items(
     if type(value) is dict:
         return value.items()
     try:
-        return list(iter(value.items()))  # not sized by len(value): only read
+        items = iter(value.items())
+        # not sized by len(value): only read
+        return list(items) if limit is None else list(islice(items, limit + 1))
     except LayoutError:
         raise
     except Exception as e:
@@ -171,7 +235,8 @@ def as_shape(
     """``value`` as a tensor shape: at most ``MAX_NDIM`` ints from 0 to ``MAX_TENSOR_SIZE``.
 
     The one check of "a shape is a sequence of sizes": a ``str`` or ``bytes`` is refused
-    (``b"tp"`` would read as the sizes 116 and 112), an endless iterable stops at the bound.
+    (``b"tp"`` would read as the sizes 116 and 112) and so is a set (no order of its own),
+    an endless iterable stops at the bound.
     ``arg`` names the argument in the message, ``fqn`` the parameter (set on the error).
 
     Raises:
@@ -188,6 +253,8 @@ def as_shape(
     if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
         msg = f"{who}{arg} must be a sequence of sizes such as (4096, 1024), got {quote(raw)}"
         raise LayoutError(msg, fqn=fqn)
+    if is_unordered(raw):
+        raise LayoutError(who + unordered_message(raw, arg, "(4096, 1024)"), fqn=fqn)
     shape = as_items(value, arg, "(4096, 1024)", limit=MAX_NDIM)
     if len(shape) > MAX_NDIM:
         msg = f"{who}{arg} has more than {MAX_NDIM} dims (the bound on a tensor's rank); check it"

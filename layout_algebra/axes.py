@@ -9,7 +9,7 @@ from typing import Final, TypeAlias
 import attrs
 
 from layout_algebra._args import as_items, plain_str
-from layout_algebra._frozen import REQUIRED, check_init
+from layout_algebra._frozen import REQUIRED, check_init, checked_call
 from layout_algebra._text import clip, quote
 from layout_algebra.errors import LayoutError
 
@@ -36,6 +36,7 @@ def _check_name(_: object, __: attrs.Attribute[str], value: object) -> None:
         raise LayoutError(msg, axis=clip(value))
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class AxisName:
     """The name of one dimension of a device mesh, such as ``tp`` or ``dp_shard``.
@@ -81,14 +82,17 @@ MAX_AXES: Final = 256
 """The most axes one list may name (a mesh has a handful; a run's vocabulary, tens)."""
 
 
-def as_axes(axes: Iterable[AxisLike], arg: str = "axes") -> tuple[AxisName, ...]:
-    """``axes`` as a tuple of ``AxisName``, order kept (the converter of layout fields).
+def as_axes(
+    axes: Iterable[AxisLike], arg: str = "axes", *, ordered: bool = True
+) -> tuple[AxisName, ...]:
+    """``axes`` as a tuple of ``AxisName``, order kept (the converter of layout fields);
+    a set is refused unless ``ordered`` is false (an order of axes is a meaning).
 
     Raises:
-        LayoutError: naming ``arg``: a bare string, something not iterable, or an item
-            that is not an identifier.
+        LayoutError: naming ``arg``: a bare string, something not iterable, a set, or an
+            item that is not an identifier.
     """
-    items = as_items(axes, arg, "('dp_shard', 'tp')", limit=MAX_AXES)
+    items = as_items(axes, arg, "('dp_shard', 'tp')", limit=MAX_AXES, ordered=ordered)
     if len(items) > MAX_AXES:
         msg = f"{arg} names more than {MAX_AXES} axes; a mesh has a handful, check the list"
         raise LayoutError(msg)
@@ -110,7 +114,7 @@ def axis_name_set(axes: Iterable[AxisLike], arg: str) -> frozenset[str]:
         return FSDP_OWNED_AXES
     if isinstance(raw, frozenset) and all(type(a) is str and _AXIS_RE.fullmatch(a) for a in raw):
         return raw  # the common case: FSDP_OWNED_AXES itself
-    return frozenset(a.name for a in as_axes(axes, arg))
+    return frozenset(a.name for a in as_axes(axes, arg, ordered=False))
 
 
 def check_distinct_axes(axes: Sequence[AxisName], where: str) -> None:
