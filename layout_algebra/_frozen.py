@@ -9,20 +9,24 @@ hashable, compare-by-value mapping the plan types are made of.
 ``PartitionSpec``: a model's parameters are laid out in a few ways, so a million entries
 hold a few layout objects, and comparing equal ones is an identity test.
 
-``REQUIRED`` and ``check_init`` are for the attrs values of the package: a required
-argument left out is a ``LayoutError`` naming it, and a second ``__init__`` (which attrs
-would let rewrite a frozen value in place) is refused.
+``REQUIRED``, ``check_init`` and ``checked_call`` are for the attrs values of the
+package: a required argument left out, an argument the class does not take or one too
+many is a ``LayoutError`` naming it, and a second ``__init__`` (which attrs would let
+rewrite a frozen value in place) is refused.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Hashable, ItemsView, Iterator, KeysView, Mapping, ValuesView
+from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar, overload
 
 import attrs
 
 from layout_algebra._args import mapping_dict
-from layout_algebra._text import quote
+from layout_algebra._text import did_you_mean, quote
 from layout_algebra.errors import LayoutError
 
 __all__ = ["FrozenMap"]
@@ -107,16 +111,89 @@ def _missing(cls: type, args: tuple[object, ...]) -> LayoutError:
     """The error for the first of ``args`` (``cls``'s ``__init__`` arguments) left out."""
     fields = [a for a in attrs.fields(cls) if a.init]
     name = next(f.alias for f, arg in zip(fields, args, strict=False) if arg is NOT_GIVEN)
+    msg = f"{cls.__name__}() needs the argument {name!r}, which was not given; {_call(cls)}"
+    return LayoutError(msg)
+
+
+def _call(cls: type) -> str:
+    """How to call ``cls``: ``call Part(name, count, size=...)`` (its attrs fields)."""
+    fields = [a for a in attrs.fields(cls) if a.init]
     shown: list[str] = []
     for a in sorted(fields, key=lambda a: a.kw_only):  # positional ones first, as __init__
         if a.kw_only and "*" not in shown:
             shown.append("*")
         shown.append(a.alias if a.default is NOT_GIVEN else f"{a.alias}=...")
-    msg = (
-        f"{cls.__name__}() needs the argument {name!r}, which was not given; "
-        f"call {cls.__name__}({', '.join(shown)})"
-    )
-    return LayoutError(msg)
+    return f"call {cls.__name__}({', '.join(shown)})"
+
+
+_C = TypeVar("_C", bound=type)
+
+
+def checked_call(cls: _C) -> _C:
+    """``cls`` (a frozen attrs value) whose call with an argument it does not take, one
+    positional argument too many or one given twice is a ``LayoutError`` naming the class
+    and the argument, where Python raises a bare ``TypeError``.
+
+    The method that first receives the arguments (``__new__`` where the class writes one,
+    else ``__init__``) is wrapped; a ``TypeError`` from inside a call whose arguments fit
+    passes unchanged. The wrapper keeps the signature (``inspect.signature(cls)``).
+    """
+    name = "__new__" if "__new__" in cls.__dict__ else "__init__"
+    raw = cls.__dict__[name]
+    method: Callable[..., Any] = raw.__func__ if isinstance(raw, staticmethod) else raw
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except TypeError:
+            error = _bad_call(cls, signature, args, kwargs)
+            if error is None:
+                raise
+            raise error from None  # it says all Python's message does, and more
+
+    setattr(cls, name, staticmethod(call) if isinstance(raw, staticmethod) else call)
+    return cls
+
+
+def _bad_call(
+    cls: type, signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> LayoutError | None:
+    """The error for calling ``cls`` with ``args`` (``self`` or ``cls`` first) and
+    ``kwargs`` that ``signature`` does not take, or ``None`` when it takes them."""
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        pass
+    else:
+        return None
+    kinds = inspect.Parameter
+    params = list(signature.parameters.values())[1:]  # without self (or cls)
+    positional = [
+        p.name for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    named = [p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]
+    title = f"{cls.__name__}()"
+    given = len(args) - 1
+    if given > len(positional):
+        took = f" ({', '.join(positional)})" if positional else ""
+        what = (
+            f"{title} takes {len(positional)} positional argument"
+            f"{'' if len(positional) == 1 else 's'}{took}, got {given}"
+        )
+        if len(named) > len(positional):
+            what += f"; {'the rest are' if positional else 'its arguments are'} keywords"
+    else:
+        stray = next((k for k in kwargs if k not in named), None)
+        twice = next((k for k in kwargs if k in positional[:given]), None)
+        if stray is not None:
+            what = f"{title} has no argument {quote(stray)}{did_you_mean(stray, named)}"
+        elif twice is not None:
+            what = f"{title} got the argument {twice!r} twice, by position and by name"
+        else:
+            what = f"{title} cannot take these arguments"
+    return LayoutError(f"{what}; {_call(cls)}")
 
 
 class DictView(Mapping[K, V]):
@@ -150,7 +227,7 @@ class DictView(Mapping[K, V]):
             return True
         if isinstance(other, DictView):
             return self._value_extras() == other._value_extras() and self._items == other._items
-        if isinstance(other, Mapping):
+        if isinstance(other, Mapping) and _by_items(other):
             return self._value_extras() == () and self._items == dict(other.items())
         return NotImplemented
 
@@ -225,6 +302,14 @@ class DictView(Mapping[K, V]):
         return self._items.items()
 
 
+def _by_items(other: Mapping[Any, Any]) -> bool:
+    """Whether ``other`` compares by its items alone, as ``dict`` does: a view may equal
+    it. A mapping class with an equality of its own (a ``Mesh``, whose axes' order is
+    part of its value) decides for itself, so ``==`` stays transitive and ``hash``
+    follows it."""
+    return isinstance(other, dict | MappingProxyType) or type(other).__eq__ is Mapping.__eq__
+
+
 def read_once(value: Mapping[K, V], arg: str, example: str) -> Mapping[K, V]:
     """``value`` itself when a ``dict``, a ``FrozenMap`` or no mapping at all (the caller
     refuses that), else its items read once into a dict (``mapping_dict``): what a caller
@@ -251,6 +336,7 @@ def _as_dict(items: Mapping[K, V]) -> dict[K, V]:
     return mapping_dict(items, "a FrozenMap's items", "{'tp': 2}")
 
 
+@checked_call
 @attrs.frozen(eq=False, repr=False)
 class FrozenMap(DictView[K, V], Generic[K, V]):
     """A read-only, hashable mapping that keeps insertion order and compares by value.

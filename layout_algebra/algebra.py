@@ -16,7 +16,7 @@ import attrs
 
 from layout_algebra._args import as_items, plain_str
 from layout_algebra._build import Builder, TargetMesh, join_tied, run_meshes
-from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call, read_once
 from layout_algebra._patterns import is_pattern
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import (
@@ -334,6 +334,7 @@ def _tied_removed(groups: Iterable[Iterable[str]]) -> tuple[frozenset[str], ...]
     return as_groups(groups, "tied_removed")
 
 
+@checked_call
 @attrs.frozen
 class TableDiff:
     """What changed from one table to another, per FQN.

@@ -31,7 +31,7 @@ from layout_algebra._args import (
     mapping_items,
     plain_str,
 )
-from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, frozen_map_of
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call, frozen_map_of
 from layout_algebra._grouping import group_index, values_by_fqn
 from layout_algebra._parts import (
     PartGeometry,
@@ -112,6 +112,7 @@ def _box(offsets: Sequence[int], sizes: Sequence[int]) -> str:
     return "[" + ", ".join(f"{o}:{o + n}" for o, n in zip(offsets, sizes, strict=True)) + "]"
 
 
+@checked_call
 @attrs.frozen(cache_hash=True, order=True)
 class Chunk:
     """One box of a tensor as a checkpoint records it: where it starts and how big it is.
@@ -170,6 +171,7 @@ def _check_dest_fqn(_: object, __: attrs.Attribute[str | None], value: object) -
         check_fqn(value, "Read.dest_fqn")
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class Read:
     """One read a destination rank makes: a box of one saved chunk into its local shard.

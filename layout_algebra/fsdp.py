@@ -20,7 +20,7 @@ from typing import Final, TypeAlias
 import attrs
 
 from layout_algebra._args import as_dim, as_shape, mapping_items, plain_str
-from layout_algebra._frozen import REQUIRED, check_init
+from layout_algebra._frozen import REQUIRED, check_init, checked_call
 from layout_algebra._grouping import group_index
 from layout_algebra._shards import (
     Runs,
@@ -474,6 +474,7 @@ def _check_parts_dim(_: object, __: attrs.Attribute[int], value: int) -> None:
     as_dim(value, "FsdpParts.shard_dim")
 
 
+@checked_call
 @attrs.frozen
 class FsdpParts:
     """A composed layout read as ``fully_shard`` made it: FSDP's axes, then the source.

@@ -36,7 +36,7 @@ from typing import Final, TypeAlias
 import attrs
 
 from layout_algebra._args import as_instances, as_items, plain_str
-from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, read_once
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call, read_once
 from layout_algebra._grouping import group_index, values_by_fqn
 from layout_algebra._ranks import (
     Chain,
@@ -222,6 +222,7 @@ def _fqn_alone(note: LintNote) -> tuple[str, ...]:
     return (note.fqn,)
 
 
+@checked_call
 @attrs.frozen
 class LintNote:
     """Something worth knowing about parameters laid out alike that does not stop them
@@ -286,6 +287,7 @@ def _as_traffic(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int,
     return rows_by_name(value, "LintReport(traffic)", "collective")
 
 
+@checked_call
 @attrs.frozen
 class RankMemory:
     """Parameter bytes each global rank holds after FSDP, in total and by mesh role.
@@ -385,6 +387,7 @@ def _optional_problem(value: str | None) -> str | None:
     return _optional_text(value, "Coverage(problem)")
 
 
+@checked_call
 @attrs.frozen
 class Coverage:
     """Whether the chunks a distributed checkpoint saves of one (layout, shape) cover
@@ -396,10 +399,15 @@ class Coverage:
     which elements are saved twice or by none.
     """
 
-    layout: SourceLayout = attrs.field(validator=_check_cover_layout)
-    shape: ParamShape = attrs.field(validator=_check_cover_shape)
-    tensors: int = attrs.field(validator=_check_tensors)
+    layout: SourceLayout = attrs.field(validator=_check_cover_layout, **REQUIRED)
+    shape: ParamShape = attrs.field(validator=_check_cover_shape, **REQUIRED)
+    tensors: int = attrs.field(validator=_check_tensors, **REQUIRED)
     problem: str | None = attrs.field(default=None, converter=_optional_problem)
+
+    def __attrs_pre_init__(
+        self, layout: SourceLayout, shape: ParamShape, tensors: int, problem: str | None
+    ) -> None:
+        check_init(self, "layout", (layout, shape, tensors, problem))
 
     @property
     def exact(self) -> bool:
@@ -411,6 +419,7 @@ def _as_coverage(value: Iterable[Coverage]) -> tuple[Coverage, ...]:
     return as_instances(value, Coverage, "LintReport(coverage)", "(Coverage(...),)")
 
 
+@checked_call
 @attrs.frozen
 class LintReport:
     """Everything ``lint`` found: problems (torch refuses or misreads), notes, memory, and

@@ -13,7 +13,7 @@ from typing import Final, Literal, Self, TypeAlias, TypeGuard, assert_never, get
 import attrs
 
 from layout_algebra._args import MAX_NDIM, plain_str
-from layout_algebra._frozen import NOT_GIVEN, REQUIRED, check_init
+from layout_algebra._frozen import NOT_GIVEN, REQUIRED, check_init, checked_call
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError, PlacementSyntaxError
 
@@ -81,6 +81,7 @@ _PARTIALS: dict[str, Partial] = {}
 _REPLICATES: list[Replicate] = []
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class Shard:
     """The tensor is split along ``dim`` across the axis, torch.chunk style."""
@@ -109,6 +110,7 @@ class Shard:
         return format_placement(self)
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class Replicate:
     """Every rank along the axis holds the whole tensor."""
@@ -131,6 +133,7 @@ class Replicate:
         return (Replicate, ())
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class Partial:
     """Every rank along the axis holds a partial value, ``reduce_op`` pending."""
@@ -161,6 +164,7 @@ class Partial:
         return format_placement(self)
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class StridedShard:
     """A shard of ``dim`` whose chunks interleave with ``split_factor`` finer shards.

@@ -20,6 +20,7 @@ from layout_algebra._frozen import (
     REQUIRED,
     FrozenMap,
     check_init,
+    checked_call,
     frozen_map_of,
     intern,
     interned_get,
@@ -205,6 +206,7 @@ def _is_path(name: object) -> bool:
     return type(name) is str and bool(name) and _segments_ok(name)
 
 
+@checked_call
 @attrs.frozen(init=False)
 class ModulePlan:
     """The named placements of one module's parameters.
@@ -365,6 +367,7 @@ def _check_vocabulary(
     check_distinct_axes(value, "mesh_axes")
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class ShardingPlan:
     """A whole model's plan: module plans by module FQN, the mesh's axis names, tied pairs.

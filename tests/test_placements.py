@@ -50,7 +50,7 @@ def test_partial_defaults_to_a_sum() -> None:
 
 
 def test_strided_shard_split_factor_is_keyword_only() -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(LayoutError, match="keywords"):
         StridedShard(0, 2)  # type: ignore[call-arg]  # the factor must be named, as in torch
 
 
