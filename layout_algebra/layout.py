@@ -18,7 +18,7 @@ from typing import Final, TypeVar, overload
 import attrs
 
 from layout_algebra._args import as_instances, as_items, mapping_items, plain_str
-from layout_algebra._frozen import REQUIRED, DictView, check_init, intern
+from layout_algebra._frozen import REQUIRED, DictView, check_init, checked_call, intern
 from layout_algebra._grouping import OncePerKey
 from layout_algebra._text import clip, escape, quote
 from layout_algebra.axes import AxisLike, AxisName, as_axes, as_axis, check_distinct_axes
@@ -60,6 +60,7 @@ def _check_mesh_role(_: object, __: attrs.Attribute[str], value: object) -> None
         raise LayoutError(msg)
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class SourceLayout:
     """A parameter's placement on each source axis of one sub-mesh, in mesh order.
@@ -294,6 +295,7 @@ def _check_drop_placement(_: object, __: attrs.Attribute[Placement], value: obje
         raise LayoutError(msg)
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class Drop:
     """A non-Replicate placement ``build_table`` dropped: its axis is not in the target mesh.
@@ -323,6 +325,7 @@ def _as_drops(drops: Iterable[Drop]) -> tuple[Drop, ...]:
     return as_instances(drops, Drop, "dropped", "(Drop('w', 'dense', 'tp', Shard(0)),)")
 
 
+@checked_call
 @attrs.frozen(eq=False, repr=False)
 class ParamLayoutTable(DictView[str, SourceLayout]):
     """The source layout of every parameter, by FQN, and the groups that share storage.
@@ -349,8 +352,9 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
     dropped: tuple[Drop, ...] = attrs.field(
         default=(), kw_only=True, converter=_as_drops, eq=False, repr=False
     )
-    """The non-Replicate placements ``build_table`` dropped on axes their mesh lacks
-    (not part of the table's value: not compared, hashed or serialized)."""
+    """The non-Replicate placements ``build_table`` dropped on axes their mesh lacks: a
+    record of how the table was made, written in its JSON, not part of its value (not
+    compared, hashed or fingerprinted)."""
 
     @tied.validator
     def _check_tied(self, _: attrs.Attribute[tuple[frozenset[str], ...]], value: object) -> None:
@@ -479,13 +483,17 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
 
     def fingerprint(self) -> str:
         """A stable digest of the table's value: the same in every process and for every
-        insertion order, different when an entry, a tied group or a drop differs.
+        insertion order, different when an entry or a tied group differs.
+
+        It follows ``==``: equal tables have one fingerprint, so ``dropped`` (a record of
+        how the table was made, outside its value) is not in it: a table read from a
+        checkpoint, which records no drops, has the fingerprint of the plan's table.
 
         A SHA-256 over a canonical text, as ``"v1:<hex>"``: a version line; the FQNs
         sorted, one per line; their layouts (``str(layout)``) in the same order, one per
-        line; then one JSON line per tied group and per drop, sorted. A column holding a
-        newline in one of its texts is written with each text as a JSON string instead,
-        and its header line says so.
+        line; then one JSON line per tied group, sorted. A column holding a newline in
+        one of its texts is written with each text as a JSON string instead, and its
+        header line says so.
         """
         # entries read in the table's order, then put in FQN order by their positions
         spelled = OncePerKey(str)  # each distinct layout's text once
@@ -494,11 +502,7 @@ class ParamLayoutTable(DictView[str, SourceLayout]):
         fqns = _column("FQNs", list(map(keys.__getitem__, order)))
         texts = _column("layouts", list(map(layouts.__getitem__, order)))
         tied = sorted(sorted(group) for group in self.tied)
-        drops = sorted(
-            [d.fqn, d.mesh, d.axis.name, format_placement(d.placement)] for d in self.dropped
-        )
         rest = [json.dumps(["tied", members]) for members in tied]
-        rest.extend(json.dumps(["drop", *drop]) for drop in drops)
         text = "\n".join([_FINGERPRINT_VERSION, *fqns, *texts, *rest])
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
         return f"v1:{digest}"
