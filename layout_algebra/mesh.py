@@ -23,6 +23,7 @@ from typing import Final
 import attrs
 
 from layout_algebra._args import as_items, mapping_items
+from layout_algebra._frozen import REQUIRED, check_init, checked_call
 from layout_algebra._text import clip, quote
 from layout_algebra.axes import MAX_AXES, AxisName, as_axis, check_distinct_axes
 from layout_algebra.errors import LayoutError
@@ -37,6 +38,7 @@ MAX_WORLD: Final = 2**20
 ``reshard_plan``, ``draw``): enough for any real run, and a bound on that work."""
 
 _ITEM: Final = re.compile(r"\s*([^=\s]*)\s*=\s*([0-9]+)\s*", re.ASCII)
+_BLANK: Final = re.compile(r"\s*", re.ASCII)
 _EXAMPLE: Final = "{'dp_shard': 8, 'tp': 4}"
 
 
@@ -58,9 +60,10 @@ def _by_axis(
     """
     raw: object = value  # user input, whatever the annotation says
     if isinstance(raw, Mapping):
-        items = tuple(mapping_items(raw, arg, _EXAMPLE))
+        items = tuple(mapping_items(raw, arg, _EXAMPLE, limit=MAX_AXES))
     elif isinstance(raw, Iterable) and not isinstance(raw, str | bytes):
-        items = as_items(raw, arg, _EXAMPLE, limit=MAX_AXES)
+        pairs_example = "[('dp_shard', 8), ('tp', 4)]"  # in order: it is the ranks' order
+        items = as_items(raw, arg, pairs_example, limit=MAX_AXES, ordered=True)
     else:
         msg = f"{arg} must map axis name to int, such as {_EXAMPLE}, got {quote(raw)}"
         raise LayoutError(msg)
@@ -99,6 +102,7 @@ def _as_axes(axes: Mapping[str, int] | Iterable[tuple[str, int]]) -> tuple[tuple
     return _by_axis(axes, "Mesh", 1)
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class Mesh(Mapping[str, int]):
     """A device mesh's axes and sizes, in order: ``Mesh({"dp_shard": 8, "tp": 4})``.
@@ -112,11 +116,16 @@ class Mesh(Mapping[str, int]):
     dp_shard=2,tp=4
     (None, True)
 
-    Equal meshes have the same axes in the same order. As a ``Mapping`` it reads sizes by
-    axis name (``m["tp"] == 4``).
+    Equal meshes have the same axes in the same order, so a mesh equals only a mesh (not
+    a ``dict`` of its sizes, which would equal it in any order), and equal meshes hash
+    alike. As a ``Mapping`` it reads sizes by axis name (``m["tp"] == 4``). The mesh of
+    no axes (one rank) is ``Mesh({})``, written ``""``.
     """
 
-    axes: tuple[tuple[str, int], ...] = attrs.field(converter=_as_axes)
+    axes: tuple[tuple[str, int], ...] = attrs.field(converter=_as_axes, **REQUIRED)
+
+    def __attrs_pre_init__(self, axes: Mapping[str, int] | Iterable[tuple[str, int]]) -> None:
+        check_init(self, "axes", (axes,))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -170,7 +179,8 @@ class Mesh(Mapping[str, int]):
 
     @classmethod
     def parse(cls, text: str) -> Mesh:
-        """The mesh ``text`` spells, as ``str`` writes it: ``"dp_shard=8,tp=4"``.
+        """The mesh ``text`` spells, as ``str`` writes it: ``"dp_shard=8,tp=4"`` (and
+        ``""``, or only spaces, for the mesh of no axes, whose ``str`` is ``""``).
 
         Raises:
             LayoutError: not ``name=size`` items separated by commas, with ASCII digits.
@@ -179,6 +189,8 @@ class Mesh(Mapping[str, int]):
         if not isinstance(raw, str):
             msg = f"Mesh.parse takes text such as 'dp_shard=8,tp=4', got {quote(text)}"
             raise LayoutError(msg)
+        if _BLANK.fullmatch(text):  # what str(Mesh({})) writes
+            return cls(())
         pairs: list[tuple[str, int]] = []
         for item in text.split(","):
             m = _ITEM.fullmatch(item)
