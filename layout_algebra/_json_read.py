@@ -34,7 +34,13 @@ from layout_algebra.mesh import Mesh
 from layout_algebra.placements import Partial, Placement, parse_placement
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape
-from layout_algebra.structure import structure_from_obj
+from layout_algebra.structure import (
+    Packed,
+    Part,
+    packed_from_obj,
+    part_from_obj,
+    structure_from_obj,
+)
 
 __all__ = [
     "at_field",
@@ -46,7 +52,9 @@ __all__ = [
     "read_layout",
     "read_mesh",
     "read_module",
+    "read_packed",
     "read_param_shape",
+    "read_part",
     "read_placement",
     "read_plan",
     "read_shapes",
@@ -586,6 +594,16 @@ def read_param_shape(value: object, path: str) -> ParamShape:
         return shape_path
 
     return _wrap(path, lambda: ParamShape(sizes, dtype, structure=structure), locate)
+
+
+def read_part(value: object, path: str) -> Part:
+    """A ``Part`` from its JSON object, by the rules of a ``shapes.json`` structure's parts."""
+    return part_from_obj(_plain(value, path), path)
+
+
+def read_packed(value: object, path: str) -> Packed:
+    """A ``Packed`` from its JSON array of parts, as a ``shapes.json`` structure holds it."""
+    return packed_from_obj(_plain(value, path), path)
 
 
 def _plain(value: object, path: str) -> object:

@@ -13,7 +13,8 @@ table entry per line::
 A table that ``build_table`` dropped placements for also has ``"dropped"``, one object a
 drop (``{"fqn": ..., "mesh": ..., "axis": ..., "placement": "S(0)"}``); a document
 without it has none. ``"fingerprint"`` is ``ParamLayoutTable.fingerprint()`` of the
-table written: a document whose content no longer has it was changed after it was
+table written (its entries and tied groups, as table equality has them; the drops are a
+record outside it): a document whose table no longer has it was changed after it was
 written, and is refused until the field is deleted; a document without it is read as it
 is.
 
@@ -53,7 +54,9 @@ from layout_algebra._json_read import (
     read_layout,
     read_mesh,
     read_module,
+    read_packed,
     read_param_shape,
+    read_part,
     read_placement,
     read_plan,
     read_shapes,
@@ -87,6 +90,7 @@ from layout_algebra.placements import (
 )
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape
+from layout_algebra.structure import Packed, Part, packed_to_obj, part_to_obj
 from layout_algebra.training import Training, training_from_obj, training_to_obj
 
 __all__ = [
@@ -237,9 +241,12 @@ def configure_converter(converter: _C) -> _C:
 
     After it, ``converter.unstructure(table)`` gives the JSON-ready document and
     ``converter.structure(obj, ParamLayoutTable)`` reads one back strictly (the same for
-    ``ShardingPlan``, ``ModulePlan``, ``SourceLayout``, ``ParamShape``, ``AxisName``,
-    ``Placement`` and every placement kind), also where they sit inside the user's own
-    attrs classes (``dict[str, ParamShape]`` is a ``shapes.json``'s ``params``).
+    ``ShardingPlan``, ``ModulePlan``, ``SourceLayout``, ``ParamShape``, ``Mesh``,
+    ``Training``, ``Part``, ``Packed``, ``AxisName``, ``Placement`` and every placement
+    kind), also where they sit inside the user's own attrs classes
+    (``dict[str, ParamShape]`` is a ``shapes.json``'s ``params``). A ``Part`` is
+    ``{"name": "q", "count": 32, "size": 128}`` and a ``Packed`` the list of its parts, as
+    a ``shapes.json`` structure holds them, read by the same code with the same refusals.
 
     Returns:
         ``converter`` itself.
@@ -260,6 +267,10 @@ def configure_converter(converter: _C) -> _C:
     converter.register_structure_hook(ModulePlan, lambda v, _: read_module(v, ""))
     converter.register_unstructure_hook(Mesh, mesh_obj)
     converter.register_structure_hook(Mesh, lambda v, _: read_mesh(v, ""))
+    converter.register_unstructure_hook(Part, part_to_obj)
+    converter.register_structure_hook(Part, lambda v, _: read_part(v, ""))
+    converter.register_unstructure_hook(Packed, packed_to_obj)
+    converter.register_structure_hook(Packed, lambda v, _: read_packed(v, ""))
     converter.register_unstructure_hook(ParamShape, shape_obj)
     converter.register_structure_hook(ParamShape, lambda v, _: read_param_shape(v, ""))
     converter.register_unstructure_hook(ShardingPlan, plan_obj)

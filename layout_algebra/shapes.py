@@ -21,7 +21,7 @@ import attrs
 
 from layout_algebra._args import MAX_TENSOR_SIZE, as_shape
 from layout_algebra._files import as_path, open_regular
-from layout_algebra._frozen import FrozenMap
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call
 from layout_algebra._text import clip, did_you_mean, quote
 from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.structure import Packed, as_structure, structure_str
@@ -151,6 +151,7 @@ def _as_shape(value: Iterable[int]) -> tuple[int, ...]:
     return shape
 
 
+@checked_call
 @attrs.frozen(cache_hash=True, repr=False)
 class ParamShape:
     """A parameter's global shape and dtype (torch's name), so also its bytes, and what
@@ -171,11 +172,16 @@ class ParamShape:
     bfloat16[1024, 4096] (dim 0 [k: 8x128])
     """
 
-    shape: tuple[int, ...] = attrs.field(converter=_as_shape)
-    dtype: str = attrs.field(converter=as_dtype)
+    shape: tuple[int, ...] = attrs.field(converter=_as_shape, **REQUIRED)
+    dtype: str = attrs.field(converter=as_dtype, **REQUIRED)
     structure: FrozenMap[int, Packed] = attrs.field(
         default=FrozenMap({}), converter=as_structure, kw_only=True
     )
+
+    def __attrs_pre_init__(
+        self, shape: Iterable[int], dtype: str, *, structure: Mapping[int, Packed]
+    ) -> None:
+        check_init(self, "shape", (shape, dtype, structure))
 
     @structure.validator
     def _check_structure(

@@ -11,7 +11,9 @@ the wrong rows: ``Packed`` says what the rows are, so the lint can tell.
 ('[q: 32x128 | k: 8x128 | v: 8x128]', 6144)
 
 ``structure_to_obj`` and ``structure_from_obj`` are a ``ParamShape``'s structure as JSON
-(``{"0": [{"name": "q", "count": 32, "size": 128}, ...]}``, dims as decimal keys).
+(``{"0": [{"name": "q", "count": 32, "size": 128}, ...]}``, dims as decimal keys);
+``part_from_obj`` and ``packed_from_obj`` read one part and one dim's parts, by the same
+rules (the converter's hooks for ``Part`` and ``Packed`` call them).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Final
 import attrs
 
 from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE, as_instances, mapping_items, plain_str
-from layout_algebra._frozen import REQUIRED, FrozenMap, check_init
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call
 from layout_algebra._text import clip, label, quote
 from layout_algebra.errors import LayoutError, SerializationError
 
@@ -39,6 +41,9 @@ __all__ = [
 
 EXPERTS: Final = "experts"
 """The name of a part whose units are whole experts: its count must split evenly."""
+
+MAX_PARTS: Final = 1 << 16
+"""The most parts one dim is packed from (a real one has a handful: q, k, v; gate, up)."""
 
 _NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
@@ -61,6 +66,7 @@ def _check_positive(part: Part, attribute: attrs.Attribute[int], value: object) 
         raise LayoutError(msg)
 
 
+@checked_call
 @attrs.frozen
 class Part:
     """``count`` units of ``size`` elements each, one after the other: 32 heads of 128
@@ -97,9 +103,12 @@ class Part:
 
 
 def _as_parts(value: Sequence[Part]) -> tuple[Part, ...]:
-    return as_instances(value, Part, "Packed(parts)", "[Part('gate', 64), Part('up', 64)]")
+    # in order (the order of the parts is what the dim's rows are), and bounded
+    example = "[Part('gate', 64), Part('up', 64)]"
+    return as_instances(value, Part, "Packed(parts)", example, limit=MAX_PARTS)
 
 
+@checked_call
 @attrs.frozen(cache_hash=True)
 class Packed:
     """A dim made of its parts, in order: ``[gate | up]``, ``[q | k | v]``, or one part.
@@ -167,7 +176,11 @@ def as_structure(value: Mapping[int, Packed], arg: str = "structure") -> FrozenM
         msg = f"{arg} must map a dim to its Packed parts, such as {example}, got {quote(raw)}"
         raise LayoutError(msg)
     out: dict[int, Packed] = {}
-    for dim, packed in mapping_items(value, arg, example):
+    items = mapping_items(value, arg, example, limit=MAX_NDIM)  # a dim each, so bounded
+    if len(items) > MAX_NDIM:
+        msg = f"{arg} has more than {MAX_NDIM} dims, more than a tensor has; check it"
+        raise LayoutError(msg)
+    for dim, packed in items:
         raw_dim: object = dim
         if type(raw_dim) is not int or not 0 <= dim < MAX_NDIM:
             msg = f"{arg} is keyed by dims (ints from 0 to {MAX_NDIM - 1}), got {quote(raw_dim)}"
@@ -198,10 +211,17 @@ def structure_to_obj(structure: Mapping[int, Packed]) -> dict[str, object]:
     >>> structure_to_obj({0: Packed([Part("gate", 4), Part("up", 4)])})
     {'0': [{'name': 'gate', 'count': 4, 'size': 1}, {'name': 'up', 'count': 4, 'size': 1}]}
     """
-    return {
-        str(dim): [{"name": p.name, "count": p.count, "size": p.size} for p in packed.parts]
-        for dim, packed in as_structure(structure).items()
-    }
+    return {str(dim): packed_to_obj(packed) for dim, packed in as_structure(structure).items()}
+
+
+def packed_to_obj(packed: Packed) -> list[dict[str, object]]:
+    """One dim's parts as JSON data: a list of parts, as a structure holds it."""
+    return [part_to_obj(p) for p in packed.parts]
+
+
+def part_to_obj(part: Part) -> dict[str, object]:
+    """A part as JSON data: ``{"name": "q", "count": 32, "size": 128}``."""
+    return {"name": part.name, "count": part.count, "size": part.size}
 
 
 def _key(path: str, key: str) -> str:
@@ -239,17 +259,39 @@ def structure_from_obj(obj: object, path: str = "") -> dict[int, Packed]:
         where = _key(path, key) if isinstance(key, str) else f"{path or '$'}[{quote(key)}]"
         if not isinstance(key, str) or not _DIM_RE.fullmatch(key):
             raise _bad(where, f"keys are dims written in decimal, from 0 to {MAX_NDIM - 1}", key)
-        if type(parts) is not list:
-            raise _bad(where, "expected a list of parts", parts)
-        read = [_part(item, f"{where}[{i}]") for i, item in enumerate(parts)]
-        try:
-            out[int(key)] = Packed(read)
-        except LayoutError as e:
-            raise SerializationError(f"{where or '$'}: {e.message}", path=where or "$") from None
+        out[int(key)] = packed_from_obj(parts, where)
     return out
 
 
-def _part(item: object, path: str) -> Part:
+def packed_from_obj(obj: object, path: str = "") -> Packed:
+    """One dim's ``Packed`` read back from ``packed_to_obj``'s JSON data: a list of parts.
+
+    >>> packed_from_obj([{"name": "gate", "count": 4}, {"name": "up", "count": 4}])
+    Packed(parts=(Part(name='gate', count=4, size=1), Part(name='up', count=4, size=1)))
+
+    Raises:
+        SerializationError: with the path of the first bad value.
+    """
+    if type(obj) is not list:
+        raise _bad(path, "expected a list of parts", obj)
+    if len(obj) > MAX_PARTS:
+        where = path or "$"
+        msg = f"{where}: a dim has at most {MAX_PARTS:,} parts, got {len(obj):,}; check the list"
+        raise SerializationError(msg, path=where)
+    read = [part_from_obj(item, f"{path}[{i}]") for i, item in enumerate(obj)]
+    try:
+        return Packed(read)
+    except LayoutError as e:
+        raise SerializationError(f"{path or '$'}: {e.message}", path=path or "$") from None
+
+
+def part_from_obj(item: object, path: str = "") -> Part:
+    """A ``Part`` read back from ``part_to_obj``'s JSON data: ``name`` a string, ``count``
+    and ``size`` ints (never a float, a bool or digits in a string), no other key.
+
+    Raises:
+        SerializationError: with the path of the first bad value.
+    """
     if type(item) is not dict:
         raise _bad(path, 'expected a part: {"name": ..., "count": ..., "size": ...}', item)
     for key in item:
