@@ -36,8 +36,8 @@ from typing import Final, TypeAlias
 
 import attrs
 
-from layout_algebra._args import as_items, mapping_items, plain_str
-from layout_algebra._frozen import FrozenMap
+from layout_algebra._args import as_items, as_sequence, mapping_items, plain_str
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call
 from layout_algebra._json_read import at_field, fail, shown
 from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, chunk_bounds, size_of
@@ -55,7 +55,7 @@ from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_name_set
 from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.fsdp import split_fsdp
 from layout_algebra.layout import SourceLayout, check_fqn
-from layout_algebra.mesh import Mesh, as_role_sizes, world_size
+from layout_algebra.mesh import MAX_WORLD, Mesh, as_role_sizes, world_size
 from layout_algebra.shapes import DTYPE_BYTES, ParamShape, as_dtype
 
 __all__ = [
@@ -90,6 +90,10 @@ _MAX_RANK_ROWS: Final = 16
 
 _TOP: Final = 3
 """How many parameters a budget problem names."""
+
+MAX_UNITS: Final = 1 << 16
+"""The most ``fully_shard`` unit patterns a ``Training`` names (a model has a few, or one
+per layer when each layer is named)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -132,7 +136,8 @@ def _master_dtype(value: str | None) -> str | None:
 
 def _as_units(value: Iterable[str]) -> tuple[str, ...]:
     arg = "Training(units=...)"
-    items = as_items(value, arg, "('layers.*',)")
+    # in order (the value and its JSON keep it), and bounded: an endless iterable ends
+    items = as_sequence(value, arg, "('layers.*',)", limit=MAX_UNITS, what="unit patterns")
     out: list[str] = []
     for item in items:
         raw: object = item
@@ -155,6 +160,7 @@ def _check_reshard(_: object, __: attrs.Attribute[bool], value: object) -> None:
         raise LayoutError(msg)
 
 
+@checked_call
 @attrs.frozen(kw_only=True)
 class Training:
     """How a model is trained under FSDP2: what each rank keeps besides the parameters.
@@ -186,6 +192,9 @@ class Training:
     master_dtype: str | None = attrs.field(default=None, converter=_master_dtype)
     units: tuple[str, ...] = attrs.field(default=(), converter=_as_units)
     reshard_after_forward: bool = attrs.field(default=True, validator=_check_reshard)
+
+    def __attrs_pre_init__(self) -> None:
+        check_init(self, "optimizer", ())  # every argument has a default
 
 
 _FIELDS: Final = tuple(field.name for field in attrs.fields(Training))
@@ -304,12 +313,14 @@ def as_text(value: object, arg: str) -> str:
 
 
 def as_counts(value: Iterable[int], arg: str) -> tuple[int, ...]:
-    """``value`` as a tuple of ints >= 0 (ranks, bytes).
+    """``value`` as a tuple of ints >= 0 (ranks, bytes), in order and at most one per
+    rank of the largest world (``MAX_WORLD``).
 
     Raises:
-        LayoutError: naming ``arg``: not a collection, or an item that is no such int.
+        LayoutError: naming ``arg``: not a collection in order, more than ``MAX_WORLD``
+            items, or an item that is no such int.
     """
-    out = as_items(value, arg, "(0, 1)")
+    out = as_sequence(value, arg, "(0, 1)", limit=MAX_WORLD, what="counts (one per rank)")
     for n in out:
         if type(n) is not int or n < 0:
             msg = f"{arg} holds ints >= 0, got {quote(n)} in {quote(out)}"
@@ -349,15 +360,19 @@ def _budget_ranks(value: Iterable[int]) -> tuple[int, ...]:
     return as_counts(value, "BudgetExcess(ranks)")
 
 
+@checked_call
 @attrs.frozen
 class BudgetExcess:
     """Ranks whose model state and buffers exceed a memory budget: ``message`` names the
     worst rank, its bytes by kind and the parameters weighing most there (``fqn`` the
     heaviest); ``ranks`` are every rank above the budget."""
 
-    message: str = attrs.field(converter=_budget_message)
-    fqn: str = attrs.field(converter=plain_str, validator=_budget_fqn)
-    ranks: tuple[int, ...] = attrs.field(converter=_budget_ranks)
+    message: str = attrs.field(converter=_budget_message, **REQUIRED)
+    fqn: str = attrs.field(converter=plain_str, validator=_budget_fqn, **REQUIRED)
+    ranks: tuple[int, ...] = attrs.field(converter=_budget_ranks, **REQUIRED)
+
+    def __attrs_pre_init__(self, message: str, fqn: str, ranks: Iterable[int]) -> None:
+        check_init(self, "message", (message, fqn, ranks))
 
 
 def _rows_of(
@@ -389,6 +404,7 @@ def _check_over_budget(_: object, __: attrs.Attribute[BudgetExcess | None], valu
         raise LayoutError(msg)
 
 
+@checked_call
 @attrs.frozen
 class TrainingCost:
     """Per global rank, the memory of each kind and the bytes of each collective per step.
@@ -399,10 +415,19 @@ class TrainingCost:
     Every row has one entry per rank.
     """
 
-    by_kind: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_by_kind)
-    traffic: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_traffic)
-    largest_buffer: tuple[int, ...] = attrs.field(converter=_largest_buffer)
+    by_kind: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_by_kind, **REQUIRED)
+    traffic: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_traffic, **REQUIRED)
+    largest_buffer: tuple[int, ...] = attrs.field(converter=_largest_buffer, **REQUIRED)
     over_budget: BudgetExcess | None = attrs.field(default=None, validator=_check_over_budget)
+
+    def __attrs_pre_init__(
+        self,
+        by_kind: Mapping[str, Iterable[int]],
+        traffic: Mapping[str, Iterable[int]],
+        largest_buffer: Iterable[int],
+        over_budget: BudgetExcess | None,
+    ) -> None:
+        check_init(self, "by_kind", (by_kind, traffic, largest_buffer, over_budget))
 
     def __attrs_post_init__(self) -> None:
         rows = [*self.by_kind.values(), *self.traffic.values(), self.largest_buffer]
