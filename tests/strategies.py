@@ -9,13 +9,18 @@ from hypothesis.strategies import SearchStrategy
 
 from layout_algebra import (
     FSDP_OWNED_AXES,
+    Mesh,
     ModulePlan,
+    Packed,
     ParamLayoutTable,
+    ParamShape,
+    Part,
     Placement,
     Replicate,
     Shard,
     ShardingPlan,
     SourceLayout,
+    Training,
 )
 from layout_algebra.plan import param_fqn
 from layout_algebra.testing import (
@@ -39,8 +44,12 @@ __all__ = [
     "axis_names",
     "axis_sequences",
     "build_meshes",
+    "meshes",
     "module_fqns",
+    "packeds",
     "param_fqns",
+    "param_shapes",
+    "parts",
     "placements",
     "sharding_plans",
     "source_layouts",
@@ -50,6 +59,7 @@ __all__ = [
     "tables_and_pairs",
     "tied_pairs",
     "tied_plans",
+    "trainings",
     "wild_plans",
 ]
 
@@ -152,3 +162,54 @@ def tied_plans(draw: st.DrawFn) -> ShardingPlan:
     params = draw(st.dictionaries(st.sampled_from(("a", "b", "c", "d")), named, min_size=2))
     pairs = draw(tied_pairs([f"m.{p}" for p in params], min_pairs=1))
     return ShardingPlan({"m": ModulePlan(params)}, mesh_axes=["tp", "ep"], tied_pairs=pairs)
+
+
+# --- the values inside a dim, the mesh and the training setup -----------------------------
+
+_PART_NAMES: tuple[str, ...] = ("q", "k", "v", "gate", "up", "experts", "o")
+
+
+def parts() -> SearchStrategy[Part]:
+    """Parts of a few small units: ``Part("q", 4, 8)``."""
+    return st.builds(Part, st.sampled_from(_PART_NAMES), st.integers(1, 8), st.integers(1, 16))
+
+
+def packeds(*, max_parts: int = 4) -> SearchStrategy[Packed]:
+    """A dim's parts, each name once, in any order."""
+    return st.lists(parts(), min_size=1, max_size=max_parts, unique_by=lambda p: p.name).map(Packed)
+
+
+def meshes(*, max_axes: int = 4) -> SearchStrategy[Mesh]:
+    """Meshes of distinct axes in any order, the mesh of no axes included."""
+    names = st.sampled_from(["dp", "dp_shard", "tp", "ep", "cp", "pp", "x_1"])
+    pairs = st.lists(
+        st.tuples(names, st.integers(1, 6)), max_size=max_axes, unique_by=lambda p: p[0]
+    )
+    return pairs.map(Mesh)
+
+
+@st.composite
+def param_shapes(draw: st.DrawFn, *, max_ndim: int = 3) -> ParamShape:
+    """Shapes of a few dims, some dims with the structure their sizes are made of."""
+    structure = draw(st.dictionaries(st.integers(0, max_ndim - 1), packeds(), max_size=2))
+    ndim = draw(st.integers(max(structure, default=-1) + 1, max_ndim))
+    shape = tuple(
+        structure[d].length if d in structure else draw(st.integers(0, 64)) for d in range(ndim)
+    )
+    dtype = draw(st.sampled_from(["bfloat16", "float32", "float8_e4m3fn", "int64"]))
+    return ParamShape(shape, dtype, structure=structure)
+
+
+def trainings() -> SearchStrategy[Training]:
+    """Training setups: each optimizer, dtypes or ``None``, a few unit patterns."""
+    dtypes = st.none() | st.sampled_from(["bfloat16", "float32", "float16"])
+    units = st.lists(st.sampled_from(["layers.*", "emb", "layers.*.mlp", "head"]), unique=True)
+    return st.builds(
+        Training,
+        optimizer=st.sampled_from(["adamw", "sgd", "none"]),
+        param_dtype=dtypes,
+        reduce_dtype=dtypes,
+        master_dtype=dtypes,
+        units=units,
+        reshard_after_forward=st.booleans(),
+    )
