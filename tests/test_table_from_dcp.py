@@ -253,7 +253,7 @@ def test_a_damaged_entry_is_an_error_naming_it(tmp_path: Path) -> None:
     damaged = TensorStorageMetadata(None, torch.Size([4]), [])  # type: ignore[arg-type]  # on purpose
     entries: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {"w": damaged}
     (tmp_path / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata=entries)))
-    with pytest.raises(LayoutError, match="w: the checkpoint's metadata gives its properties.dtype as None"):
+    with pytest.raises(LayoutError, match=r"w: the checkpoint's metadata gives its properties\."):
         table_from_dcp(tmp_path)
 
 
