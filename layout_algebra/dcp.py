@@ -35,7 +35,7 @@ import attrs
 from layout_algebra import _dcp_pickle as dcp
 from layout_algebra._args import as_instances, mapping_items
 from layout_algebra._files import as_path
-from layout_algebra._frozen import FrozenMap
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call
 from layout_algebra._ranks import Chain
 from layout_algebra._shards import chunk_bounds
 from layout_algebra._text import clip, quote, ranks_text, some_of
@@ -101,6 +101,7 @@ def _check_table(_: object, __: attrs.Attribute[ParamLayoutTable], value: object
     check_table(value, "DcpLayouts(table=...)")
 
 
+@checked_call
 @attrs.frozen
 class DcpLayouts:
     """What a DCP checkpoint's metadata says of its tensors: layouts, shapes and meshes.
@@ -115,10 +116,19 @@ class DcpLayouts:
     is checked (a wrong type is a ``LayoutError`` naming it).
     """
 
-    table: ParamLayoutTable = attrs.field(validator=_check_table)
-    shapes: FrozenMap[str, ParamShape] = attrs.field(converter=_as_shapes)
-    meshes: FrozenMap[str, Mesh] = attrs.field(converter=_as_meshes)
+    table: ParamLayoutTable = attrs.field(validator=_check_table, **REQUIRED)
+    shapes: FrozenMap[str, ParamShape] = attrs.field(converter=_as_shapes, **REQUIRED)
+    meshes: FrozenMap[str, Mesh] = attrs.field(converter=_as_meshes, **REQUIRED)
     skipped: tuple[str, ...] = attrs.field(default=(), converter=_as_skipped)
+
+    def __attrs_pre_init__(
+        self,
+        table: ParamLayoutTable,
+        shapes: Mapping[str, ParamShape],
+        meshes: Mapping[str, Mesh],
+        skipped: Iterable[str],
+    ) -> None:
+        check_init(self, "table", (table, shapes, meshes, skipped))
 
 
 @attrs.frozen

@@ -54,7 +54,7 @@ from layout_algebra import (
 )
 from layout_algebra._dcp_pickle import load_metadata
 from layout_algebra.cli import main
-from layout_algebra.dcp import table_from_dcp
+from layout_algebra.dcp import DcpLayouts, table_from_dcp
 from layout_algebra.mesh import MAX_WORLD
 from layout_algebra.serialization import plan_to_json, to_json
 from layout_algebra.torch_bridge import table_from_dcp as bridge_table_from_dcp
@@ -218,7 +218,7 @@ def test_a_refused_checkpoint_imports_no_torch(tmp_path: Path) -> None:
     script = f"""
 import sys
 from layout_algebra import LayoutError
-from layout_algebra.dcp import table_from_dcp
+from layout_algebra.dcp import DcpLayouts, table_from_dcp
 try:
     table_from_dcp({str(tmp_path)!r})
 except LayoutError as e:
@@ -350,7 +350,7 @@ def test_a_writer_beyond_the_world_bound_is_an_error(tmp_path: Path) -> None:
     # the same with assertions off: no assert stood for the check
     script = f"""
 from layout_algebra import LayoutError
-from layout_algebra.dcp import table_from_dcp
+from layout_algebra.dcp import DcpLayouts, table_from_dcp
 try:
     table_from_dcp({str(tmp_path)!r})
 except LayoutError as e:
@@ -572,3 +572,14 @@ def test_the_first_and_end_boxes_of_a_chain_are_the_geometrys(
         want.append((offset, length))
     assert dcp_module._end_boxes(n, chain) == tuple(want)
     assert dcp_module._first_length(n, chain) == want[0][1]
+
+
+def test_dcp_layouts_names_a_bad_call_and_is_never_rewritten() -> None:
+    empty = ParamLayoutTable({})
+    with pytest.raises(LayoutError, match="needs the argument 'table'"):
+        DcpLayouts()  # type: ignore[call-arg]  # on purpose
+    got = DcpLayouts(empty, {}, {"dense": TP2})
+    before = hash(got)
+    with pytest.raises(LayoutError, match="immutable"):
+        got.__init__(empty, {}, {}, ("step",))  # type: ignore[misc]  # on purpose
+    assert (hash(got), got.meshes["dense"], got.skipped) == (before, TP2, ())
