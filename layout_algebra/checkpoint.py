@@ -1204,8 +1204,8 @@ def reshard_plan(
     dst: ParamLayoutTable,
     shapes: ShapesLike | None = None,
     *,
-    src_sizes: Mapping[str, Mapping[str, int]] | None = None,
-    dst_sizes: Mapping[str, Mapping[str, int]],
+    src_sizes: Mapping[str, Mapping[str, int]] | Mesh | None = None,
+    dst_sizes: Mapping[str, Mapping[str, int]] | Mesh,
     fsdp: Mapping[str, FsdpAxes] | None = None,
     shard_dim: int | Mapping[str, int] = 0,
     parts: PartsLike | None = None,
@@ -1245,6 +1245,7 @@ def reshard_plan(
             with a checkpoint directory, the mesh it was saved on, whose axis names its
             layouts then take (inferred, ``d0, d1, ...``, when not given).
         dst_sizes: the same for the loading run; its world is the destination ranks.
+            A bare ``Mesh`` (for either) is the ``"dense"`` role's.
         fsdp: FSDP's axis by mesh role (or a ``(replicate, shard)`` pair) when the
             tables are source tables, as for ``compose_table``.
         shard_dim: the dim FSDP shards, for every parameter or by FQN (only with

@@ -264,24 +264,28 @@ def as_coordinate(value: Mapping[str, int], arg: str = "coordinate") -> dict[str
 
 
 def as_role_sizes(
-    mesh_sizes: Mapping[str, Mesh | Mapping[str, int]], arg: str = "mesh_sizes"
+    mesh_sizes: Mapping[str, Mesh | Mapping[str, int]] | Mesh, arg: str = "mesh_sizes"
 ) -> dict[str, Mesh]:
     """``mesh_sizes``, a mesh by role (a ``Mesh`` or sizes by axis each), checked: every
-    role's mesh spans one world.
+    role's mesh spans one world. A bare ``Mesh`` is the ``"dense"`` role's, the default
+    role of a layout (a ``Mesh`` is never read as roles: its keys are axes).
 
     Raises:
         LayoutError: naming ``arg``: not a mapping of role to a mesh, or two roles'
             meshes with a different number of ranks.
     """
     raw: object = mesh_sizes
+    if isinstance(raw, Mesh):
+        return {"dense": raw}
     if not isinstance(raw, Mapping):
         msg = (
             f"{arg} must map each mesh role to its Mesh or sizes by axis, such as "
             f"{{'dense': {{'dp_shard': 4, 'tp': 2}}}}, got {quote(raw)}"
         )
         raise LayoutError(msg)
+    roles: Mapping[str, Mesh | Mapping[str, int]] = raw
     out: dict[str, Mesh] = {}
-    for role, sizes in mapping_items(mesh_sizes, arg, "{'dense': {'tp': 2}}"):
+    for role, sizes in mapping_items(roles, arg, "{'dense': {'tp': 2}}"):
         key: object = role
         if not isinstance(key, str) or not key:
             msg = f"{arg} keys are mesh roles such as 'dense', got {quote(key)}"

@@ -583,3 +583,14 @@ def test_dcp_layouts_names_a_bad_call_and_is_never_rewritten() -> None:
     with pytest.raises(LayoutError, match="immutable"):
         got.__init__(empty, {}, {}, ("step",))  # type: ignore[misc]  # on purpose
     assert (hash(got), got.meshes["dense"], got.skipped) == (before, TP2, ())
+
+
+def test_a_bare_mesh_is_the_dense_roles_sizes(tmp_path: Path) -> None:
+    path, mesh = saved_checkpoint(tmp_path)
+    dst = ParamLayoutTable({"w": on(TP2, Shard(1)), "b": on(TP2, Replicate())})
+    by_role = reshard_plan(path, dst, src_sizes={"dense": mesh}, dst_sizes={"dense": TP2})
+    bare = reshard_plan(path, dst, src_sizes=mesh, dst_sizes=TP2)
+    assert bare == by_role
+    expert = ParamLayoutTable({"w": SourceLayout("expert", ["tp"], [Shard(0)])})
+    with pytest.raises(PlanError, match="expert"):
+        reshard_plan(path, expert, dst_sizes=TP2)
