@@ -28,7 +28,8 @@ from typing import TypeAlias
 
 import attrs
 
-from layout_algebra._ranks import Chain, Factor, chain_of, read_dim, source_runs
+from layout_algebra._ranks import Chain, DimRead, Factor, chain_of, read_dim, source_runs
+from layout_algebra._text import MAX_INLINE
 from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh
 from layout_algebra.structure import Packed
@@ -77,7 +78,12 @@ def held_rows(n: int, chain: Chain) -> list[list[Run]]:
     >>> held_rows(12, (("tp", 2, 2),))
     [[(0, 3, 0), (6, 3, 3)], [(3, 3, 0), (9, 3, 3)]]
     """
-    got = read_dim(n, chain)
+    return _held(n, chain, read_dim(n, chain))
+
+
+def _held(n: int, chain: Chain, got: DimRead) -> list[list[Run]]:
+    """``held_rows``, given ``read_dim`` of the chain (which ranks are followed one by one
+    for, where its boxes are not the rows: once more here, not twice)."""
     if got.cover is None:
         # Boxes that tile the dim are the rows: each index's rows are a disjoint share of the
         # dim starting at its box, so from the last box down each fills its box exactly.
@@ -93,12 +99,12 @@ def held_rows(n: int, chain: Chain) -> list[list[Run]]:
     return out
 
 
-def _saved_rows(n: int, chain: Chain) -> list[tuple[int, int, list[Run]]]:
+def _saved_rows(n: int, chain: Chain, got: DimRead) -> list[tuple[int, int, list[Run]]]:
     """One dim's saved boxes as DCP records them (first row held, or ``n`` when empty, and
     the rows' count), the first of each offset in rank order, with the rows each one's
-    storage holds."""
+    storage holds (``got``: ``read_dim`` of the chain)."""
     first: dict[int, tuple[int, list[Run]]] = {}
-    for rows in held_rows(n, chain):
+    for rows in _held(n, chain, got):
         offset = rows[0][0] if rows else n
         first.setdefault(offset, (sum(r[1] for r in rows), rows))
     return [(o, size, rows) for o, (size, rows) in sorted(first.items())]
@@ -138,7 +144,7 @@ class SavedRows:
         else:
             runs = sorted(
                 (start, length, (offset, size), at)
-                for offset, size, rows in _saved_rows(n, chain)
+                for offset, size, rows in _saved_rows(n, chain, got)
                 for start, length, at in rows
             )
             starts = tuple(r[0] for r in runs)
@@ -223,7 +229,7 @@ class DestRows:
             starts = tuple(map(got.offsets.__getitem__, owners))
             ends = tuple(s + got.lengths[i] for s, i in zip(starts, owners, strict=True))
         else:
-            held = held_rows(n, chain)
+            held = _held(n, chain, got)
             runs = sorted(
                 (start, start + length, i)
                 for i, rows in enumerate(held)
@@ -339,10 +345,11 @@ class PartPattern:
 
     @property
     def source(self) -> str:
-        """The sources in one line, for a report."""
-        return " + ".join(
-            f"{fqn} {layout}" for fqn, layout in zip(self.fqns, self.geometry.layouts, strict=True)
-        )
+        """The sources in one line, for a report: the first few, and how many more."""
+        named = zip(self.fqns[:MAX_INLINE], self.geometry.layouts, strict=False)
+        shown = " + ".join(f"{fqn} {layout}" for fqn, layout in named)
+        rest = len(self.fqns) - MAX_INLINE
+        return f"{shown} + {rest} more" if rest > 0 else shown
 
     @property
     def total(self) -> int:

@@ -190,15 +190,21 @@ def strided_chunks(n: int, chunks: int, index: int, split_factor: int) -> list[t
     The dim is first cut into ``split_factor`` pieces, each piece is chunked over the
     ranks, and a rank takes its chunk of every piece. 8 rows, ``_S(0, 2)`` over 2 ranks:
     pieces [0, 4) and [4, 8); rank 0 takes [0, 2) and [4, 6), rank 1 [2, 4) and [6, 8).
+
+    The pieces are ``ceil(n / split_factor)`` long but for one shorter tail (and empty
+    ones after it), so a rank's chunk is the same in every full piece: found once, and a
+    rank that holds nothing of them costs nothing per piece.
     """
-    out: list[tuple[int, int]] = []
-    for piece in range(split_factor):
-        lo, hi = chunk_bounds(n, split_factor, piece)
-        if lo >= n:
-            break  # every later piece is empty too: at most n pieces hold anything
-        start, stop = chunk_bounds(hi - lo, chunks, index)
+    if not n:
+        return []
+    piece = chunk_bounds(n, split_factor, 0)[1]
+    full, tail = divmod(n, piece)
+    start, stop = chunk_bounds(piece, chunks, index)
+    out = [(p * piece + start, p * piece + stop) for p in range(full)] if start < stop else []
+    if tail:
+        start, stop = chunk_bounds(tail, chunks, index)
         if start < stop:
-            out.append((lo + start, lo + stop))
+            out.append((full * piece + start, full * piece + stop))
     return out
 
 

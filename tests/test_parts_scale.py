@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import hypothesis.strategies as st
 import pytest
@@ -31,6 +31,10 @@ from layout_algebra import (
     local_runs,
 )
 from layout_algebra._parts import DestRows, PartGeometry, PartPlanner, SavedRows
+from layout_algebra._ranks import chain_of, index_vector, source_runs
+from layout_algebra._shards import chunk_bounds, strided_chunks
+from layout_algebra._structure_rules import _Segments, _Strided, structure_problems
+from layout_algebra._text import some_of
 from layout_algebra.checkpoint import ReshardPlan, reshard_plan
 from layout_algebra.mesh import coordinates
 
@@ -350,3 +354,200 @@ def test_sixteen_thousand_ranks_read_what_they_hold() -> None:
     assert plan.bytes_read == plain.bytes_read
     rank = 12_345
     assert sum(r.numel for r in plan.reads(rank)) * 2 == plan.bytes_read[rank]
+
+
+# ---------------------------------------------------------------------------------------
+# the lint of many parts: per part and per run of rows, never per part per rank
+
+
+def _brute_problem(
+    packed: Packed, chain: tuple[tuple[str, int, int], ...], mesh: Mesh
+) -> tuple[str, str, tuple[int, ...], tuple[int, ...]] | None:
+    """The rules of ``structure_problems`` on one dim, rank by rank and part by part:
+    ``(kind, axis, ranks, rows)``, ``rows`` the boundaries that cut a unit."""
+
+    def within(runs: tuple[range, ...], start: int, stop: int) -> list[range]:
+        cut = [range(max(r.start, start) - start, min(r.stop, stop) - start) for r in runs]
+        return [r for r in cut if len(r)]
+
+    def ranks(prefix: tuple[tuple[str, int, int], ...], indices: set[int]) -> tuple[int, ...]:
+        vector = index_vector(mesh, [a for a, _, _ in prefix])
+        return tuple(r for r, i in enumerate(vector) if i in indices)
+
+    spans = list(packed.spans())
+    prefixes = [chain[:n] for n in range(1, len(chain) + 1)]
+    if len(packed.parts) > 1:
+        for prefix in prefixes:
+            rows = source_runs(packed.length, prefix)
+            alone = {
+                part.name: source_runs(part.length, tuple((a, s, 1) for a, s, _ in prefix))
+                for part in packed.parts
+            }
+            mixed = {
+                i
+                for i, runs in enumerate(rows)
+                for part, start, stop in spans
+                if within(runs, start, stop) != list(alone[part.name][i])
+            }
+            if mixed:
+                return "packed-contiguous", prefix[-1][0], ranks(prefix, mixed), ()
+    for prefix in prefixes:
+        rows = source_runs(packed.length, prefix)
+        for part, start, stop in spans:
+            cuts = {
+                (i, start + e)
+                for i, runs in enumerate(rows)
+                for r in within(runs, start, stop)
+                for e in (r.start, r.stop)
+                if e % part.size
+            }
+            if cuts:
+                bounds = tuple(sorted({b for _, b in cuts}))
+                return "cuts-unit", prefix[-1][0], ranks(prefix, {i for i, _ in cuts}), bounds
+    for prefix in prefixes:
+        rows = source_runs(packed.length, prefix)
+        for part, start, stop in spans:
+            if part.name == "experts":
+                held = [sum(map(len, within(r, start, stop))) // part.size for r in rows]
+                if len(set(held)) > 1:
+                    fewer = {i for i, n in enumerate(held) if n < max(held)}
+                    return "experts", prefix[-1][0], ranks(prefix, fewer), ()
+    return None
+
+
+@st.composite
+def structured(draw: st.DrawFn) -> tuple[Packed, SourceLayout, Mesh]:
+    """A packed dim 0 of a few parts (an ``experts`` one at times), and a layout sharding
+    it over one or two axes of 2 to 4 ranks, ``Shard`` or ``StridedShard``."""
+    count = draw(st.integers(1, 4))
+    names = [f"p{i}" for i in range(count)]
+    if draw(st.booleans()):
+        names[draw(st.integers(0, count - 1))] = "experts"
+    packed = Packed(
+        [Part(name, draw(st.integers(1, 6)), draw(st.integers(1, 3))) for name in names]
+    )
+    mesh = Mesh({"a": draw(st.integers(2, 4)), "b": draw(st.integers(2, 4))})
+    choices: list[Shard | Replicate | StridedShard] = [
+        S0,
+        R,
+        StridedShard(0, split_factor=2),
+        StridedShard(0, split_factor=max(count, 2)),
+        StridedShard(0, split_factor=3),
+    ]
+    placements = [draw(st.sampled_from(choices)) for _ in mesh.names]
+    return packed, SourceLayout("dense", list(mesh.names), placements), mesh
+
+
+@settings(max_examples=300)
+@given(structured())
+def test_structure_rules_are_the_brute_forces(case: tuple[Packed, SourceLayout, Mesh]) -> None:
+    packed, layout, mesh = case
+    shape = ParamShape((packed.length, 3), "bfloat16", structure={0: packed})
+    found = structure_problems(layout, shape, mesh)
+    want = _brute_problem(packed, chain_of(layout, 0, mesh), mesh)
+    if want is None:
+        assert found == ()
+        return
+    (got,) = found
+    kind, axis, ranks, bounds = want
+    assert (got.kind, got.axis, got.ranks) == (kind, axis, ranks)
+    if kind == "cuts-unit":
+        shown = some_of([str(b) for b in bounds])
+        assert f"inside a unit at row{'s' if len(bounds) != 1 else ''} {shown}," in got.message
+
+
+def _many(parts: int, count: int, size: int) -> ParamShape:
+    whole = Packed([Part(f"p{i}", count, size) for i in range(parts)])
+    return ParamShape((whole.length, 64), "bfloat16", structure={0: whole})
+
+
+def _rows_looked_at(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the runs the rules look at, part by part."""
+    seen: list[int] = []
+    for kind in (_Segments, _Strided):
+        within = kind.within
+
+        def counting(
+            self: object, start: int, stop: int, within: Any = within
+        ) -> list[tuple[int, int, int]]:
+            got: list[tuple[int, int, int]] = within(self, start, stop)
+            seen.append(len(got))
+            return got
+
+        monkeypatch.setattr(kind, "within", counting)
+    return seen
+
+
+@pytest.mark.parametrize("placement", [S0, StridedShard(0, split_factor=2000)])
+def test_two_thousand_parts_cost_their_runs_not_parts_times_ranks(
+    monkeypatch: pytest.MonkeyPatch, placement: Shard | StridedShard
+) -> None:
+    """2,000 parts of 1x8 (``S(0)`` takes them as one block; ``_S(0, 2000)`` cuts each
+    8-row unit over the ranks): the runs looked at grow with the parts and the ranks,
+    never as their product, and no rank is followed one by one."""
+    seen = _rows_looked_at(monkeypatch)
+    ranked: list[object] = []
+    monkeypatch.setattr("layout_algebra._structure_rules.source_runs", ranked.append)
+    layout = SourceLayout("dense", ["tp"], [placement])
+    shape = _many(2000, 1, 8)
+    looked = []
+    for tp in (64, 512):
+        seen.clear()
+        (problem,) = structure_problems(layout, shape, {"tp": tp})
+        looked.append(sum(seen) + len(seen))
+        assert len(problem.message) < 1500  # the parts are named a few at a time
+    assert ranked == []
+    small, large = looked
+    assert large <= small + 2 * (512 - 64) + 16, looked  # parts x ranks would be 8 times
+
+
+def test_a_whole_piece_per_part_is_checked_by_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_S(0, 2000)`` on 2,000 equal parts over 512 ranks, each part 512 units: every part
+    is one piece, sharded as it would be alone, boundaries every unit: no runs listed."""
+    seen = _rows_looked_at(monkeypatch)
+    layout = SourceLayout("dense", ["tp"], [StridedShard(0, split_factor=2000)])
+    assert structure_problems(layout, _many(2000, 512, 1), {"tp": 512}) == ()
+    assert seen == []
+    # 512 units of 2 over 512 ranks: still no cut; of 3 rows over 256: each cut, one found
+    assert structure_problems(layout, _many(2000, 512, 2), {"tp": 512}) == ()
+    (problem,) = structure_problems(layout, _many(2000, 512, 3), {"tp": 1024})
+    assert problem.kind == "cuts-unit" and len(seen) == 1
+
+
+def _piece_by_piece(n: int, chunks: int, index: int, split: int) -> list[tuple[int, int]]:
+    """``strided_chunks`` as its docstring says it: every piece chunked, the rank's chunk
+    of each taken."""
+    out = []
+    for piece in range(split):
+        lo, hi = chunk_bounds(n, split, piece)
+        start, stop = chunk_bounds(hi - lo, chunks, index)
+        if start < stop:
+            out.append((lo + start, lo + stop))
+    return out
+
+
+def test_a_strided_rank_takes_its_chunk_of_every_piece() -> None:
+    for n, chunks, split in itertools.product(range(40), range(1, 7), range(2, 45)):
+        for index in range(chunks):
+            assert strided_chunks(n, chunks, index, split) == _piece_by_piece(
+                n, chunks, index, split
+            ), (n, chunks, index, split)
+
+
+def test_a_strided_rank_of_nothing_costs_nothing_per_piece(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2,000 pieces of 8 rows over 512 ranks: rank 300 holds none, found once for all the
+    full pieces (and once for a tail) rather than per piece."""
+    calls: list[int] = []
+
+    def counting(n: int, chunks: int, index: int) -> tuple[int, int]:
+        calls.append(1)
+        return chunk_bounds(n, chunks, index)
+
+    monkeypatch.setattr("layout_algebra._shards.chunk_bounds", counting)
+    assert strided_chunks(16_000, 512, 300, 2000) == []
+    assert len(calls) <= 3
+    calls.clear()
+    assert len(strided_chunks(16_000, 512, 3, 2000)) == 2000  # row 3 of each piece
+    assert len(calls) <= 3

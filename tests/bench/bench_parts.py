@@ -9,8 +9,10 @@ table. Both at 16,384 -> 16,384 ranks (``bench_world``'s worlds, FSDP over
 collector off. Each (layouts, shapes, spans) signature of the fused tensors is planned
 once, so the world costs per signature, as without parts; each fused tensor's parts are
 still named and checked one by one, a cost per tensor the same ratio at 16 -> 16 ranks
-(printed beside it) shows alone. Run alone with ``python -m tests.bench.bench_parts
-[--quick]``.
+(printed beside it) shows alone. Then ``lint`` of one weight whose dim 0 is packed of
+2,000 parts of 8 rows on ``tp=512``, ``S(0)`` (one block: every part's rows checked) and
+``_S(0, 2000)`` (each part one piece), beside the same lint without the structure, printed
+with no target. Run alone with ``python -m tests.bench.bench_parts [--quick]``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from layout_algebra import Packed, ParamLayoutTable, ParamShape, Part
+from layout_algebra import (
+    Packed,
+    ParamLayoutTable,
+    ParamShape,
+    Part,
+    Shard,
+    SourceLayout,
+    StridedShard,
+)
 from layout_algebra.checkpoint import reshard_plan
+from layout_algebra.lint import lint
 from tests.bench import alone
 from tests.bench.bench_build import timed
 from tests.bench.bench_world import FSDP, LAYERS, WORLDS, deepseek_table
@@ -29,6 +40,9 @@ __all__ = ["TARGET", "fused_case", "main", "run"]
 
 TARGET: Final = 3.0
 """reshard_plan with parts within this many times the same plan without them."""
+
+LINT_PARTS: Final = 2000
+LINT_TP: Final = 512
 
 Parts = Mapping[str, Mapping[str, str]]
 
@@ -108,7 +122,32 @@ def run(*, quick: bool = False) -> tuple[int, int]:
         TARGET,
         f"{len(parts):,} fused; at 16 ranks {small:.2f}",
     )
+    run_lint(repeats)
     return int(met), 1
+
+
+def run_lint(repeats: int) -> None:
+    """``lint`` of one weight of ``LINT_PARTS`` parts on ``tp=LINT_TP``, with and without
+    its structure (printed only)."""
+    whole = Packed([Part(f"p{i}", 1, 8) for i in range(LINT_PARTS)])
+    plain = ParamShape((whole.length, 64), "bfloat16")
+    packed = plain.with_structure({0: whole})
+    sizes = {"dense": {"tp": LINT_TP}}
+    print(f"lint, dim 0 packed of {LINT_PARTS:,} parts of 8 rows, tp={LINT_TP}")
+    for placement in (Shard(0), StridedShard(0, split_factor=LINT_PARTS)):
+        table = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [placement])})
+
+        def linted(shape: ParamShape, table: ParamLayoutTable = table) -> Callable[[], object]:
+            return lambda: lint(table, {"w": shape}, mesh_sizes=sizes)
+
+        with_parts = without = float("inf")
+        for _ in range(repeats):  # interleaved
+            with_parts = min(with_parts, timed(linted(packed)))
+            without = min(without, timed(linted(plain)))
+        print(
+            f"  {table['w']!s:<24} with parts {with_parts:8.3f} s, without "
+            f"{without:8.3f} s, ratio {with_parts / without:6.2f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
