@@ -42,6 +42,8 @@ __all__ = [
 EXPERTS: Final = "experts"
 """The name of a part whose units are whole experts: its count must split evenly."""
 
+_SHOWN_PARTS: Final = 8
+"""``str(Packed)`` spells at most this many parts (the first ones and the last)."""
 MAX_PARTS: Final = 1 << 16
 """The most parts one dim is packed from (a real one has a handful: q, k, v; gate, up)."""
 
@@ -99,7 +101,7 @@ class Part:
         return self.count * self.size
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.count}" + (f"x{self.size}" if self.size != 1 else "")
+        return f"{clip(self.name)}: {self.count}" + (f"x{self.size}" if self.size != 1 else "")
 
 
 def _as_parts(value: Sequence[Part]) -> tuple[Part, ...]:
@@ -159,7 +161,12 @@ class Packed:
             start += part.length
 
     def __str__(self) -> str:
-        return "[" + " | ".join(str(p) for p in self.parts) + "]"
+        parts = self.parts
+        if len(parts) <= _SHOWN_PARTS:
+            return "[" + " | ".join(map(str, parts)) + "]"
+        # a message shows a dim of thousands of parts by its ends
+        shown = [*map(str, parts[: _SHOWN_PARTS - 2]), "...", str(parts[-1])]
+        return "[" + " | ".join(shown) + f"] ({len(parts):,} parts)"
 
 
 def as_structure(value: Mapping[int, Packed], arg: str = "structure") -> FrozenMap[int, Packed]:

@@ -28,6 +28,7 @@ from layout_algebra import (
     SourceLayout,
     StridedShard,
     compose_table,
+    lint,
     local_runs,
 )
 from layout_algebra._parts import DestRows, PartGeometry, PartPlanner, SavedRows
@@ -551,3 +552,18 @@ def test_a_strided_rank_of_nothing_costs_nothing_per_piece(
     calls.clear()
     assert len(strided_chunks(16_000, 512, 3, 2000)) == 2000  # row 3 of each piece
     assert len(calls) <= 3
+
+
+def test_a_message_shows_a_dim_of_thousands_of_parts_by_its_ends() -> None:
+    """``str`` of a 2,000-part dim, and lint's messages naming it, stay a few hundred
+    characters: the first parts, the last one and the count."""
+    parts = [Part(f"p{i}", 1, 8) for i in range(2000)]
+    shape = ParamShape((16_000, 4), "float32", structure={0: Packed(parts)})
+    assert str(Packed(parts)).endswith("| ... | p1999: 1x8] (2,000 parts)")
+    assert len(str(shape)) < 200
+    table = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})
+    sizes = {"dense": {"dp_shard": 3, "tp": 7}}
+    report = lint(table, {"w": shape}, mesh_sizes=sizes, fsdp={"dense": "dp_shard"})
+    assert report.problems
+    assert all(len(str(p)) < 1000 for p in (*report.problems, *report.notes))
+    assert str(Packed(parts[:8])) == "[" + " | ".join(map(str, parts[:8])) + "]"
