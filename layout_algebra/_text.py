@@ -7,19 +7,20 @@ Every message of the package that shows an input value goes through ``quote`` (i
 whose ``repr`` fails or is unbounded (a 5,000-digit int) still gives a message. Every
 report spells bytes with ``human_bytes``, lists problems with ``listed`` (line by line) or
 ``some_of`` (inside a sentence) and names ranks with ``ranks_text``, so they read alike at 8
-ranks and at 16,384.
+ranks and at 16,384; ``alike_lines`` makes one line of a message repeated in every layer.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 __all__ = [
     "MAX_INLINE",
     "MAX_LISTED",
     "MAX_QUOTED",
+    "alike_lines",
     "clip",
     "columns",
     "did_you_mean",
@@ -48,6 +49,9 @@ MAX_INLINE: Final = 5
 
 _MAX_RANK_RUNS: Final = 12
 """How many runs of ranks a message spells out."""
+
+_MAX_LAYER_DIGITS: Final = 9
+"""The longest number ``alike_lines`` reads as a layer's in an FQN."""
 
 _BYTE_UNITS: Final = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -359,13 +363,77 @@ def ranks_text(ranks: Sequence[int]) -> str:
     >>> ranks_text([0, 1, 2, 3, 8]), ranks_text([5])
     ('ranks 0-3, 8', 'rank 5')
     """
+    return f"rank{'s' if len(ranks) != 1 else ''} {_runs_text(ranks)}"
+
+
+def _runs_text(numbers: Sequence[int]) -> str:
+    """Ascending numbers, runs of consecutive ones as ranges: ``0-3, 8``."""
     runs: list[range] = []
-    for rank in ranks:
-        if runs and runs[-1].stop == rank:
-            runs[-1] = range(runs[-1].start, rank + 1)
+    for n in numbers:
+        if runs and runs[-1].stop == n:
+            runs[-1] = range(runs[-1].start, n + 1)
         else:
-            runs.append(range(rank, rank + 1))
-    # the tail counts ranks, not runs, so it is ``some_of``'s wording on its own count
+            runs.append(range(n, n + 1))
+    # the tail counts numbers, not runs, so it is ``some_of``'s wording on its own count
     shown = ", ".join(ranks_str(r) for r in runs[:_MAX_RANK_RUNS])
-    shown += _and_more(sum(map(len, runs[_MAX_RANK_RUNS:])))
-    return f"rank{'s' if len(ranks) != 1 else ''} {shown}"
+    return shown + _and_more(sum(map(len, runs[_MAX_RANK_RUNS:])))
+
+
+_Alike: TypeAlias = tuple[str, str, str]
+"""A message's FQN before its first number, after it, and the message's text after the FQN."""
+
+
+def _numbered(fqn: str, message: str) -> tuple[_Alike, int] | None:
+    """What ``message`` says with its FQN's first number taken out, and that number;
+    ``None`` when the FQN holds none or the message does not start with it."""
+    if not message.startswith(f"{fqn}: "):
+        return None
+    segments = fqn.split(".")
+    for i, segment in enumerate(segments):
+        # one spelling per number, so every FQN of a group is spelled back as it was; a
+        # layer's number is short (and int() of thousands of digits refuses)
+        short = 0 < len(segment) <= _MAX_LAYER_DIGITS and segment.isascii()
+        if short and segment.isdecimal() and str(int(segment)) == segment:
+            before = "".join(f"{s}." for s in segments[:i])
+            after = "".join(f".{s}" for s in segments[i + 1 :])
+            return (before, after, message[len(fqn) + 2 :]), int(segment)
+    return None
+
+
+def alike_lines(items: Iterable[tuple[str, str]]) -> list[str]:
+    """Messages about FQNs, ``(fqn, message)`` with the message starting ``fqn: ``, those
+    that differ only in the FQN's first number (a layer's, in every model the package
+    reads) as one line naming the pattern, how many and which; the others as they are,
+    in the order of each one's first message.
+
+    >>> alike_lines([(f"layers.{i}.wk", f"layers.{i}.wk: cut") for i in (0, 1, 2, 5)])
+    ['layers.*.wk in 4 layers (0-2, 5): cut']
+    >>> alike_lines([("layers.0.wk", "layers.0.wk: cut"), ("head", "head: odd")])
+    ['layers.0.wk: cut', 'head: odd']
+    """
+    order: list[str | _Alike] = []
+    groups: dict[_Alike, list[int]] = {}
+    for fqn, message in items:
+        found = _numbered(fqn, message)
+        if found is None:
+            order.append(message)
+            continue
+        key, number = found
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(number)
+    lines: list[str] = []
+    for entry in order:
+        if isinstance(entry, str):
+            lines.append(entry)
+            continue
+        before, after, text = entry
+        numbers = sorted(set(groups[entry]))
+        if len(numbers) == 1:  # one layer (or one message said twice): as it was
+            lines.extend(f"{before}{n}{after}: {text}" for n in groups[entry])
+            continue
+        # the budget message's "and 31 alike", here with the layers named
+        what = "experts" if before.endswith("experts.") else "layers"
+        lines.append(f"{before}*{after} in {len(numbers):,} {what} ({_runs_text(numbers)}): {text}")
+    return lines

@@ -53,6 +53,7 @@ from layout_algebra._shards import role_mesh, shard_dim_of, split_factor_of
 from layout_algebra._structure_rules import structure_problems
 from layout_algebra._text import (
     MAX_LISTED,
+    alike_lines,
     clip,
     exact_bytes,
     human_bytes,
@@ -471,8 +472,9 @@ class LintReport:
             f"{len(self.memory.bytes_per_rank)} ranks"
         )
         for title, items in (
-            ("problems", [p.message for p in self.problems]),
-            ("notes", [f"{note.fqn}: {note.message}" for note in self.notes]),
+            # a problem repeated in every layer is one line; .problems keeps each
+            ("problems", alike_lines((p.fqn, p.message) for p in self.problems)),
+            ("notes", alike_lines((n.fqn, f"{n.fqn}: {n.message}") for n in self.notes)),
         ):
             if items:
                 lines.append(f"{title}:")
