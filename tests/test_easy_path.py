@@ -1,12 +1,18 @@
-"""What a new user runs first, answered truly: a problem repeated in every layer is one
-line of the report."""
+"""What a new user runs first, answered truly or refused: a table ``table_from_hf`` wrote
+linted on an FSDP mesh is composed with FSDP (a composed table stays composed); a problem
+repeated in every layer is one line of the report."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from layout_algebra import (
     LintNote,
@@ -16,11 +22,13 @@ from layout_algebra import (
     Part,
     Shard,
     SourceLayout,
+    compose_table,
     lint,
 )
 from layout_algebra._text import alike_lines
 from layout_algebra.cli import main
 from layout_algebra.serialization import shapes_to_json, to_json
+from layout_algebra.torch_bridge import shapes_from_module, table_from_hf
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -32,6 +40,109 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
+
+
+def llama(**config: Any) -> PreTrainedModel:
+    """transformers' Llama with these config fields, on the meta device, in bfloat16."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **config))
+    module: nn.Module = model
+    module.to(torch.bfloat16)  # in place
+    return model
+
+
+# ---------------------------------------------------------------------------------------
+# a table on a mesh with an FSDP axis: source layouts composed, composed ones kept
+
+
+LLAMA_3_8B = {
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+}
+MESH = {"dense": {"dp_shard": 64}}
+
+
+@pytest.fixture(scope="module")
+def llama_8b(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ParamLayoutTable, Any]:
+    """A Llama-3-8B-shaped model's table as ``table_from_hf`` writes it for a run of FSDP
+    alone (every layout plain: FSDP's axis stripped), and its shapes, in files."""
+    where = tmp_path_factory.mktemp("llama_8b")
+    model = llama(**LLAMA_3_8B)
+    table = table_from_hf(model, mesh_axes=["dp_shard"])
+    shapes = shapes_from_module(model)
+    (where / "table.json").write_text(to_json(table))
+    (where / "shapes.json").write_text(shapes_to_json(shapes))
+    return where, table, shapes
+
+
+def test_a_source_table_on_an_fsdp_mesh_is_composed_as_a_plan_is(
+    llama_8b: tuple[Path, ParamLayoutTable, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    where, table, shapes = llama_8b
+    argv = ["lint", str(where / "table.json"), "--shapes", str(where / "shapes.json")]
+    argv += ["--mesh", "dp_shard=64"]
+    code, out, err = run([*argv, "--json"], capsys)
+    assert code == 0
+    # the report lint gives with FSDP over the mesh's one FSDP axis, not the unsharded one
+    sharded = lint(table, shapes, mesh_sizes=MESH, fsdp={"dense": "dp_shard"})
+    whole = lint(table, shapes, mesh_sizes=MESH)
+    assert json.loads(out) == sharded.to_dict()
+    assert sharded.memory.largest[1] * 32 < whole.memory.largest[1]
+    assert err.count("\n") == 1 and "note: the table's layouts name no FSDP axis" in err
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert "FSDP over dense dp_shard (the FSDP axis of its mesh: --fsdp dp_shard" in lines[0]
+    assert lines[2:4] == [
+        "assumptions:",
+        "  - the table's layouts name no FSDP axis: read as source layouts (as table_from_hf "
+        "writes them), composed with FSDP over dense dp_shard",
+    ]
+    # --fsdp given: the same report, and no assumption to state
+    _, given, _ = run([*argv, "--fsdp", "dp_shard"], capsys)
+    assert given.splitlines()[1] == lines[1]
+    assert "assumptions:" not in given
+    assert given.splitlines()[2:] == lines[4:]
+
+
+def test_a_composed_table_is_read_as_composed(
+    llama_8b: tuple[Path, ParamLayoutTable, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    where, table, shapes = llama_8b
+    composed = compose_table(table, fsdp={"dense": "dp_shard"}, mesh_sizes=MESH)
+    path = write(tmp_path / "composed.json", to_json(composed))
+    argv = ["lint", path, "--shapes", str(where / "shapes.json"), "--mesh", "dp_shard=64"]
+    code, out, _ = run([*argv, "--json"], capsys)
+    assert code == 0
+    assert json.loads(out) == lint(composed, shapes, mesh_sizes=MESH).to_dict()
+    code, out, err = run(argv, capsys)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0].endswith("read as composed (no --fsdp)")
+    assert (
+        "  - the table's layouts name FSDP's axis 'dp_shard': read as composed (as a "
+        "checkpoint or compose_table gives them), FSDP not applied again"
+    ) in out.splitlines()
+
+
+def test_a_source_table_on_a_mesh_of_several_fsdp_axes_asks_for_fsdp(
+    llama_8b: tuple[Path, ParamLayoutTable, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    where, _, _ = llama_8b
+    argv = ["lint", str(where / "table.json"), "--shapes", str(where / "shapes.json")]
+    code, out, err = run([*argv, "--mesh", "dp_replicate=2,dp_shard=32"], capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1
+    assert "has 2 FSDP axes (dp_replicate, dp_shard); give the one FSDP shards over" in err
+    code, out, _ = run(
+        [*argv, "--mesh", "dp_replicate=2,dp_shard=32", "--fsdp", "dp_shard"], capsys
+    )
+    assert code == 0 and "FSDP over dense dp_shard" in out.splitlines()[0]
 
 
 # ---------------------------------------------------------------------------------------

@@ -568,10 +568,12 @@ def test_lint_exits_1_on_the_checkpoint_hazard(
         "storage",
         [2, 3, 6],
     )
-    # without --fsdp the source table is read as composed: nothing is FSDP-sharded
-    code, out, _ = run_cli(argv[:-2], capsys)
-    assert code == 0
-    assert "read as composed (no --fsdp)" in out
+    # without --fsdp a table naming no FSDP axis is a source table: FSDP over the mesh's
+    # one FSDP axis, as for a plan, so the hazard is found all the same
+    code, again, _ = run_cli(argv[:-2], capsys)
+    assert code == 1
+    assert "the table's layouts name no FSDP axis: read as source layouts" in again
+    assert "experts.w1: FSDP2 keeps other indices of dim 0" in again
 
 
 @pytest.mark.parametrize(

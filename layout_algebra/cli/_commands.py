@@ -550,7 +550,8 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     shapes = load_shapes(args.shapes, err=err)
     table, from_plan = _lint_table(args.table, shapes, args, err)
     meshes = _roles(args.mesh, expert)
-    fsdp, found = _lint_fsdp(args, owned, guess=from_plan)
+    fsdp, found, source, reading = _lint_reading(args, table, owned, from_plan=from_plan)
+    assumptions = [] if reading is None else [reading]
     training = None
     given = (args.optimizer, args.param_dtype, args.reduce_dtype, args.units, args.budget)
     if any(flag is not None for flag in given):  # any training flag counts the training state
@@ -585,12 +586,14 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
         remedy = functools.partial(run, 1)
     if args.json:
         out.write(json.dumps(report.to_dict(), indent=1) + "\n")
+        for assumption in assumptions:  # the JSON is the library's report: said beside it
+            say(err, f"{PROG}: note: {escape(assumption)}")
     else:
         if fsdp:
             where = f"FSDP over {_fsdp_str(fsdp)}"
             if found:
                 where += f" (the FSDP axis of its mesh: {', '.join(found)}; give it to change)"
-        elif from_plan:
+        elif source:
             where = "no FSDP (no FSDP axis of size > 1 in the mesh; --fsdp AXIS adds it)"
         else:
             where = "read as composed (no --fsdp)"
@@ -601,14 +604,67 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
         for number, line in enumerate(str(report).splitlines()):
             if number == 0:
                 line = "; ".join([line, *_summary_notes(report, remedy)])  # noqa: PLW2901
-            if fsdp is None and from_plan and line == "parameter bytes per rank after FSDP:":
+            if fsdp is None and source and line == "parameter bytes per rank after FSDP:":
                 line = "parameter bytes per rank (no FSDP):"  # noqa: PLW2901
             out.write(escape(line) + "\n")
+            if number == 0:  # what the figures rest on, before them
+                out.writelines(escape(a) + "\n" for a in _assumption_lines(assumptions))
     if report.problems:
         count = len(report.problems)
         say(err, f"{PROG}: {escape(clip(args.table))}: {plural(count, 'problem')} (see the report)")
         return 1
     return 0
+
+
+def _lint_reading(
+    args: argparse.Namespace, table: ParamLayoutTable, owned: frozenset[str], *, from_plan: bool
+) -> tuple[dict[str, str | tuple[str, str]] | None, list[str], bool, str | None]:
+    """FSDP's axes and the options found (``_lint_fsdp``), whether the layouts are source
+    layouts, and for a table without ``--fsdp`` the reading assumed.
+
+    A table whose layouts name no FSDP axis holds source layouts, as a plan does, and
+    FSDP's axis is found as for a plan; one that names it is composed already.
+    """
+    named = None if from_plan else _fsdp_axis_named(table, owned)
+    source = from_plan or named is None
+    fsdp, found = _lint_fsdp(args, owned, guess=source)
+    given = args.fsdp is not None or args.expert_fsdp is not None
+    return fsdp, found, source, None if from_plan or given else _table_reading(named, fsdp)
+
+
+def _fsdp_axis_named(table: ParamLayoutTable, owned: frozenset[str]) -> str | None:
+    """The first FSDP axis a layout of ``table`` names (``None``: none does, so its layouts
+    are source layouts, as ``table_from_hf`` writes them; a composed table, read from a
+    checkpoint or made by ``compose_table``, names FSDP's axis in every layout)."""
+    fsdp_axes = owned - _NOT_FSDP
+    for layout in table.values():
+        for axis in layout.axes:
+            if axis.name in fsdp_axes:
+                return axis.name
+    return None
+
+
+def _table_reading(named: str | None, fsdp: Mapping[str, str | tuple[str, str]] | None) -> str:
+    """The assumption a table without ``--fsdp`` is linted under: composed or source."""
+    if named is not None:
+        return (
+            f"the table's layouts name FSDP's axis {named!r}: read as composed (as a "
+            "checkpoint or compose_table gives them), FSDP not applied again"
+        )
+    if fsdp:
+        return (
+            "the table's layouts name no FSDP axis: read as source layouts (as "
+            f"table_from_hf writes them), composed with FSDP over {_fsdp_str(fsdp)}"
+        )
+    return (
+        "the table's layouts name no FSDP axis: read as source layouts, and the mesh has "
+        "no FSDP axis of size > 1 to compose them with"
+    )
+
+
+def _assumption_lines(assumptions: list[str]) -> list[str]:
+    """The report's block of what it assumed, as its problems and notes are listed."""
+    return ["assumptions:", *(f"  - {a}" for a in assumptions)] if assumptions else []
 
 
 def _idle(report: LintReport, role: str) -> int:
