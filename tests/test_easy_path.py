@@ -1,16 +1,19 @@
 """What a new user runs first, answered truly or refused: a table ``table_from_hf`` wrote
-linted on an FSDP mesh is composed with FSDP (a composed table stays composed); a problem
-repeated in every layer is one line of the report."""
+linted on an FSDP mesh is composed with FSDP (a composed table stays composed); a
+``save_pretrained`` folder's heads come from its ``config.json``; a problem repeated in
+every layer is one line of the report."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 import torch
+from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
@@ -28,6 +31,7 @@ from layout_algebra import (
 from layout_algebra._text import alike_lines
 from layout_algebra.cli import main
 from layout_algebra.serialization import shapes_to_json, to_json
+from layout_algebra.shapes import shapes_from_safetensors
 from layout_algebra.torch_bridge import shapes_from_module, table_from_hf
 
 
@@ -143,6 +147,127 @@ def test_a_source_table_on_a_mesh_of_several_fsdp_axes_asks_for_fsdp(
         [*argv, "--mesh", "dp_replicate=2,dp_shard=32", "--fsdp", "dp_shard"], capsys
     )
     assert code == 0 and "FSDP over dense dp_shard" in out.splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------------
+# a save_pretrained folder: its heads from its config.json
+
+
+TINY = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def save_folder(where: Path, *, sharded: bool, **config: Any) -> PreTrainedModel:
+    """A folder as ``save_pretrained`` writes one: ``config.json`` and the model's weights
+    (zeros) in ``model.safetensors``, or in two shards and their index."""
+    model = llama(**(TINY | config))
+    where.mkdir()
+    model.config.save_pretrained(where)
+    tensors = {fqn: torch.zeros(p.shape, dtype=p.dtype) for fqn, p in model.state_dict().items()}
+    if not sharded:
+        save_file(tensors, str(where / "model.safetensors"), metadata={"format": "pt"})
+        return model
+    names = list(tensors)
+    half = len(names) // 2
+    shards = {"model-1.safetensors": names[:half], "model-2.safetensors": names[half:]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(where / file), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    (where / "model.safetensors.index.json").write_text(json.dumps(index))
+    return model
+
+
+def tp_table(model: PreTrainedModel, where: Path) -> str:
+    """The model's table for tensor parallelism alone, as ``table_from_hf`` gives it."""
+    return write(where / "table.json", to_json(table_from_hf(model, mesh_axes=["tp"])))
+
+
+KV_CUTS = {
+    (f"model.layers.{i}.self_attn.{p}_proj.weight", "cuts-unit", "tp")
+    for i in range(TINY["num_hidden_layers"])
+    for p in "kv"
+}
+"""TP 4 over 2 KV heads: every layer's k and v projections cut a head."""
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_folders_config_gives_the_heads_the_lint_checks(
+    sharded: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "llama"
+    model = save_folder(folder, sharded=sharded)
+    table = tp_table(model, tmp_path)
+    argv = ["lint", table, "--shapes", str(folder), "--mesh", "tp=4"]
+    code, out, err = run([*argv, "--json"], capsys)
+    assert code == 1
+    problems = json.loads(out)["problems"]
+    assert {(p["fqn"], p["kind"], p["axis"]) for p in problems} == KV_CUTS
+    assert "LlamaForCausalLM built on the meta device" in err
+    # the shapes are the headers', the structure the model's
+    name = "model.safetensors.index.json" if sharded else "model.safetensors"
+    headers = shapes_from_safetensors(str(folder / name))
+    built = shapes_from_module(model)
+    with_heads = {fqn: s.with_structure(built[fqn].structure) for fqn, s in headers.items()}
+    layouts = table_from_hf(model, mesh_axes=["tp"])
+    assert json.loads(out) == lint(layouts, with_heads, mesh_sizes={"dense": {"tp": 4}}).to_dict()
+    code, out, _ = run(argv, capsys)
+    assert code == 1
+    assert (
+        f"  - heads, KV heads and fused blocks as {folder}/config.json gives them: "
+        f"LlamaForCausalLM built on the meta device (no weights read), 8 of {len(headers)} "
+        "tensors structured"
+    ) in out.splitlines()
+    # TP 2 divides 2 KV heads: nothing cut
+    assert run([*argv[:-1], "tp=2"], capsys)[0] == 0
+
+
+def test_headers_the_config_disagrees_with_win_and_the_report_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "llama"
+    model = save_folder(folder, sharded=False)
+    # the config now says one KV head: the headers' k and v (2 heads) are not its shapes
+    (folder / "config.json").write_text(
+        json.dumps(json.loads((folder / "config.json").read_text()) | {"num_key_value_heads": 1})
+    )
+    argv = ["lint", tp_table(model, tmp_path), "--shapes", str(folder), "--mesh", "tp=4"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0  # k and v are read unstructured: no head is known to be cut
+    (line,) = [x for x in out.splitlines() if "config.json gives them" in x]
+    assert "the headers and the model disagree on 4 shapes, read as the headers give them" in line
+    assert "model.layers.0.self_attn.k_proj.weight [16, 32] (the model: [8, 32])" in line
+
+
+def test_head_checks_skipped_say_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "llama"
+    model = save_folder(folder, sharded=False)
+    table = tp_table(model, tmp_path)
+    argv = ["lint", table, "--shapes", str(folder), "--mesh", "tp=4"]
+
+    def skipped() -> str:
+        code, out, _ = run(argv, capsys)
+        assert code == 0  # nothing known to cut
+        (line,) = [x for x in out.splitlines() if "head checks skipped" in x]
+        return line
+
+    config = folder / "config.json"
+    text = config.read_text()
+    config.write_text('{"model_type": "no-such-model"}')
+    assert "skipped: transformers cannot build the model of" in skipped()
+    config.write_text(json.dumps(json.loads(text) | {"num_hidden_layers": 10**9}))
+    assert "asks for 1,000,000,000 layers, more than its checkpoint's" in skipped()
+    config.unlink()
+    assert f"skipped: {folder} has no config.json" in skipped()
+    config.write_text(text)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "transformers", None)  # as if not installed
+        assert "needs transformers, which is not installed (pip install transformers)" in skipped()
 
 
 # ---------------------------------------------------------------------------------------

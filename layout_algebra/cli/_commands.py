@@ -16,6 +16,7 @@ from layout_algebra._text import clip, did_you_mean, escape, human_bytes
 from layout_algebra.algebra import TableDiff, build_table, diff
 from layout_algebra.checkpoint import reshard_plan
 from layout_algebra.cli._inputs import (
+    config_structure,
     is_directory,
     is_plan,
     load_fqns,
@@ -548,10 +549,11 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     if args.expert_fsdp is not None and expert is None:
         raise Usage("--expert-fsdp names an axis of --expert-mesh; give --expert-mesh too")
     shapes = load_shapes(args.shapes, err=err)
+    shapes, read_structure = config_structure(args.shapes, shapes)
     table, from_plan = _lint_table(args.table, shapes, args, err)
     meshes = _roles(args.mesh, expert)
     fsdp, found, source, reading = _lint_reading(args, table, owned, from_plan=from_plan)
-    assumptions = [] if reading is None else [reading]
+    assumptions = [a for a in (reading, read_structure) if a is not None]
     training = None
     given = (args.optimizer, args.param_dtype, args.reduce_dtype, args.units, args.budget)
     if any(flag is not None for flag in given):  # any training flag counts the training state

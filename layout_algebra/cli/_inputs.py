@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final, TextIO
 
 from layout_algebra._files import open_regular
-from layout_algebra._text import clip, escape
+from layout_algebra._text import clip, escape, some_of
 from layout_algebra.cli._output import PROG, Problem, Reported, Usage, say, say_problems
 from layout_algebra.dcp import table_from_dcp
 from layout_algebra.errors import LayoutError, PlanError
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_INPUT_BYTES",
+    "config_structure",
     "is_dcp_checkpoint",
     "is_directory",
     "is_plan",
@@ -46,6 +47,8 @@ _INDEX: Final = "model.safetensors.index.json"
 _SINGLE: Final = "model.safetensors"
 _DCP_METADATA: Final = ".metadata"
 """The file ``dcp.save`` writes last into a checkpoint directory."""
+_CONFIG: Final = "config.json"
+"""The model's config ``save_pretrained`` writes beside its weights."""
 
 
 def read(path: str) -> bytes:
@@ -213,6 +216,81 @@ def load_shapes(
         return shapes_from_json(read(path))
     except LayoutError as e:
         raise Problem(f"{path}: {e.message}") from None
+
+
+def config_structure(
+    path: str, shapes: Mapping[str, ParamShape]
+) -> tuple[Mapping[str, ParamShape], str | None]:
+    """``shapes`` read from the checkpoint directory ``path``, with what their dims are
+    made of (heads, KV heads, fused blocks, experts) from the model its ``config.json``
+    describes, and the line saying where that came from or why the head checks were
+    skipped (unescaped: the report escapes it); ``None`` for other paths (a file, a DCP
+    checkpoint), whose shapes stay as they are.
+
+    Headers only give shapes: the model transformers builds from the config on the meta
+    device gives the structure (``shapes_from_module``); the headers' shapes and dtypes
+    win, and tensors whose shapes the model does not share keep none, said in the line.
+    """
+    if not is_directory(path) or _reads_dcp(path):
+        return shapes, None
+    where = clip(path)
+    if not os.path.isfile(os.path.join(path, _CONFIG)):
+        return shapes, (
+            f"head checks skipped: {where} has no {_CONFIG}, so no dim is known to hold "
+            "heads or fused blocks; give --shapes a shapes.json written from "
+            "shapes_from_module(model) to check them"
+        )
+    try:
+        # torch and transformers load only for a directory that has a config to build
+        from layout_algebra.torch_bridge._pretrained import shapes_from_config  # noqa: PLC0415
+
+        name, built = shapes_from_config(path, max_layers=len(shapes))
+    except ImportError as e:
+        missing = "torch" if (e.name or "").startswith("torch") else "transformers"
+        return shapes, (
+            f"head checks skipped: reading {where}/{_CONFIG} needs {missing}, which is not "
+            f"installed (pip install {missing})"
+        )
+    except LayoutError as e:
+        return shapes, f"head checks skipped: {e.message}"
+    return _merged(shapes, built, f"{where}/{_CONFIG}", name)
+
+
+def _merged(
+    shapes: Mapping[str, ParamShape], built: Mapping[str, ParamShape], config: str, name: str
+) -> tuple[Mapping[str, ParamShape], str]:
+    """The headers' ``shapes`` given the structure of the parameters of the model built
+    from ``config`` (a ``name``) whose shapes agree, and the line saying so."""
+    merged: dict[str, ParamShape] = {}
+    structured = 0
+    differ: list[str] = []
+    absent: list[str] = []
+    for fqn, shape in shapes.items():
+        found = built.get(fqn)
+        if found is None:
+            absent.append(fqn)
+        elif found.shape != shape.shape:
+            differ.append(f"{fqn} {list(shape.shape)} (the model: {list(found.shape)})")
+        elif found.structure:
+            merged[fqn] = shape.with_structure(found.structure)
+            structured += 1
+            continue
+        merged[fqn] = shape
+    line = (
+        f"heads, KV heads and fused blocks as {config} gives them: {name} built on the meta "
+        f"device (no weights read), {structured} of {len(shapes)} tensors structured"
+    )
+    if differ:
+        line += (
+            f"; the headers and the model disagree on {len(differ)} shapes, read as the "
+            f"headers give them, unstructured: {some_of(differ)}"
+        )
+    if absent:
+        line += (
+            f"; {len(absent)} tensors are no parameter of the model (read unstructured): "
+            f"{some_of(absent)}"
+        )
+    return merged, line
 
 
 def load_fqns(path: str, err: TextIO | None = None) -> list[str]:
