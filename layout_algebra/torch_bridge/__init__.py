@@ -50,7 +50,11 @@ from layout_algebra.torch_bridge.models import (
 from layout_algebra.torch_bridge.parallelize import plan_from_parallelize
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 from layout_algebra.torch_bridge.shapes import shapes_from_module
-from layout_algebra.torch_bridge.tables import table_from_hf, table_from_parallelize
+from layout_algebra.torch_bridge.tables import (
+    table_from_hf,
+    table_from_parallelize,
+    table_from_torchtitan,
+)
 from layout_algebra.torch_bridge.torchtitan import (
     plan_from_torchtitan,
     shard_dims_from_torchtitan,
@@ -79,6 +83,7 @@ __all__ = [
     "table_from_hf",
     "table_from_module",
     "table_from_parallelize",
+    "table_from_torchtitan",
     "tied_pairs_from_module",
     "to_torch",
 ]

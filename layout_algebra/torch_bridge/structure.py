@@ -8,11 +8,18 @@ Read from the modules themselves and, for transformers models, their config:
   ``kv_b_proj``) has heads of its own widths;
 - fused projections: transformers' ``qkv_proj`` is ``[q | k | v]`` (Phi-3), torchtitan's
   ``wqkv`` is one block per KV head (``heads_per_kv`` q heads, a k and a v head), a 2-D
-  ``gate_up_proj`` is ``[gate | up]``;
+  ``gate_up_proj`` is ``[gate | up]``; GPT-NeoX's ``query_key_value`` (and the same
+  layout of GPT-NeoX-Japanese, Persimmon and Bloom, whose forwards view its output as
+  ``(..., heads, 3, head)``) is one unit ``[q_h | k_h | v_h]`` per head, and CodeGen's
+  ``qkv_proj`` is ``mp_num`` (4) blocks, each a quarter of the heads' q, v and k, which
+  its forward views whole (``view(..., -1, 3 * embed_dim // mp_num)``); their output
+  projections' columns (``dense``, ``out_proj``) are heads. Each is found by the class
+  whose forward fixes it, since nothing else on the module says how its rows interleave;
 - experts: a module with ``num_experts`` and 3-D weights has its experts on dim 0; a
   transformers experts module's ``gate_up_proj`` is ``[gate | up]`` (``is_concatenated``)
   or gate and up interleaved (GPT-OSS: units of 2), on its output dim (``is_transposed``
-  says which).
+  says which; a module without it, as Llama 4's, which multiplies ``x @ gate_up_proj``,
+  is read by its ``down_proj``: ``(E, H, 2I)`` with ``(E, I, H)`` is transposed).
 
 A module's own head fields win over the config's, since its forward splits heads by them:
 q and k heads are the module's ``head_k_dim`` (a gated delta net's key heads), v heads and
@@ -112,6 +119,27 @@ def _weight(
     return None if param is None else tuple(param.shape)
 
 
+_PER_HEAD_QKV: Final = {
+    "GPTNeoXAttention": "head_size",
+    "GPTNeoXJapaneseAttention": "head_size",
+    "PersimmonAttention": "head_dim",
+    "BloomAttention": "head_dim",
+}
+"""Attention classes whose forward views ``query_key_value``'s output per head, ``(...,
+heads, 3 * head)``: its rows are one ``[q_h | k_h | v_h]`` block per head, ``head`` the
+module attribute named here."""
+
+_CODEGEN: Final = "CodeGenAttention"
+_CODEGEN_MP: Final = 4
+"""CodeGen's ``mp_num``: the module's own in recent releases, a constant of the forward
+before."""
+
+
+def _classes(module: nn.Module) -> frozenset[str]:
+    """The names of ``module``'s class and its bases (a subclass keeps their forward)."""
+    return frozenset(cls.__name__ for cls in type(module).__mro__)
+
+
 def _heads(name: str, rows: int, head_dim: int) -> Packed | None:
     return (
         Packed([Part(name, rows // head_dim, head_dim)]) if rows and rows % head_dim == 0 else None
@@ -148,6 +176,8 @@ class _Reader:
             self.attention(path, module, ("q_proj", "k_proj", "v_proj", "o_proj"))
         if "kv_b_proj" in children:
             self.latent_attention(path, module, ("q_proj", "q_b_proj"), "kv_b_proj", "o_proj")
+        if "query_key_value" in children or "qkv_proj" in children:
+            self.fused_by_class(path, module)
         if "wkv_b" in children:
             self.latent_attention(path, module, ("wq", "wq_b"), "wkv_b", "wo")
         elif "wo" in children and _positive(module, path, "n_heads"):
@@ -194,6 +224,44 @@ class _Reader:
                 [Part("q", heads, head_dim), Part("k", kv, head_dim), Part("v", kv, head_dim)]
             )
             self.put(path, "qkv_proj", "weight", 0, packed)
+
+    def fused_by_class(self, path: str, module: nn.Module) -> None:
+        """A fused projection whose interleaving only its class's forward fixes:
+        ``_PER_HEAD_QKV``'s per-head blocks, CodeGen's ``mp_num`` blocks."""
+        classes = _classes(module)
+        found = [attr for name, attr in _PER_HEAD_QKV.items() if name in classes]
+        if found:
+            self.per_head_qkv(path, module, found[0])
+        elif _CODEGEN in classes:
+            self.codegen_qkv(path, module)
+
+    def per_head_qkv(self, path: str, module: nn.Module, head_attr: str) -> None:
+        """``query_key_value`` viewed as ``(..., heads, 3 * head)``: 4 heads of 8 are 4
+        units of 24 rows, q, k and v of one head each; ``dense``'s columns are heads."""
+        head = _positive(module, path, head_attr)
+        if head is None:
+            return
+        for leaf in ("weight", "bias"):
+            shape = _weight(module, path, "query_key_value", leaf)
+            if shape:
+                self.put(path, "query_key_value", leaf, 0, _heads("qkv", shape[0], 3 * head))
+        shape = _weight(module, path, "dense")
+        if shape is not None and len(shape) == 2:
+            self.put(path, "dense", "weight", 1, _heads("o", shape[1], head))
+
+    def codegen_qkv(self, path: str, module: nn.Module) -> None:
+        """CodeGen's ``qkv_proj``: ``mp_num`` blocks ``[q_b | v_b | k_b]``, each a quarter
+        of the heads, which the forward views whole (``3 * embed_dim // mp_num`` rows) and
+        splits; a rank holding part of a block has no shape it can view. 32 features over
+        4 heads of 8: ``[qvk: 4x24]``. ``out_proj``'s columns are heads."""
+        mp = _positive(module, path, "mp_num") or _CODEGEN_MP
+        shape = _weight(module, path, "qkv_proj")
+        if shape and shape[0] % mp == 0:
+            self.put(path, "qkv_proj", "weight", 0, Packed([Part("qvk", mp, shape[0] // mp)]))
+        head = _positive(module, path, "head_dim")
+        shape = _weight(module, path, "out_proj")
+        if shape is not None and len(shape) == 2 and head:
+            self.put(path, "out_proj", "weight", 1, _heads("o", shape[1], head))
 
     def latent_attention(
         self, path: str, module: nn.Module, qs: tuple[str, str], kv: str, o: str
@@ -242,12 +310,15 @@ class _Reader:
         where = path or None
         transposed = _attr(module, "is_transposed", _of(path, "is_transposed"), fqn=where)
         concatenated = _attr(module, "is_concatenated", _of(path, "is_concatenated"), fqn=where)
-        for leaf, param in _own(module, path).items():
+        own = _own(module, path)
+        if not isinstance(transposed, bool):
+            transposed = _transposed_by_shape(own)
+        for leaf, param in own.items():
             if param.ndim < 2 or param.shape[0] != count:
                 continue
             self.put(path, "", leaf, 0, Packed([Part(EXPERTS, count)]))
-            if leaf not in ("gate_up_proj", "gate_up_proj_bias"):
-                continue
+            if leaf not in ("gate_up_proj", "gate_up_proj_bias") or transposed is None:
+                continue  # which dim is gate and up is not known: no structure says it
             # the output dim: (E, 2I, H), or (E, H, 2I) transposed; a bias's is its last
             dim = param.ndim - 1 if transposed is True or param.ndim == 2 else param.ndim - 2
             n = int(param.shape[dim])
@@ -259,6 +330,23 @@ class _Reader:
                 else Packed([Part("gate_up", n // 2, 2)])
             )
             self.put(path, "", leaf, dim, packed)
+
+
+def _transposed_by_shape(params: Mapping[str, nn.Parameter]) -> bool | None:
+    """Whether an experts module without ``is_transposed`` multiplies ``x @ w`` (True:
+    ``gate_up_proj`` ``(E, H, 2I)`` with ``down_proj`` ``(E, I, H)``, as Llama 4's chunks
+    ``bmm(x, gate_up_proj)`` on its last dim) or ``w @ x`` (False: ``(E, 2I, H)`` with
+    ``(E, H, I)``), read from the two weights' shapes; ``None`` when they say neither."""
+    gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
+    if gate_up is None or down is None or gate_up.ndim != 3 or down.ndim != 3:
+        return None
+    _, rows, cols = gate_up.shape
+    _, down_rows, down_cols = down.shape
+    if rows == down_cols and cols == 2 * down_rows:
+        return True
+    if cols == down_rows and rows == 2 * down_cols:
+        return False
+    return None
 
 
 _WHOLE_STYLES: Final = frozenset(

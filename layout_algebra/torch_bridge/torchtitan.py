@@ -381,15 +381,73 @@ def plan_from_torchtitan(
     )
 
 
-def _size(parallel_dims: object, name: str) -> int:
-    value = _attr(parallel_dims, name, f"parallel_dims.{name}", _DIMS, remedy=_PARALLEL_DIMS)
+def _size(parallel_dims: object, name: str, caller: str = _DIMS, arg: str = "parallel_dims") -> int:
+    value = _attr(parallel_dims, name, f"{arg}.{name}", caller, remedy=_PARALLEL_DIMS)
     if type(value) is not int or value < 1:
         msg = (
-            f"shard_dims_from_torchtitan(parallel_dims=...): its {name!r} is {quote(value)}, "
-            f"not a degree >= 1; {_PARALLEL_DIMS}"
+            f"{caller}({arg}=...): its {name!r} is {quote(value)}, not a degree >= 1; "
+            f"{_PARALLEL_DIMS}"
         )
         raise LayoutError(msg)
     return value
+
+
+def _backend(parallel_dims: object, caller: str, arg: str = "parallel_dims") -> object:
+    """The run's ``spmd_backend`` (torchtitan's default when the object has none)."""
+    return _attr(
+        parallel_dims,
+        "spmd_backend",
+        f"{arg}.spmd_backend",
+        caller,
+        default="spmd_types",
+        remedy=_PARALLEL_DIMS,
+    )
+
+
+def meshes_from_parallel_dims(
+    parallel_dims: object, *, caller: str = "table_from_torchtitan", arg: str = "meshes"
+) -> dict[str, Mesh]:
+    """The meshes torchtitan builds for ``parallel_dims``, by role, as ``Mesh`` values
+    (``table_from_torchtitan``'s reading of a ``ParallelDims``).
+
+    The dense mesh is named as the backend names it (``partial_dtensor``: ``pp``,
+    ``dp_replicate``, ``fsdp`` (``dp_shard * cp``), ``tp``; ``full_dtensor``: ``pp``,
+    ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``; ``spmd_types``: ``pp``, ``dp``
+    (``dp_replicate * dp_shard``), ``cp``, ``tp``); with expert parallelism the expert mesh
+    is ``pp``, ``dp_replicate``, ``efsdp`` (``dp_shard * cp * tp / ep``), ``ep``. tp=2,
+    ep=4 on 8 ranks under ``full_dtensor``: dense ``dp_shard=4,tp=2``, expert ``efsdp=2,ep=4``
+    (besides axes of size 1).
+
+    Raises:
+        LayoutError: ``parallel_dims`` lacks a degree, or reading it raised (naming it),
+            or ``ep`` does not divide ``dp_shard * cp * tp`` (torchtitan refuses it).
+    """
+    pp, replicate, shard, cp, tp, ep = (
+        _size(parallel_dims, n, caller, arg)
+        for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+    )
+    backend = _backend(parallel_dims, caller, arg)
+    data: list[tuple[str, int]]
+    if backend == "partial_dtensor":
+        data = [("dp_replicate", replicate), ("fsdp", shard * cp)]
+    elif backend == "full_dtensor":
+        data = [("dp_replicate", replicate), ("dp_shard", shard), ("cp", cp)]
+    else:
+        data = [("dp", replicate * shard), ("cp", cp)]
+    meshes = {"dense": Mesh([("pp", pp), *data, ("tp", tp)])}
+    if ep > 1:
+        if (shard * cp * tp) % ep:
+            msg = (
+                f"{caller}({arg}=...): ep={ep} does not divide dp_shard * cp * tp = "
+                f"{shard * cp * tp}, the ranks torchtitan's expert mesh takes ep from; "
+                f"{_PARALLEL_DIMS}"
+            )
+            raise LayoutError(msg)
+        efsdp = shard * cp * tp // ep
+        meshes["expert"] = Mesh(
+            [("pp", pp), ("dp_replicate", replicate), ("efsdp", efsdp), ("ep", ep)]
+        )
+    return meshes
 
 
 def shard_dims_from_torchtitan(model: nn.Module, *, parallel_dims: object) -> dict[str, int]:
@@ -422,14 +480,7 @@ def shard_dims_from_torchtitan(model: nn.Module, *, parallel_dims: object) -> di
     replicate, shard, cp, tp, ep = (
         _size(parallel_dims, n) for n in ("dp_replicate", "dp_shard", "cp", "tp", "ep")
     )
-    backend = _attr(
-        parallel_dims,
-        "spmd_backend",
-        "parallel_dims.spmd_backend",
-        _DIMS,
-        default="spmd_types",
-        remedy=_PARALLEL_DIMS,
-    )
+    backend = _backend(parallel_dims, _DIMS)
     if ep > 1:
         ranks = shard * cp * tp
     elif backend == "partial_dtensor":
