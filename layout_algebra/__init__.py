@@ -47,7 +47,7 @@ from layout_algebra.placements import (
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.structure import Packed, Part
-from layout_algebra.training import Training
+from layout_algebra.training import FSDPUnit, Optimizer, Training
 
 __all__ = [
     "FSDP_OWNED_AXES",
@@ -55,12 +55,14 @@ __all__ = [
     "BindError",
     "Chunk",
     "Drop",
+    "FSDPUnit",
     "LayoutError",
     "LintNote",
     "LintProblem",
     "LintReport",
     "Mesh",
     "ModulePlan",
+    "Optimizer",
     "OwnedAxisError",
     "Packed",
     "ParamLayoutTable",

@@ -139,6 +139,8 @@ class Matcher(Generic[T]):
         }
         self._unused_patterns = sum(not r.exact for r in self._rules)
         self._by_signature: dict[tuple[int, tuple[str | None, ...]], tuple[int, ...]] = {}
+        self._every_by_signature: dict[tuple[int, tuple[str | None, ...]], tuple[int, ...]] = {}
+        self._lengths = sorted({len(r.segments) for r in self._rules})
 
     def answers(self) -> set[tuple[int, ...]]:
         """Every distinct answer ``match`` and ``match_all`` can have given so far (``()``,
@@ -183,6 +185,47 @@ class Matcher(Generic[T]):
                 if trie is not None:
                     self._mark(trie.matches(segments))
         return [r for r, is_used in zip(self._rules, used, strict=True) if not is_used]
+
+    def prefixes(self, fqn: str, *, whole: bool = True) -> list[tuple[int, tuple[int, ...]]]:
+        """Every dotted prefix of ``fqn`` some key names, shortest first: its number of
+        segments and the indices of *every* key naming it (not only the most specific).
+
+        ``layers.3.mlp.w`` under the keys ``layers.*`` and ``layers.*.mlp`` gives
+        ``[(2, (0,)), (3, (1,))]``. ``whole=False`` leaves ``fqn`` itself out (keys that
+        name modules never name a parameter). Like ``match``, each answer is worked out
+        once per signature of the prefix, and the keys found are marked used.
+        """
+        segments = fqn.split(".")
+        longest = len(segments) if whole else len(segments) - 1
+        out: list[tuple[int, tuple[int, ...]]] = []
+        for n in self._lengths:
+            if n > longest:
+                break
+            found = self._every(segments, n)
+            if found:
+                out.append((n, found))
+        return out
+
+    def _every(self, segments: Sequence[str], n: int) -> tuple[int, ...]:
+        """The indices of every key naming the first ``n`` of ``segments``."""
+        exact = self._exact.get(".".join(segments[:n]))
+        if exact is not None:
+            for i in exact:
+                self._used[i] = True
+        positions = self._positions.get(n)
+        found: tuple[int, ...] = ()
+        if positions is not None:
+            signature = (
+                n,
+                tuple([segments[i] if segments[i] in known else None for i, known in positions]),
+            )
+            cached = self._every_by_signature.get(signature)
+            if cached is None:
+                matches = self._tries[n].matches(segments[:n])
+                self._mark(matches)
+                cached = self._every_by_signature[signature] = tuple(sorted(i for _, i in matches))
+            found = cached
+        return found if exact is None else tuple(sorted((*exact, *found)))
 
     def _patterns_for(self, fqn: str) -> tuple[int, ...]:
         segments = fqn.split(".")

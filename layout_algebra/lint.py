@@ -83,8 +83,10 @@ from layout_algebra.placements import format_placement
 from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
 from layout_algebra.training import (
     Training,
+    as_assumptions,
     as_counts,
     as_text,
+    assumption_lines,
     cost_lines,
     rows_by_name,
     training_cost,
@@ -360,6 +362,10 @@ def _as_notes(value: Iterable[LintNote]) -> tuple[LintNote, ...]:
     return as_instances(value, LintNote, "LintReport(notes)", "(LintNote('w', 'uneven'),)")
 
 
+def _as_assumptions(value: Iterable[str]) -> tuple[str, ...]:
+    return as_assumptions(value, "LintReport(assumptions)")
+
+
 def _check_memory(_: object, __: attrs.Attribute[RankMemory], value: object) -> None:
     if not isinstance(value, RankMemory):
         msg = f"LintReport(memory) must be a RankMemory, got {quote(value)}"
@@ -439,6 +445,9 @@ class LintReport:
     )
     """With ``lint(training=...)``: bytes per rank per step through each collective
     (``training.TRAFFIC``); empty without."""
+    assumptions: tuple[str, ...] = attrs.field(default=(), converter=_as_assumptions, kw_only=True)
+    """With ``lint(training=...)``: every default the training figures rest on, in words
+    (``TrainingCost.assumptions``); empty without."""
 
     def __attrs_pre_init__(
         self,
@@ -447,8 +456,11 @@ class LintReport:
         memory: RankMemory,
         coverage: Iterable[Coverage] = (),
         traffic: Mapping[str, Iterable[int]] = FrozenMap({}),
+        *,
+        assumptions: Iterable[str] = (),
     ) -> None:
-        check_init(self, "problems", (problems, notes, memory, coverage, traffic))
+        args = (problems, notes, memory, coverage, traffic, assumptions)
+        check_init(self, "problems", args)
 
     @property
     def ok(self) -> bool:
@@ -482,6 +494,7 @@ class LintReport:
         lines.extend(self._memory_lines())
         if self.memory.by_kind:
             lines.extend(cost_lines(self.memory.by_kind, self.traffic))
+        lines.extend(assumption_lines(self.assumptions))
         lines.extend(self._coverage_lines())
         return "\n".join(lines)
 
@@ -571,6 +584,7 @@ class LintReport:
                 "total": memory.total,
             },
             "traffic": {name: list(v) for name, v in self.traffic.items()},
+            "assumptions": list(self.assumptions),
             "coverage": [
                 {
                     "layout": str(c.layout),
@@ -989,7 +1003,14 @@ def lint(
             )
         )
     memory = attrs.evolve(memory, by_kind=cost.by_kind)
-    return LintReport(tuple(problems), tuple(notes), memory, run.coverage(), traffic=cost.traffic)
+    return LintReport(
+        tuple(problems),
+        tuple(notes),
+        memory,
+        run.coverage(),
+        traffic=cost.traffic,
+        assumptions=cost.assumptions,
+    )
 
 
 class _Run:

@@ -91,7 +91,17 @@ from layout_algebra.placements import (
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape
 from layout_algebra.structure import Packed, Part, packed_to_obj, part_to_obj
-from layout_algebra.training import Training, training_from_obj, training_to_obj
+from layout_algebra.training import (
+    FSDPUnit,
+    Optimizer,
+    Training,
+    fsdp_unit_from_obj,
+    fsdp_unit_to_obj,
+    optimizer_from_obj,
+    optimizer_to_obj,
+    training_from_obj,
+    training_to_obj,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -242,7 +252,8 @@ def configure_converter(converter: _C) -> _C:
     After it, ``converter.unstructure(table)`` gives the JSON-ready document and
     ``converter.structure(obj, ParamLayoutTable)`` reads one back strictly (the same for
     ``ShardingPlan``, ``ModulePlan``, ``SourceLayout``, ``ParamShape``, ``Mesh``,
-    ``Training``, ``Part``, ``Packed``, ``AxisName``, ``Placement`` and every placement
+    ``Training`` (with its ``FSDPUnit`` and ``Optimizer`` values), ``Part``, ``Packed``,
+    ``AxisName``, ``Placement`` and every placement
     kind), also where they sit inside the user's own attrs classes
     (``dict[str, ParamShape]`` is a ``shapes.json``'s ``params``). A ``Part`` is
     ``{"name": "q", "count": 32, "size": 128}`` and a ``Packed`` the list of its parts, as
@@ -277,6 +288,10 @@ def configure_converter(converter: _C) -> _C:
     converter.register_structure_hook(ShardingPlan, lambda v, _: read_plan(v))
     converter.register_unstructure_hook(Training, training_to_obj)
     converter.register_structure_hook(Training, lambda v, _: training_from_obj(v))
+    converter.register_unstructure_hook(FSDPUnit, fsdp_unit_to_obj)
+    converter.register_structure_hook(FSDPUnit, lambda v, _: fsdp_unit_from_obj(v))
+    converter.register_unstructure_hook(Optimizer, optimizer_to_obj)
+    converter.register_structure_hook(Optimizer, lambda v, _: optimizer_from_obj(v))
     return converter
 
 

@@ -1,79 +1,75 @@
-"""What a training step costs each rank under FSDP2, before launch: model-state memory and
-collective bytes.
+"""What a training step costs each rank under FSDP2, before launch: model-state memory,
+FSDP2's own buffers and collective bytes.
 
-``Training`` describes the setup (optimizer, ``MixedPrecisionPolicy`` dtypes, the
-``fully_shard`` units); ``training_cost`` reads it against the composed table, the shapes
-and the meshes, and gives, per global rank:
+``Training`` describes the setup: the optimizer (a name of torch's, or ``Optimizer`` for
+any other), ``MixedPrecisionPolicy``'s dtypes, the ``fully_shard`` units (``FSDPUnit``)
+and how each reshards after forward, and the frozen parameters. ``training_cost`` reads
+it against the composed table, the shapes and the meshes, and gives, per global rank:
 
-- ``by_kind``: bytes of the sharded ``"params"`` (``p.to_local()``, the parameter's own
-  dtype: FSDP2 keeps the sharded parameter as it was and casts to ``param_dtype`` only to
-  all-gather), ``"grads"`` (``p.grad.to_local()``: FSDP2 casts the reduced gradient back to
-  the parameter's dtype), ``"optimizer"`` (``optimizer.state[p]``: AdamW's ``exp_avg`` and
-  ``exp_avg_sq`` shaped and typed as the sharded parameter, plus its ``step``, a float32
-  scalar per parameter that torch keeps on the host; SGD's ``momentum_buffer``),
-  ``"master"`` (a separate copy in ``master_dtype`` kept by an optimizer that holds one;
-  FSDP2 itself keeps none: its sharded parameter is the master) and ``"transient"`` (the
-  unsharded, padded all-gather buffers held at once);
-- ``traffic``: per step, bytes of the buffers each rank all-gathers (the gathered output),
-  reduce-scatters (the unsharded input) and all-reduces (HSDP's replicate axis).
+- ``by_kind``: bytes of the sharded ``"params"`` and ``"grads"`` as FSDP2 allocates them
+  (every rank's shard padded to ``ceil(rows / world)`` rows, in the parameter's own
+  dtype), the ``"optimizer"``'s state (``optimizer.state[p]`` after a step: tensors
+  shaped as the local shard, and 0-d float32 scalars such as ``step``), ``"master"``
+  copies an optimizer keeps of its own, and ``"transient"``: the peak of FSDP2's own
+  buffers (flat all-gather outputs and unsharded parameters) over forward and backward;
+- ``traffic``: per step, bytes of the buffers each rank all-gathers (the gathered
+  output), reduce-scatters (the unsharded input) and all-reduces (HSDP's replicate axis);
+- ``assumptions``: every default the figures rest on, in words.
 
-FSDP2 pads each parameter's shard on its shard dim to ``ceil(rows / world)`` (10 rows over
-4 ranks → 3 each, 12 gathered); the collectives move the padded buffers. A unit's
-parameters go in one collective, so a unit's all-gather buffer is the sum of its
-parameters' padded shards times FSDP's world size.
-
-Everything is grouped by signature: each distinct (composed layout, shape) is measured
-once, per dim (``read_dim``), and each distinct unit's buffer spread over the ranks once
-(``RankSum``), so a world of 16,384 ranks costs what 16 do.
+The step itself (which unit holds which parameter, what FSDP2 allocates and frees, in
+which order) is modelled once, in ``layout_algebra._step``; this module holds the values
+and the report.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, TypeAlias, TypeVar
 
 import attrs
 
-from layout_algebra._args import as_items, as_sequence, mapping_items, plain_str
+from layout_algebra import _step
+from layout_algebra._args import as_sequence, mapping_items, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call
-from layout_algebra._json_read import at_field, fail, shown
-from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
-from layout_algebra._shards import check_dims, check_layout, chunk_bounds, size_of
+from layout_algebra._json_read import at_field, at_index, fail, shown
 from layout_algebra._text import (
     clip,
-    exact_bytes,
+    did_you_mean,
     human_bytes,
     label,
+    listed,
     quote,
     rank_groups,
     ranks_str,
-    ranks_text,
 )
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_name_set
 from layout_algebra.errors import LayoutError, SerializationError
-from layout_algebra.fsdp import split_fsdp
 from layout_algebra.layout import SourceLayout, check_fqn
-from layout_algebra.mesh import MAX_WORLD, Mesh, as_role_sizes, world_size
-from layout_algebra.shapes import DTYPE_BYTES, ParamShape, as_dtype
+from layout_algebra.mesh import MAX_WORLD, Mesh, as_role_sizes
+from layout_algebra.shapes import ParamShape, as_dtype
 
 __all__ = [
     "KINDS",
     "OPTIMIZERS",
+    "REFUSED_OPTIMIZERS",
     "TRAFFIC",
     "BudgetExcess",
+    "FSDPUnit",
+    "Optimizer",
     "Training",
     "TrainingCost",
+    "as_optimizer",
+    "fsdp_unit_from_obj",
+    "fsdp_unit_to_obj",
+    "optimizer_from_obj",
+    "optimizer_to_obj",
     "parse_bytes",
     "training_cost",
     "training_from_obj",
     "training_to_obj",
 ]
-
-OPTIMIZERS: Final = FrozenMap({"adamw": 2, "sgd": 1, "none": 0})
-"""States per parameter, shaped as its shard, by optimizer: AdamW's ``exp_avg`` and
-``exp_avg_sq``, SGD's ``momentum_buffer``."""
 
 KINDS: Final = ("params", "grads", "optimizer", "master", "transient")
 """The kinds of memory ``TrainingCost.by_kind`` gives, in order."""
@@ -81,35 +77,263 @@ KINDS: Final = ("params", "grads", "optimizer", "master", "transient")
 TRAFFIC: Final = ("all_gather", "reduce_scatter", "all_reduce")
 """The collectives ``TrainingCost.traffic`` gives, in order."""
 
-STEP_BYTES: Final = 4
-"""AdamW's ``step``: one float32 scalar per parameter (``torch.optim`` keeps it on the host
-unless ``fused`` or ``capturable``)."""
-
 _MAX_RANK_ROWS: Final = 16
 """Above this many ranks, the breakdown groups ranks with equal bytes."""
 
-_TOP: Final = 3
-"""How many parameters a budget problem names."""
-
 MAX_UNITS: Final = 1 << 16
-"""The most ``fully_shard`` unit patterns a ``Training`` names (a model has a few, or one
-per layer when each layer is named)."""
+"""The most ``fully_shard`` units a ``Training`` names (a model has a few, or one per
+layer when each layer is named)."""
+
+MAX_MODULES: Final = 1 << 10
+"""The most module patterns one ``FSDPUnit`` (one ``fully_shard`` call) names."""
+
+MAX_FROZEN: Final = 1 << 22
+"""The most frozen patterns a ``Training`` names (``training_from_module`` names every
+frozen parameter of a model: tens of thousands for a large mixture of experts)."""
+
+MAX_STATES: Final = 64
+"""The most tensors or scalars an ``Optimizer`` keeps per parameter."""
+
+
+# ---------------------------------------------------------------------------------------
+# the optimizer
+
+
+def _count(value: object, arg: str) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_STATES:
+        msg = f"{arg} must be an int from 0 to {MAX_STATES}, got {quote(value)}"
+        raise LayoutError(msg)
+    return value
+
+
+def _check_states(_: object, __: attrs.Attribute[int], value: object) -> None:
+    _count(value, "Optimizer(states=...)")
+
+
+def _check_scalars(_: object, __: attrs.Attribute[int], value: object) -> None:
+    _count(value, "Optimizer(scalars=...)")
+
+
+def _check_eager(_: object, __: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        msg = f"Optimizer(eager=...) must be True or False, got {quote(value)}"
+        raise LayoutError(msg)
+
+
+@checked_call
+@attrs.frozen(kw_only=True)
+class Optimizer:
+    """What an optimizer keeps for each parameter it updates, as ``optimizer.state[p]``
+    holds it after a step.
+
+    ``states`` tensors shaped and typed as the parameter (under FSDP2: its local shard,
+    ``p.to_local()``, unpadded), and ``scalars`` 0-d float32 tensors (torch's ``step``,
+    NAdam's ``mu_product``). torch's optimizers make their state at the first step, for
+    the parameters that have a gradient; ``eager=True`` is one that makes it when it is
+    built, for every parameter given to it, frozen ones included (torch's ``Adagrad``).
+
+    >>> Optimizer(states=2, scalars=1)  # AdamW: exp_avg, exp_avg_sq and step
+    Optimizer(states=2, scalars=1, eager=False)
+    >>> print(Optimizer(states=3, scalars=1))
+    3 states and 1 scalar per parameter
+
+    torch's optimizers the names of ``OPTIMIZERS`` do not cover: ``Adamax``
+    (``exp_avg``, ``exp_inf``, ``step``) and ``RAdam`` are ``Optimizer(states=2,
+    scalars=1)``; ``Adadelta`` likewise (``square_avg``, ``acc_delta``); ``ASGD`` is
+    ``Optimizer(states=1, scalars=3)`` (``ax``; ``step``, ``eta``, ``mu``); ``RMSprop``
+    with momentum adds one state (``momentum_buffer``): ``Optimizer(states=2, scalars=1)``,
+    centered with momentum ``Optimizer(states=3, scalars=1)``.
+    """
+
+    states: int = attrs.field(validator=_check_states, **REQUIRED)
+    scalars: int = attrs.field(default=0, validator=_check_scalars)
+    eager: bool = attrs.field(default=False, validator=_check_eager)
+
+    def __attrs_pre_init__(self, states: int, scalars: int, eager: bool) -> None:
+        check_init(self, "states", (states, scalars, eager))
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.states} state{'s' if self.states != 1 else ''} and {self.scalars} "
+            f"scalar{'s' if self.scalars != 1 else ''} per parameter"
+        )
+        return text + (" (made when built, for every parameter)" if self.eager else "")
+
+
+OPTIMIZERS: Final[FrozenMap[str, Optimizer]] = FrozenMap(
+    {
+        "adamw": Optimizer(states=2, scalars=1),
+        "adam": Optimizer(states=2, scalars=1),
+        "adam-amsgrad": Optimizer(states=3, scalars=1),
+        "sgd": Optimizer(states=1),
+        "none": Optimizer(states=0),
+        "adagrad": Optimizer(states=1, scalars=1, eager=True),
+        "rmsprop": Optimizer(states=1, scalars=1),
+        "rmsprop-centered": Optimizer(states=2, scalars=1),
+        "nadam": Optimizer(states=2, scalars=2),
+    }
+)
+"""torch 2.13's optimizers by name, and what each keeps per parameter after a step:
+AdamW and Adam ``exp_avg``, ``exp_avg_sq`` and ``step``; Adam with ``amsgrad=True`` also
+``max_exp_avg_sq``; SGD with momentum ``momentum_buffer`` (``"none"``: SGD without momentum,
+which keeps nothing); Adagrad ``sum`` and ``step``, made when it is built; RMSprop
+``square_avg`` and ``step``, centered also ``grad_avg``; NAdam ``exp_avg``, ``exp_avg_sq``,
+``step`` and ``mu_product``."""
+
+REFUSED_OPTIMIZERS: Final[FrozenMap[str, str]] = FrozenMap(
+    {
+        "adafactor": "torch 2.13's Adafactor",
+        "rprop": "torch 2.13's Rprop",
+    }
+)
+"""Optimizers of torch whose step fails on FSDP2's sharded (DTensor) parameters in torch
+2.13: named so that the refusal says so rather than predicting a step that cannot run."""
+
+
+def as_optimizer(value: str | Optimizer) -> Optimizer:
+    """What the optimizer ``value`` (a name of ``OPTIMIZERS`` or an ``Optimizer``) keeps.
+
+    >>> as_optimizer("nadam")
+    Optimizer(states=2, scalars=2, eager=False)
+
+    Raises:
+        LayoutError: not such a name or value (naming ``Training(optimizer=...)``).
+    """
+    known = _as_optimizer(value)
+    return known if isinstance(known, Optimizer) else OPTIMIZERS[known]
+
+
+def _as_optimizer(value: str | Optimizer) -> str | Optimizer:
+    raw: object = value
+    if isinstance(raw, Optimizer):
+        return raw
+    if isinstance(raw, str) and raw in OPTIMIZERS:
+        return plain_str(raw)
+    if isinstance(raw, str) and raw in REFUSED_OPTIMIZERS:
+        msg = (
+            f"Training(optimizer=...): {REFUSED_OPTIMIZERS[raw]} fails on FSDP2's sharded "
+            "(DTensor) parameters, so no step of it can be predicted; train with another, "
+            "or give what yours keeps as Optimizer(states=..., scalars=...)"
+        )
+        raise LayoutError(msg)
+    names = ", ".join(repr(n) for n in OPTIMIZERS)
+    hint = ""
+    if isinstance(raw, str):
+        lower = raw.lower()
+        hint = (
+            f" (did you mean {lower!r}?)" if lower in OPTIMIZERS else did_you_mean(raw, OPTIMIZERS)
+        )
+    msg = (
+        f"Training(optimizer=...) must be one of {names} (torch's optimizers by the state "
+        "they keep), or Optimizer(states=..., scalars=...) for another, got "
+        f"{quote(raw)}{hint}"
+    )
+    raise LayoutError(msg)
+
+
+# ---------------------------------------------------------------------------------------
+# the units
+
+
+Reshard: TypeAlias = "bool | int"
+"""``reshard_after_forward`` as ``fully_shard`` takes it: ``True`` (free the unsharded
+parameters after forward, gather them again in backward), ``False`` (keep them), or a
+group size: reshard to that many ranks (an int >= 2 dividing FSDP's shard group)."""
+
+
+def check_reshard(value: object, arg: str) -> bool | int:
+    """``value`` checked to be a ``reshard_after_forward``.
+
+    ``1`` is refused: torch reads it as ``False`` (a group of one rank keeps everything),
+    and as a value it would equal ``True``.
+
+    Raises:
+        LayoutError: naming ``arg``.
+    """
+    if isinstance(value, bool):
+        return value
+    if type(value) is int and 2 <= value <= MAX_WORLD:
+        return value
+    why = ""
+    if type(value) is int and value == 1:
+        why = " (1 is a group of one rank, which torch reads as False: write False)"
+    msg = (
+        f"{arg} must be True, False or a group size to reshard to after forward (an int "
+        f">= 2 dividing FSDP's shard group){why}, got {quote(value)}"
+    )
+    raise LayoutError(msg)
+
+
+def _pattern(value: object, arg: str) -> str:
+    if not isinstance(value, str) or not value or "" in value.split("."):
+        msg = (
+            f"{arg} holds module FQN patterns such as 'layers.*' (dotted, no empty "
+            "segment; the root is always a unit, so it is never named), "
+            f"got {quote(value)}"
+        )
+        raise LayoutError(msg)
+    return plain_str(value)
+
+
+def _as_modules(value: str | Iterable[str]) -> tuple[str, ...]:
+    arg = "FSDPUnit(modules)"
+    raw: object = value
+    if isinstance(raw, str):
+        return (_pattern(raw, arg),)
+    items = as_sequence(value, arg, "['norm', 'lm_head']", limit=MAX_MODULES, what="patterns")
+    if not items:
+        msg = f"{arg} names no module; give one pattern or several, such as ['norm', 'lm_head']"
+        raise LayoutError(msg)
+    out = [_pattern(item, arg) for item in items]
+    for i, pattern in enumerate(out):
+        if pattern in out[:i]:
+            msg = f"{arg} names {quote(pattern)} twice; give each pattern once"
+            raise LayoutError(msg)
+    return tuple(out)
+
+
+def _check_unit_reshard(_: object, __: attrs.Attribute[Any], value: object) -> None:
+    check_reshard(value, "FSDPUnit(reshard_after_forward=...)")
+
+
+@checked_call
+@attrs.frozen
+class FSDPUnit:
+    """One ``fully_shard`` call per match: the modules it shards together, and how it
+    reshards after forward.
+
+    ``modules`` is one module FQN pattern (``*`` matches one segment) or several. One
+    pattern is one ``fully_shard`` call per module it matches (``FSDPUnit("layers.*")``
+    shards each layer alone); several patterns are one call over all the modules they
+    match together (``FSDPUnit(["norm", "lm_head"])`` is ``fully_shard([model.norm,
+    model.lm_head])``), grouped by what their ``*`` segments match: ``["layers.*.attn",
+    "layers.*.mlp"]`` is one call per layer over its two modules.
+
+    >>> FSDPUnit(["norm", "lm_head"], reshard_after_forward=False)
+    FSDPUnit(modules=('norm', 'lm_head'), reshard_after_forward=False)
+    >>> print(FSDPUnit("layers.*", reshard_after_forward=8))
+    layers.* (reshard_after_forward=8)
+    """
+
+    modules: tuple[str, ...] = attrs.field(converter=_as_modules, **REQUIRED)
+    reshard_after_forward: bool | int = attrs.field(
+        default=True, kw_only=True, validator=_check_unit_reshard
+    )
+
+    def __attrs_pre_init__(
+        self, modules: str | Iterable[str], reshard_after_forward: bool | int
+    ) -> None:
+        check_init(self, "modules", (modules, reshard_after_forward))
+
+    def __str__(self) -> str:
+        names = self.modules[0] if len(self.modules) == 1 else f"[{', '.join(self.modules)}]"
+        if self.reshard_after_forward is True:
+            return names
+        return f"{names} (reshard_after_forward={self.reshard_after_forward})"
 
 
 # ---------------------------------------------------------------------------------------
 # the setup
-
-
-def _as_optimizer(value: str) -> str:
-    raw: object = value
-    if not isinstance(raw, str) or raw not in OPTIMIZERS:
-        names = ", ".join(repr(n) for n in OPTIMIZERS)
-        msg = (
-            f"Training(optimizer=...) must be one of {names} (states per parameter: AdamW "
-            f"two, SGD with momentum one, none), got {quote(raw)}"
-        )
-        raise LayoutError(msg)
-    return plain_str(value)
 
 
 def _optional_dtype(value: str | None, name: str) -> str | None:
@@ -134,30 +358,53 @@ def _master_dtype(value: str | None) -> str | None:
     return _optional_dtype(value, "master_dtype")
 
 
-def _as_units(value: Iterable[str]) -> tuple[str, ...]:
+def _as_units(value: Iterable[str | FSDPUnit]) -> tuple[str | FSDPUnit, ...]:
     arg = "Training(units=...)"
     # in order (the value and its JSON keep it), and bounded: an endless iterable ends
-    items = as_sequence(value, arg, "('layers.*',)", limit=MAX_UNITS, what="unit patterns")
-    out: list[str] = []
+    items = as_sequence(value, arg, "('layers.*',)", limit=MAX_UNITS, what="units")
+    out: list[str | FSDPUnit] = []
+    seen: set[str] = set()
+    for item in items:
+        raw: object = item
+        unit = raw if isinstance(raw, FSDPUnit) else _pattern(raw, arg)
+        for pattern in unit.modules if isinstance(unit, FSDPUnit) else (unit,):
+            if pattern in seen:
+                msg = f"{arg} names {quote(pattern)} twice; give each pattern once"
+                raise LayoutError(msg)
+            seen.add(pattern)
+        out.append(unit)
+    return tuple(out)
+
+
+def _as_frozen(value: Iterable[str]) -> tuple[str, ...]:
+    arg = "Training(frozen=...)"
+    items = as_sequence(
+        value, arg, "('model.embed_tokens',)", limit=MAX_FROZEN, what="frozen patterns"
+    )
+    seen: set[str] = set()
     for item in items:
         raw: object = item
         if not isinstance(raw, str) or not raw or "" in raw.split("."):
             msg = (
-                f"{arg} holds module FQN patterns such as 'layers.*' (dotted, no empty "
-                f"segment; the root is always a unit, so it is never named), got {quote(raw)}"
+                f"{arg} holds FQN patterns of parameters or modules such as "
+                f"'model.embed_tokens' (dotted, no empty segment), got {quote(raw)}"
             )
             raise LayoutError(msg)
-        if raw in out:
+        if raw in seen:
             msg = f"{arg} names {quote(raw)} twice; give each pattern once"
             raise LayoutError(msg)
-        out.append(plain_str(item))
-    return tuple(out)
+        seen.add(raw)
+    return tuple(map(plain_str, items))
 
 
-def _check_reshard(_: object, __: attrs.Attribute[bool], value: object) -> None:
-    if not isinstance(value, bool):
-        msg = f"Training(reshard_after_forward=...) must be True or False, got {quote(value)}"
-        raise LayoutError(msg)
+def _check_reshard(_: object, __: attrs.Attribute[Any], value: object) -> None:
+    check_reshard(value, "Training(reshard_after_forward=...)")
+
+
+def _check_root_reshard(_: object, __: attrs.Attribute[bool | int | None], value: object) -> None:
+    if value is not None:
+        arg = "Training(root_reshard_after_forward=...) (or None: FSDP2's rule for the root)"
+        check_reshard(value, arg)
 
 
 @checked_call
@@ -166,79 +413,200 @@ class Training:
     """How a model is trained under FSDP2: what each rank keeps besides the parameters.
 
     >>> t = Training(optimizer="adamw", param_dtype="BF16", units=["layers.*"])
-    >>> t.param_dtype, t.units, t.reshard_after_forward
-    ('bfloat16', ('layers.*',), True)
+    >>> t.param_dtype, t.units, t.reshard_after_forward, t.root_reshard_after_forward
+    ('bfloat16', ('layers.*',), True, None)
 
     Attributes:
-        optimizer: ``"adamw"`` (two states per parameter and a ``step``), ``"sgd"`` (one:
-            momentum) or ``"none"``.
+        optimizer: a name of ``OPTIMIZERS`` (``"adamw"``, ``"adam"``, ``"adam-amsgrad"``,
+            ``"sgd"`` with momentum, ``"none"``, ``"adagrad"``, ``"rmsprop"``,
+            ``"rmsprop-centered"``, ``"nadam"``), or ``Optimizer(states=..., scalars=...)``
+            for any other.
         param_dtype: ``MixedPrecisionPolicy.param_dtype``: the dtype FSDP2 all-gathers
             and computes in (``None``: the parameter's own).
         reduce_dtype: ``MixedPrecisionPolicy.reduce_dtype``: the dtype gradients are
             reduced in (``None``: the compute dtype).
         master_dtype: the dtype of a separate master copy an optimizer keeps of each
             sharded parameter (``None``: none; FSDP2's sharded parameter is the master).
-        units: module FQN patterns of the ``fully_shard`` calls (``*`` matches one
-            segment); a parameter belongs to the innermost unit holding it, and the root
-            (always a unit) holds the rest.
-        reshard_after_forward: torch's default (each unit but the root frees its
-            parameters after forward and all-gathers them again in backward), or
-            ``False`` (no unit frees them until backward).
+        units: the ``fully_shard`` calls besides the root's: module FQN patterns (``*``
+            matches one segment; one call per module matched) or ``FSDPUnit`` values (a
+            call over several modules, a resharding of its own). A parameter belongs to
+            the innermost unit holding it; the root (always a unit) holds the rest.
+        reshard_after_forward: how the units given as patterns reshard after forward:
+            torch's default ``True`` (free the unsharded parameters, gather them again in
+            backward), ``False`` (keep them until backward), or a group size (keep a copy
+            sharded over that many ranks, gather from it in backward).
+        root_reshard_after_forward: the root's: ``None`` is FSDP2's own rule (the root
+            keeps its parameters from forward through backward), or as above.
+        frozen: FQN patterns of the parameters with ``requires_grad=False`` (a pattern
+            naming a module freezes every parameter under it): they have no gradient,
+            no optimizer state and no reduce-scatter, but are stored and gathered.
     """
 
-    optimizer: str = attrs.field(default="adamw", converter=_as_optimizer)
+    optimizer: str | Optimizer = attrs.field(default="adamw", converter=_as_optimizer)
     param_dtype: str | None = attrs.field(default=None, converter=_param_dtype)
     reduce_dtype: str | None = attrs.field(default=None, converter=_reduce_dtype)
     master_dtype: str | None = attrs.field(default=None, converter=_master_dtype)
-    units: tuple[str, ...] = attrs.field(default=(), converter=_as_units)
-    reshard_after_forward: bool = attrs.field(default=True, validator=_check_reshard)
+    units: tuple[str | FSDPUnit, ...] = attrs.field(default=(), converter=_as_units)
+    reshard_after_forward: bool | int = attrs.field(default=True, validator=_check_reshard)
+    root_reshard_after_forward: bool | int | None = attrs.field(
+        default=None, validator=_check_root_reshard
+    )
+    frozen: tuple[str, ...] = attrs.field(default=(), converter=_as_frozen)
 
     def __attrs_pre_init__(self) -> None:
         check_init(self, "optimizer", ())  # every argument has a default
+
+    @property
+    def kept(self) -> Optimizer:
+        """What the optimizer keeps per parameter (``as_optimizer(self.optimizer)``)."""
+        return as_optimizer(self.optimizer)
 
 
 _FIELDS: Final = tuple(field.name for field in attrs.fields(Training))
 """A ``Training``'s fields, in the order its JSON object writes them."""
 
 
+def optimizer_to_obj(optimizer: Optimizer) -> dict[str, object]:
+    """``optimizer`` as plain JSON data: ``{"states": 2, "scalars": 1, "eager": false}``.
+
+    Raises:
+        LayoutError: ``optimizer`` is no ``Optimizer``.
+    """
+    raw: object = optimizer
+    if not isinstance(raw, Optimizer):
+        msg = f"optimizer must be an Optimizer such as Optimizer(states=2), got {quote(raw)}"
+        raise LayoutError(msg)
+    return {"states": optimizer.states, "scalars": optimizer.scalars, "eager": optimizer.eager}
+
+
+def optimizer_from_obj(value: object, path: str = "") -> Optimizer:
+    """The ``Optimizer`` a JSON object spells (``scalars`` and ``eager`` may be left out).
+
+    Raises:
+        SerializationError: with the JSON path of the first bad value.
+    """
+    fields = _read_object(value, path, ("states", "scalars", "eager"), "optimizer settings")
+    if "states" not in fields:
+        raise fail(at_field(path, "states"), "missing field 'states'", value)
+    states = _field(path, "states", lambda: _count(fields["states"], "Optimizer(states=...)"))
+    scalars = _field(
+        path, "scalars", lambda: _count(fields.get("scalars", 0), "Optimizer(scalars=...)")
+    )
+    eager = fields.get("eager", False)
+    if not isinstance(eager, bool):
+        raise fail(at_field(path, "eager"), "expected true or false", eager)
+    return Optimizer(states=states, scalars=scalars, eager=eager)
+
+
+def fsdp_unit_to_obj(unit: FSDPUnit) -> dict[str, object]:
+    """``unit`` as plain JSON data: ``{"modules": ["norm", "lm_head"],
+    "reshard_after_forward": true}``.
+
+    Raises:
+        LayoutError: ``unit`` is no ``FSDPUnit``.
+    """
+    raw: object = unit
+    if not isinstance(raw, FSDPUnit):
+        msg = f"unit must be an FSDPUnit such as FSDPUnit('layers.*'), got {quote(raw)}"
+        raise LayoutError(msg)
+    return {"modules": list(unit.modules), "reshard_after_forward": unit.reshard_after_forward}
+
+
+def fsdp_unit_from_obj(value: object, path: str = "") -> FSDPUnit:
+    """The ``FSDPUnit`` a JSON object spells (``reshard_after_forward`` may be left out).
+
+    Raises:
+        SerializationError: with the JSON path of the first bad value.
+    """
+    fields = _read_object(value, path, ("modules", "reshard_after_forward"), "an FSDP unit")
+    if "modules" not in fields:
+        raise fail(at_field(path, "modules"), "missing field 'modules'", value)
+    given = fields["modules"]
+    if not isinstance(given, str | list):
+        where = at_field(path, "modules")
+        raise fail(where, "expected a module pattern or a JSON array of them", given)
+    modules = _field(path, "modules", lambda: _as_modules(given))
+    reshard = _field(
+        path,
+        "reshard_after_forward",
+        lambda: check_reshard(
+            fields.get("reshard_after_forward", True), "FSDPUnit(reshard_after_forward=...)"
+        ),
+    )
+    return FSDPUnit(modules, reshard_after_forward=reshard)
+
+
+def _read_object(value: object, path: str, names: Sequence[str], what: str) -> dict[str, Any]:
+    """``value``'s fields, checked to be a JSON object of no field but ``names``."""
+    if not isinstance(value, dict):
+        raise fail(path, f"expected a JSON object of {what}", value)
+    for key in value:
+        if key not in names:
+            where = at_field(path, clip(str(key)))
+            raise fail(where, f"unknown field (allowed: {', '.join(names)})", key)
+    return dict(value)
+
+
+_V = TypeVar("_V")
+
+
+def _field(path: str, name: str, read: Callable[[], _V]) -> _V:
+    """``read()``, its ``LayoutError`` (whose message shows the value) a
+    ``SerializationError`` at the field ``name`` of ``path``."""
+    try:
+        return read()
+    except LayoutError as e:
+        where = shown(at_field(path, name))
+        raise SerializationError(f"{where}: {e.message}", path=where) from None
+
+
 def training_to_obj(training: Training) -> dict[str, object]:
-    """``training`` as plain JSON data, every field written:
-    ``{"optimizer": "adamw", "param_dtype": "bfloat16", ..., "units": ["layers.*"], ...}``.
+    """``training`` as plain JSON data, every field written: ``{"optimizer": "adamw",
+    "param_dtype": "bfloat16", ..., "units": ["layers.*", {"modules": ["norm",
+    "lm_head"], "reshard_after_forward": false}], ..., "frozen": []}``.
 
     Raises:
         LayoutError: ``training`` is no ``Training``.
     """
     training = _as_training(training)
     obj: dict[str, object] = {name: getattr(training, name) for name in _FIELDS}
-    obj["units"] = list(training.units)
+    if isinstance(training.optimizer, Optimizer):
+        obj["optimizer"] = optimizer_to_obj(training.optimizer)
+    obj["units"] = [fsdp_unit_to_obj(u) if isinstance(u, FSDPUnit) else u for u in training.units]
+    obj["frozen"] = list(training.frozen)
     return obj
 
 
 def training_from_obj(value: object, path: str = "") -> Training:
     """The ``Training`` a JSON object of plain data spells (what ``training_to_obj``
-    writes); a field left out takes its default.
+    writes); a field left out takes its default, so older documents read as before.
 
     Raises:
         SerializationError: with the JSON path of the first bad value (not an object, an
             unknown field, a value of the wrong type or refused by ``Training``).
     """
-    if not isinstance(value, dict):
-        raise fail(path, "expected a JSON object of training settings", value)
-    for key in value:
-        if key not in _FIELDS:
-            where = at_field(path, clip(str(key)))
-            raise fail(where, f"unknown field (allowed: {', '.join(_FIELDS)})", key)
-    units = value.get("units", [])
+    fields = _read_object(value, path, _FIELDS, "training settings")
+    optimizer = fields.get("optimizer", "adamw")
+    if isinstance(optimizer, dict):
+        fields["optimizer"] = optimizer_from_obj(optimizer, at_field(path, "optimizer"))
+    units = fields.get("units", [])
     if not isinstance(units, list):
         raise fail(at_field(path, "units"), "expected a JSON array of module patterns", units)
-    kwargs = {**value, "units": tuple(units)}
-    for name, field in kwargs.items():
-        try:
-            Training(**{name: field})
-        except LayoutError as e:  # its message shows the value already
-            where = shown(at_field(path, name))
-            raise SerializationError(f"{where}: {e.message}", path=where) from None
-    return Training(**kwargs)
+    fields["units"] = tuple(
+        fsdp_unit_from_obj(u, at_index(at_field(path, "units"), i)) if isinstance(u, dict) else u
+        for i, u in enumerate(units)
+    )
+    frozen = fields.get("frozen", [])
+    if not isinstance(frozen, list):
+        raise fail(at_field(path, "frozen"), "expected a JSON array of FQN patterns", frozen)
+    fields["frozen"] = tuple(frozen)
+    for name, field in fields.items():  # the first bad field, at its path
+        _field(path, name, functools.partial(_one_field, name, field))
+    return Training(**fields)
+
+
+def _one_field(name: str, value: Any) -> Training:
+    return Training(**{name: value})
 
 
 # ---------------------------------------------------------------------------------------
@@ -398,6 +766,27 @@ def _largest_buffer(value: Iterable[int]) -> tuple[int, ...]:
     return as_counts(value, "TrainingCost(largest_buffer)")
 
 
+def as_assumptions(value: Iterable[str], arg: str) -> tuple[str, ...]:
+    """``value`` checked to be sentences in order (the assumptions of a report).
+
+    Raises:
+        LayoutError: naming ``arg``.
+    """
+    out = as_sequence(value, arg, "('units: ...',)", limit=MAX_UNITS, what="assumptions")
+    return tuple(as_text(line, f"{arg}: an assumption") for line in out)
+
+
+def assumption_lines(assumptions: Sequence[str]) -> list[str]:
+    """The assumptions as a report prints them: a heading, one line each."""
+    if not assumptions:
+        return []
+    return ["assumptions:", *listed(list(assumptions), len(assumptions))]
+
+
+def _assumptions(value: Iterable[str]) -> tuple[str, ...]:
+    return as_assumptions(value, "TrainingCost(assumptions)")
+
+
 def _check_over_budget(_: object, __: attrs.Attribute[BudgetExcess | None], value: object) -> None:
     if value is not None and not isinstance(value, BudgetExcess):
         msg = f"TrainingCost(over_budget) must be a BudgetExcess or None, got {quote(value)}"
@@ -419,15 +808,20 @@ class TrainingCost:
     traffic: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_traffic, **REQUIRED)
     largest_buffer: tuple[int, ...] = attrs.field(converter=_largest_buffer, **REQUIRED)
     over_budget: BudgetExcess | None = attrs.field(default=None, validator=_check_over_budget)
+    assumptions: tuple[str, ...] = attrs.field(default=(), converter=_assumptions)
+    """Every default the figures rest on, in words (units, the root's rule, padding, what
+    is not counted)."""
 
     def __attrs_pre_init__(
         self,
         by_kind: Mapping[str, Iterable[int]],
         traffic: Mapping[str, Iterable[int]],
         largest_buffer: Iterable[int],
-        over_budget: BudgetExcess | None,
+        over_budget: BudgetExcess | None = None,
+        assumptions: Iterable[str] = (),
     ) -> None:
-        check_init(self, "by_kind", (by_kind, traffic, largest_buffer, over_budget))
+        args = (by_kind, traffic, largest_buffer, over_budget, assumptions)
+        check_init(self, "by_kind", args)
 
     def __attrs_post_init__(self) -> None:
         rows = [*self.by_kind.values(), *self.traffic.values(), self.largest_buffer]
@@ -447,6 +841,7 @@ class TrainingCost:
         lines = cost_lines(self.by_kind, self.traffic)
         if self.over_budget is not None:
             lines.append(self.over_budget.message)
+        lines.extend(assumption_lines(self.assumptions))
         return "\n".join(lines)
 
 
@@ -482,102 +877,7 @@ def cost_lines(
 
 
 # ---------------------------------------------------------------------------------------
-# one (composed layout, shape)
-
-
-@attrs.frozen
-class _Sharded:
-    """What one (composed layout, shape) is on every rank: the elements each keeps (by
-    dim, FSDP2's real storage), FSDP2's padded shard (the all-gather input), FSDP's world
-    size and whether HSDP all-reduces it."""
-
-    role: str
-    kept: tuple[Factor, ...]
-    shard: tuple[Factor, ...]
-    world: int
-    replicated: bool
-
-
-def _measure(
-    layout: SourceLayout, shape: ParamShape, mesh: Mesh, owned: frozenset[str]
-) -> _Sharded:
-    """``layout`` of ``shape`` on ``mesh``, per dim: 10 rows under FSDP over 4 ranks keep
-    3, 3, 3, 1 and pad to 3 each.
-
-    Raises:
-        LayoutError: a layout ``fully_shard`` does not make, an axis ``mesh`` lacks, a
-            dim the parameter lacks.
-    """
-    for axis in layout.axes:
-        size_of(mesh, axis, layout)
-    check_dims(layout, shape.ndim, shape=shape.shape)
-    parts = split_fsdp(layout, mesh, owned=owned)
-    reads = [read_dim(n, chain_of(layout, e, mesh)) for e, n in enumerate(shape.shape)]
-    kept: list[Factor] = [(r.axes, r.lengths) for r in reads]
-    shard = list(kept)
-    world = 1
-    if parts.shard is not None:
-        dim, world = parts.shard_dim, mesh[parts.shard.name]
-        source = read_dim(shape.shape[dim], reads[dim].chain[1:])
-        # FSDP2 chunks each rank's source rows (torch.chunk) and pads to the first chunk
-        cuts: dict[int, list[int]] = {}  # by rows held: a few distinct counts
-        for h in source.lengths:
-            if h not in cuts:
-                cuts[h] = [hi - lo for lo, hi in (chunk_bounds(h, world, f) for f in range(world))]
-        cut = [cuts[h] for h in source.lengths]
-        kept[dim] = (reads[dim].axes, [c[f] for f in range(world) for c in cut])
-        shard[dim] = (source.axes, [-(-h // world) for h in source.lengths])
-    return _Sharded(layout.mesh, tuple(kept), tuple(shard), world, bool(parts.replicate))
-
-
-def _at(mesh: Mesh, rank: int, factors: Iterable[Factor]) -> int:
-    """The product of ``factors`` on global ``rank``."""
-    where = dict(zip(mesh.names, mesh.coordinate(rank), strict=True))
-    out = 1
-    for axes, values in factors:
-        i = 0
-        for axis in axes:
-            i = i * mesh[axis] + where[axis]
-        out *= values[i]
-    return out
-
-
-_Key: TypeAlias = tuple[SourceLayout, ParamShape]
-"""A parameter's signature: its composed layout, its shape and dtype."""
-
-_UnitKey: TypeAlias = frozenset[tuple[_Key, int]]
-"""A unit's signature: how many parameters of each signature it holds."""
-
-_Buffers: TypeAlias = tuple[list[int], list[int], list[int]]
-"""A unit's all-gather output, reduce-scatter input and all-reduce buffer, per rank."""
-
-
-# ---------------------------------------------------------------------------------------
-# units
-
-
-def _matches(pattern: tuple[str, ...], segments: Sequence[str]) -> bool:
-    return len(pattern) == len(segments) and all(
-        p in ("*", s) for p, s in zip(pattern, segments, strict=True)
-    )
-
-
-def _unit_of(fqn: str, patterns: Sequence[tuple[str, ...]], used: set[int]) -> str:
-    """The innermost module of ``fqn`` some pattern names ("" for the root); ``used``
-    gets every pattern naming a module that holds it (an outer unit whose parameters
-    all sit in inner ones is still a module of the model)."""
-    segments = fqn.split(".")
-    depth = 0
-    for i, pattern in enumerate(patterns):
-        k = len(pattern)
-        if k < len(segments) and _matches(pattern, segments[:k]):
-            used.add(i)
-            depth = max(depth, k)
-    return ".".join(segments[:depth])
-
-
-# ---------------------------------------------------------------------------------------
-# the whole model
+# the cost
 
 
 def _as_training(value: object) -> Training:
@@ -597,19 +897,6 @@ def _as_budget(value: object) -> int | None:
         )
         raise LayoutError(msg)
     return value
-
-
-def _aliases(fqns: Sequence[str], tied: Iterable[Iterable[str]]) -> set[str]:
-    """The tied aliases that are no storage of their own (all but each group's first)."""
-    order = {fqn: i for i, fqn in enumerate(fqns)}
-    aliases: set[str] = set()
-    for group in as_items(tied, "tied", "(frozenset({'emb.weight', 'head.weight'}),)"):
-        members = sorted(
-            (m for m in as_items(group, "tied: a group", "{'a', 'b'}") if m in order),
-            key=order.__getitem__,
-        )
-        aliases.update(members[1:])
-    return aliases
 
 
 def training_cost(
@@ -632,19 +919,22 @@ def training_cost(
     >>> cost = training_cost(layouts, shapes, {"dense": {"dp_shard": 4}},
     ...     Training(param_dtype="bfloat16", units=["layers.*"]))
     >>> cost.by_kind["params"], cost.by_kind["optimizer"]
-    ((144, 144, 144, 48), (300, 300, 300, 108))
+    ((144, 144, 144, 144), (300, 300, 300, 108))
     >>> cost.largest_buffer, cost.by_kind["transient"]
     ((96, 96, 96, 96), (288, 288, 288, 288))
     >>> cost.traffic["all_gather"], cost.traffic["reduce_scatter"]
     ((480, 480, 480, 480), (288, 288, 288, 288))
 
-    (10 rows over 4 ranks: 3, 3, 3, 1 kept, each padded to 3; a unit gathers 4 x 3 x 4
-    bf16 elements; the root holds ``head`` through the step, the two layers are held at
-    once with the prefetch, and gathered again in backward.)
+    (10 rows over 4 ranks: 3, 3, 3, 1 kept, each rank allocating 3; the optimizer's
+    states are shaped as what each rank keeps. A unit gathers 4 x 3 x 4 bf16 elements,
+    96 bytes; the root holds ``head`` through the step, and in forward a layer's flat
+    all-gather output lives on while its parameters are unsharded from it: the root's
+    96 unsharded bytes, the first layer's 96 and, before the root's flat output is freed,
+    the root's 96: 288. The layers are gathered again in backward.)
 
     Args:
-        layouts: each parameter's composed layout (FSDP's axes first), in module order;
-            the parameters lint could follow.
+        layouts: each parameter's composed layout (FSDP's axes first), in module order
+            (the order the model runs its units in).
         shapes: each parameter's global shape and dtype.
         meshes: by mesh role, its ``Mesh`` or sizes by axis (every role spans the world).
         training: the setup.
@@ -653,12 +943,14 @@ def training_cost(
         budget: bytes per rank; ranks above it make ``over_budget``.
 
     Returns:
-        The cost per rank.
+        The cost per rank, with the assumptions it rests on.
 
     Raises:
         LayoutError: arguments of the wrong form, a parameter without a shape or whose
-            layout ``fully_shard`` does not make, a unit pattern naming no module, a unit
-            whose parameters differ in dtype (FSDP2 refuses that).
+            layout ``fully_shard`` does not make, a unit or frozen pattern naming nothing,
+            what ``fully_shard`` refuses (a unit whose trainable parameters differ in
+            dtype, a module in two units, tied parameters in two units, a resharding
+            group that does not divide FSDP's shard group or meets a DTensor parameter).
     """
     training = _as_training(training)
     limit = _as_budget(budget)
@@ -680,212 +972,15 @@ def training_cost(
             f"shapes must map parameter FQN to ParamShape (shapes_from_module), got {quote(given)}"
         )
         raise LayoutError(msg)
-    model = _Model(training, sizes, axis_name_set(owned, "owned"))
-    aliases = _aliases([f for f, _ in items], tied)
-    for fqn, layout in items:
-        if fqn not in aliases:  # a tied alias is no storage of its own
-            model.add(fqn, layout, shapes.get(fqn))
-    model.check_units()
-    traffic, transient, largest = model.collectives()
-    cost = TrainingCost({**model.state(), "transient": transient}, traffic, largest)
-    if limit is None:
-        return cost
-    return attrs.evolve(cost, over_budget=model.over_budget(cost, limit))
-
-
-def _per_rank(total: RankSum, sizes: Mapping[str, Mesh], world: int) -> list[int]:
-    out = [0] * world
-    for role in sizes:
-        out = [a + b for a, b in zip(out, total.per_rank(role), strict=True)]
-    return out
-
-
-class _Model:
-    """The parameters by signature and by unit, and what they cost."""
-
-    def __init__(
-        self, training: Training, sizes: Mapping[str, Mesh], owned: frozenset[str]
-    ) -> None:
-        self.training, self.sizes, self.owned = training, sizes, owned
-        self.world = world_size(sizes, "meshes")
-        self.patterns = [tuple(u.split(".")) for u in training.units]
-        self.used: set[int] = set()
-        self.sharded: dict[_Key, _Sharded] = {}
-        self.counts: dict[_Key, int] = {}
-        self.first: dict[_Key, str] = {}
-        self.units: dict[str, dict[_Key, int]] = {}
-        self.dtypes: dict[tuple[str, str], tuple[str, str]] = {}
-
-    def add(self, fqn: str, layout: SourceLayout, shape: object) -> None:
-        """One storage: measured once per signature, counted in its unit."""
-        check_layout(layout, fqn)
-        if not isinstance(shape, ParamShape):
-            msg = f"{fqn}: shapes has no ParamShape for it, got {quote(shape)}; give every shape"
-            raise LayoutError(msg, fqn=fqn)
-        key = (layout, shape)
-        if key not in self.sharded:
-            mesh = self.sizes.get(layout.mesh)
-            if mesh is None:
-                msg = f"{fqn}: no mesh for role {layout.mesh!r} (meshes has {sorted(self.sizes)})"
-                raise LayoutError(msg, fqn=fqn)
-            try:
-                self.sharded[key] = _measure(layout, shape, mesh, self.owned)
-            except LayoutError as e:
-                msg = f"{fqn}: {e.message}"
-                raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
-            self.first[key] = fqn
-        self.counts[key] = self.counts.get(key, 0) + 1
-        unit = _unit_of(fqn, self.patterns, self.used)
-        held = self.dtypes.setdefault((unit, layout.mesh), (fqn, shape.dtype))
-        if held[1] != shape.dtype:
-            name = quote(unit) if unit else "the root"
-            msg = (
-                f"{fqn}: unit {name} holds {held[0]} ({held[1]}) and {fqn} ({shape.dtype}); "
-                "FSDP2 needs one dtype per unit: cast them alike or give them their own unit"
-            )
-            raise LayoutError(msg, fqn=fqn)
-        group = self.units.setdefault(unit, {})
-        group[key] = group.get(key, 0) + 1
-
-    def check_units(self) -> None:
-        """Every unit pattern names a module holding a parameter (a typo must not pass)."""
-        for i, unit in enumerate(self.training.units):
-            if i not in self.used:
-                msg = (
-                    f"Training(units=...): {quote(unit)} names no module holding a parameter; "
-                    "check the pattern against the model's module FQNs"
-                )
-                raise LayoutError(msg)
-
-    def master_bytes(self, shape: ParamShape) -> int:
-        """Bytes per element of the master copy of a parameter of ``shape`` (0: none)."""
-        master = self.training.master_dtype
-        return 0 if master in (None, shape.dtype) else DTYPE_BYTES[master]
-
-    def state(self) -> dict[str, list[int]]:
-        """Parameters, grads, optimizer states and master copies per rank: every storage's
-        kept elements, in its own dtype and the master's."""
-        state, master = RankSum(self.sizes), RankSum(self.sizes)
-        for key, n in self.counts.items():
-            s, shape = self.sharded[key], key[1]
-            state.add(s.role, s.kept, n * shape.itemsize)
-            master.add(s.role, s.kept, n * self.master_bytes(shape))
-        params = _per_rank(state, self.sizes, self.world)
-        optimizer = self.training.optimizer
-        steps = STEP_BYTES * sum(self.counts.values()) if optimizer == "adamw" else 0
-        return {
-            "params": params,
-            "grads": params,
-            "optimizer": [OPTIMIZERS[optimizer] * b + steps for b in params],
-            "master": _per_rank(master, self.sizes, self.world),
-        }
-
-    def collectives(self) -> tuple[dict[str, list[int]], list[int], list[int]]:
-        """Bytes per step through each collective, the buffers held at once, and the
-        largest single buffer, per rank: each distinct unit's buffers computed once."""
-        buffers: dict[_UnitKey, _Buffers] = {}
-        order: list[tuple[str, _UnitKey]] = []
-        uses: dict[tuple[_UnitKey, int], int] = {}  # (unit, all-gathers per step): units
-        for unit, group in self.units.items():
-            signature = frozenset(group.items())
-            if signature not in buffers:
-                buffers[signature] = self.buffers(group)
-            passes = 2 if self.training.reshard_after_forward and unit else 1
-            uses[signature, passes] = uses.get((signature, passes), 0) + 1
-            order.append((unit, signature))
-        world = self.world
-        traffic = {name: [0] * world for name in TRAFFIC}
-        for (signature, passes), n in uses.items():
-            for name, row, times in zip(TRAFFIC, buffers[signature], (passes, 1, 1), strict=True):
-                traffic[name] = [a + n * times * b for a, b in zip(traffic[name], row, strict=True)]
-        gathers = {k: b[0] for k, b in buffers.items()}
-        transient = _transient(order, gathers, world, self.training.reshard_after_forward)
-        largest = [0] * world
-        for row in gathers.values():
-            largest = [max(a, b) for a, b in zip(largest, row, strict=True)]
-        return traffic, transient, largest
-
-    def buffers(self, group: Mapping[_Key, int]) -> _Buffers:
-        """One unit's all-gather output, reduce-scatter input and all-reduce buffer per rank.
-
-        FSDP2 skips both collectives on a world of one rank (the parameter is used as it
-        is); HSDP all-reduces the reduce-scatter's output over the replicate axis.
-        """
-        gather, scatter, reduce = RankSum(self.sizes), RankSum(self.sizes), RankSum(self.sizes)
-        training = self.training
-        for (layout, shape), n in group.items():
-            s = self.sharded[layout, shape]
-            compute = training.param_dtype or shape.dtype
-            grad = DTYPE_BYTES[training.reduce_dtype or compute]
-            if s.world > 1:
-                gather.add(s.role, s.shard, n * s.world * DTYPE_BYTES[compute])
-                scatter.add(s.role, s.shard, n * s.world * grad)
-            if s.replicated:
-                reduce.add(s.role, s.shard, n * grad)
-        return (
-            _per_rank(gather, self.sizes, self.world),
-            _per_rank(scatter, self.sizes, self.world),
-            _per_rank(reduce, self.sizes, self.world),
-        )
-
-    def over_budget(self, cost: TrainingCost, limit: int) -> BudgetExcess | None:
-        """The ranks above ``limit`` bytes, the worst one's bytes by kind and heaviest
-        parameters (``None`` when every rank fits)."""
-        total = cost.total
-        ranks = tuple(r for r, b in enumerate(total) if b > limit)
-        if not ranks:
-            return None
-        worst = max(ranks, key=total.__getitem__)
-        kinds = sorted(((cost.by_kind[k][worst], k) for k in KINDS), reverse=True)
-        shown = ", ".join(f"{k} {human_bytes(b)}" for b, k in kinds if b)
-        copies = 2 + OPTIMIZERS[self.training.optimizer]  # the parameter, its grad, its states
-        heavy = []
-        for key, n in self.counts.items():
-            s, shape = self.sharded[key], key[1]
-            kept = _at(self.sizes[s.role], worst, s.kept) * n
-            heavy.append(
-                (kept * (copies * shape.itemsize + self.master_bytes(shape)), self.first[key], n)
-            )
-        heavy.sort(key=lambda t: (-t[0], t[1]))
-        top = [
-            f"{clip(fqn, 80)}{f' and {n - 1} alike' if n > 1 else ''} {human_bytes(b)}"
-            for b, fqn, n in heavy[:_TOP]
-        ]
-        rest = [r for r in ranks if r != worst]
-        others = f" (and {ranks_text(rest)})" if rest else ""
-        msg = (
-            f"rank {worst}{others} needs {exact_bytes(total[worst])}, above the budget of "
-            f"{exact_bytes(limit)}: {shown}; heaviest parameters there with their grads and "
-            f"states: {'; '.join(top)}; shard more (a larger FSDP or TP axis), or lighten the "
-            "optimizer or the units"
-        )
-        return BudgetExcess(msg, heavy[0][1] if heavy else "<model>", ranks)
-
-
-def _transient(
-    order: Sequence[tuple[str, _UnitKey]],
-    gathers: Mapping[_UnitKey, list[int]],
-    world: int,
-    reshard: bool,
-) -> list[int]:
-    """The all-gather buffers held at once: with torch's default resharding, the root's
-    (held through the step) and the largest two neighbouring units' (the one computing and
-    the one prefetched); without it, every unit's (all held from forward to backward)."""
-    out = [0] * world
-    rest = [key for unit, key in order if unit]
-    for unit, key in order:
-        if not unit or not reshard:
-            out = [a + b for a, b in zip(out, gathers[key], strict=True)]
-    if not reshard or not rest:
-        return out
-    pairs: set[tuple[_UnitKey, _UnitKey | None]] = set(itertools.pairwise(rest))
-    pairs = pairs or {(rest[0], None)}
-    peak = [0] * world
-    for a, b in pairs:
-        held = (
-            gathers[a]
-            if b is None
-            else [x + y for x, y in zip(gathers[a], gathers[b], strict=True)]
-        )
-        peak = [max(x, y) for x, y in zip(peak, held, strict=True)]
-    return [a + b for a, b in zip(out, peak, strict=True)]
+    owned_axes = axis_name_set(owned, "owned")
+    step = _step.cost(items, shapes, sizes, training, tied=tied, owned=owned_axes, budget=limit)
+    excess = None
+    if step.over_budget is not None:
+        excess = BudgetExcess(*step.over_budget)
+    return TrainingCost(
+        {kind: step.by_kind[kind] for kind in KINDS},
+        {name: step.traffic[name] for name in TRAFFIC},
+        step.largest,
+        excess,
+        step.assumptions,
+    )

@@ -105,7 +105,7 @@ SHAPE = (16, 8)
 SHAPES = {f: layout_algebra.ParamShape(SHAPE, "float32") for f in TABLE}
 COMPOSED = SourceLayout("dense", ["dp_shard", "tp"], [StridedShard(0, split_factor=2), Shard(0)])
 PACKED = layout_algebra.Packed([layout_algebra.Part("q", 4, 2), layout_algebra.Part("k", 2, 2)])
-TRAINING = layout_algebra.Training(param_dtype="bfloat16", units=["emb"])
+TRAINING = layout_algebra.Training(param_dtype="bfloat16", units=["norm"])
 
 
 @functools.cache
@@ -298,6 +298,19 @@ def _shapes() -> dict[str, Case]:
                 "reshard_after_forward": False,
             },
         ),
+        "FSDPUnit": Case(layout_algebra.FSDPUnit, ("norm",), {"reshard_after_forward": 2}),
+        "Optimizer": Case(
+            layout_algebra.Optimizer, (), {"states": 2, "scalars": 1, "eager": False}
+        ),
+        "training.as_optimizer": Case(training.as_optimizer, ("nadam",)),
+        "training.optimizer_to_obj": Case(
+            training.optimizer_to_obj, (layout_algebra.Optimizer(states=1),)
+        ),
+        "training.optimizer_from_obj": Case(training.optimizer_from_obj, ({"states": 1},)),
+        "training.fsdp_unit_to_obj": Case(
+            training.fsdp_unit_to_obj, (layout_algebra.FSDPUnit("emb"),)
+        ),
+        "training.fsdp_unit_from_obj": Case(training.fsdp_unit_from_obj, ({"modules": ["emb"]},)),
         "training.training_to_obj": Case(training.training_to_obj, (TRAINING,)),
         "training.training_from_obj": Case(
             training.training_from_obj, (training.training_to_obj(TRAINING),)

@@ -246,6 +246,11 @@ SAMPLES: Final[dict[type, tuple[Call, Call]]] = {
     StridedShard: (_call(0, split_factor=2), _call(1, split_factor=4)),
     TableDiff: (_call({}, {}, {}), _call({"w": W}, {}, {})),
     Training: (_call(), _call(optimizer="sgd", units=["layers.*"])),
+    layout_algebra.FSDPUnit: (
+        _call("layers.*"),
+        _call(["norm", "lm_head"], reshard_after_forward=False),
+    ),
+    layout_algebra.Optimizer: (_call(states=2, scalars=1), _call(states=1)),
     # values inside the reports, and the package's own frozen mapping
     Coverage: (
         _call(W, ParamShape((4, 4), "float32"), 1),

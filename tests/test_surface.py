@@ -30,6 +30,8 @@ TOP_LEVEL = frozenset(
         "Part",
         "Packed",
         "Training",
+        "FSDPUnit",
+        "Optimizer",
         "ShardingPlan",
         "ModulePlan",
         "TableDiff",

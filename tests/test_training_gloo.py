@@ -12,8 +12,9 @@ expert mesh (``ep=2``, FSDP over ``efsdp=2``) as units inside layers sharded ove
 layouts (``table_from_module`` before FSDP, the experts' by hand) composed by the
 package, never from what torch made of it.
 
-On every rank: the local bytes of the parameters (``to_local()``), of their gradients
-(``p.grad.to_local()``) and of the optimizer's state (``optimizer.state[p]``, ``step``
+On every rank: the storage FSDP2 allocates for the parameters and their gradients (the
+distinct storages under ``to_local()``: padded shards, a unit's gradients one flat
+buffer) and the local bytes of the optimizer's state (``optimizer.state[p]``, ``step``
 included) equal ``by_kind``; the bytes through the collectives FSDP2 calls in this torch
 (``dist.all_gather_single``, ``dist.reduce_scatter_single``, ``dist.all_reduce``), counted
 by wrapping them for the step, equal ``traffic``; and the largest all-gather output equals
@@ -22,7 +23,7 @@ by wrapping them for the step, equal ``traffic``; and the largest all-gather out
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -106,6 +107,16 @@ def _nbytes(t: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
+def _storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes of the distinct storages under ``tensors``: what is allocated for them
+    (FSDP2's padded shards; a unit's gradients are views of one flat storage)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
 @contextmanager
 def counting() -> Iterator[dict[str, list[int]]]:
     """Every buffer the wrapped ``torch.distributed`` collectives move, by kind."""
@@ -185,8 +196,8 @@ def _step_bytes(
         optimizer.step()
     params = list(model.parameters())
     return {
-        "params": sum(_nbytes(p) for p in params),
-        "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        "params": _storage_bytes(params),
+        "grads": _storage_bytes(p.grad for p in params if p.grad is not None),
         "optimizer": sum(
             _nbytes(v)
             for p in params

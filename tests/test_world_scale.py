@@ -286,9 +286,12 @@ def test_lint_with_training_gives_its_cost_and_the_budget_problem() -> None:
     cost = training_cost(dict(composed.items()), shapes, sizes, training)
     assert report.memory.by_kind == cost.by_kind
     assert report.traffic == cost.traffic
-    assert report.memory.by_kind["params"] == report.memory.bytes_per_rank
+    # FSDP2's padded storage, as lint's allocated figure
+    assert report.memory.by_kind["params"] == report.memory.padded_bytes_per_rank
     assert report.ok and "training memory per rank" in str(report)
     assert report.to_dict()["traffic"] == {k: list(v) for k, v in cost.traffic.items()}
+    assert report.assumptions == cost.assumptions and "assumptions:" in str(report)
+    assert report.to_dict()["assumptions"] == list(cost.assumptions)
     tight = min(cost.total)
     over = lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp, training=training, budget=tight)
     (problem,) = over.problems

@@ -208,7 +208,7 @@ def patterns_arg(text: str) -> tuple[str, ...]:
     """
     patterns = tuple(part.strip() for part in text.split(","))
     try:
-        return Training(units=patterns).units
+        Training(units=patterns)  # the one check of unit patterns
     except LayoutError:
         msg = (
             f"{clip(text)!r} is not a list of module patterns; give the modules fully_shard "
@@ -216,3 +216,4 @@ def patterns_arg(text: str) -> tuple[str, ...]:
             "'layers.*,layers.*.moe.experts' (dotted, no empty segment, each once)"
         )
         raise argparse.ArgumentTypeError(msg) from None
+    return patterns

@@ -1,0 +1,841 @@
+"""The step as FSDP2 runs it: what one training step keeps and moves on every rank.
+
+The one model of a step, which ``training_cost`` (and through it ``lint``) calls. Three
+parts, each worked out once per signature and spread over the ranks once:
+
+- **the parameters** (``measure``): each distinct (composed layout, shape), per dim: the
+  elements each rank keeps (``to_local()``, what the optimizer's states are shaped as) and
+  the padded shard FSDP2 allocates for the parameter and its gradient: every rank
+  ``ceil(rows / world)`` rows of its source-local tensor on FSDP's dim (10 rows over 4
+  ranks keep 3, 3, 3, 1 and allocate 3 each);
+- **the units** (``_Units``): which ``fully_shard`` call holds each parameter (the
+  innermost unit whose module holds it; the root holds the rest), matched by the
+  package's one pattern matcher, and each call's span in module order;
+- **FSDP2's buffers** (``_timeline``): the flat all-gather outputs and unsharded
+  parameters ``FSDPParamGroup`` allocates, keeps and frees through forward and backward
+  (its unshard, its copy-out, the flat output kept until the next unit's copy-out in
+  forward, its post-forward reshard, its backward prefetch), followed with counts of
+  unit signatures rather than bytes, so that a thousand alike layers are one state; the
+  bytes of each distinct state are summed at the end.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final, TypeAlias
+
+import attrs
+
+from layout_algebra._args import as_items
+from layout_algebra._patterns import WILDCARD, Matcher, Rule
+from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
+from layout_algebra._shards import check_dims, check_layout, chunk_bounds, size_of
+from layout_algebra._text import clip, exact_bytes, human_bytes, quote, ranks_text
+from layout_algebra.errors import LayoutError
+from layout_algebra.fsdp import split_fsdp
+from layout_algebra.layout import SourceLayout
+from layout_algebra.mesh import Mesh, world_size
+from layout_algebra.shapes import DTYPE_BYTES, ParamShape
+
+if TYPE_CHECKING:
+    from layout_algebra.training import Training
+
+__all__ = ["SCALAR_BYTES", "StepCost", "cost", "measure"]
+
+SCALAR_BYTES: Final = 4
+"""An optimizer's scalar (``step``, ``mu_product``): a 0-d float32 tensor (torch's
+default dtype), kept on the host unless ``fused`` or ``capturable``."""
+
+_TOP: Final = 3
+"""How many parameters a budget problem names."""
+
+
+# ---------------------------------------------------------------------------------------
+# one (composed layout, shape)
+
+
+@attrs.frozen
+class Sharded:
+    """What one (composed layout, shape) is on every rank: the elements each keeps (by
+    dim, ``to_local()``), the padded shard FSDP2 allocates, FSDP's world size, whether
+    HSDP all-reduces it and whether it is a DTensor before ``fully_shard`` (source axes)."""
+
+    role: str
+    kept: tuple[Factor, ...]
+    padded: tuple[Factor, ...]
+    world: int
+    replicated: bool
+    dtensor: bool
+
+
+def measure(layout: SourceLayout, shape: ParamShape, mesh: Mesh, owned: frozenset[str]) -> Sharded:
+    """``layout`` of ``shape`` on ``mesh``, per dim: 10 rows under FSDP over 4 ranks keep
+    3, 3, 3, 1 and allocate 3 each.
+
+    FSDP2 chunks each rank's source-local tensor (the TP/EP shard) on its shard dim with
+    ``torch.chunk`` and allocates the first chunk's size on every rank
+    (``FSDPParam._init_sharded_param``: ``padded_sharded_size = chunks[0].size()``).
+
+    Raises:
+        LayoutError: a layout ``fully_shard`` does not make, an axis ``mesh`` lacks, a
+            dim the parameter lacks.
+    """
+    for axis in layout.axes:
+        size_of(mesh, axis, layout)
+    check_dims(layout, shape.ndim, shape=shape.shape)
+    parts = split_fsdp(layout, mesh, owned=owned)
+    reads = [read_dim(n, chain_of(layout, e, mesh)) for e, n in enumerate(shape.shape)]
+    kept: list[Factor] = [(r.axes, r.lengths) for r in reads]
+    padded = list(kept)
+    world = 1
+    if parts.shard is not None:
+        dim, world = parts.shard_dim, mesh[parts.shard.name]
+        source = read_dim(shape.shape[dim], reads[dim].chain[1:])
+        cuts: dict[int, list[int]] = {}  # by source rows held: a few distinct counts
+        for h in source.lengths:
+            if h not in cuts:
+                cuts[h] = [hi - lo for lo, hi in (chunk_bounds(h, world, f) for f in range(world))]
+        cut = [cuts[h] for h in source.lengths]
+        kept[dim] = (reads[dim].axes, [c[f] for f in range(world) for c in cut])
+        padded[dim] = (source.axes, [-(-h // world) for h in source.lengths])
+    return Sharded(
+        layout.mesh,
+        tuple(kept),
+        tuple(padded),
+        world,
+        bool(parts.replicate),
+        bool(parts.source.axes),
+    )
+
+
+def _at(mesh: Mesh, rank: int, factors: Iterable[Factor]) -> int:
+    """The product of ``factors`` on global ``rank``."""
+    where = dict(zip(mesh.names, mesh.coordinate(rank), strict=True))
+    out = 1
+    for axes, values in factors:
+        i = 0
+        for axis in axes:
+            i = i * mesh[axis] + where[axis]
+        out *= values[i]
+    return out
+
+
+_Key: TypeAlias = tuple[SourceLayout, ParamShape]
+"""A parameter's signature: its composed layout, its shape and dtype."""
+
+_Held: TypeAlias = tuple[_Key, bool]
+"""A storage's signature and whether it is trainable."""
+
+_Instance: TypeAlias = tuple[int, tuple[str, ...]]
+"""One ``fully_shard`` call: its unit's index in ``Training.units`` (``_ROOT`` for the
+root) and what the ``*`` segments of its patterns matched."""
+
+_ROOT: Final[_Instance] = (-1, ())
+
+
+# ---------------------------------------------------------------------------------------
+# the units
+
+
+class _Units:
+    """Which ``fully_shard`` calls hold a parameter: every unit whose module holds it,
+    outermost first (the innermost owns it), by the package's one pattern matcher."""
+
+    def __init__(self, training: Training) -> None:
+        rules: list[Rule[int]] = []
+        self.names: list[str] = []
+        self.reshard: list[bool | int] = []
+        for u, item in enumerate(training.units):
+            patterns: tuple[str, ...]
+            if isinstance(item, str):
+                patterns, reshard = (item,), training.reshard_after_forward
+            else:
+                patterns, reshard = item.modules, item.reshard_after_forward
+            rules.extend(Rule(p, u) for p in patterns)
+            self.names.append(str(item))
+            self.reshard.append(reshard)
+        self.matcher = Matcher(rules)
+        self.modules: dict[_Instance, str] = {}  # each call's first module, for messages
+        self._by_module: dict[str, tuple[_Instance, ...]] = {"": ()}
+
+    def holding(self, fqn: str) -> tuple[_Instance, ...]:
+        """The calls whose modules hold parameter ``fqn``, outermost first."""
+        module = fqn.rpartition(".")[0]  # its module: the parameters of one share it
+        found = self._by_module.get(module)
+        if found is None:
+            found = self._by_module[module] = self._holding(module)
+        return found
+
+    def _holding(self, module: str) -> tuple[_Instance, ...]:
+        segments = module.split(".")
+        out: list[_Instance] = []
+        for n, indices in self.matcher.prefixes(module):
+            rules = [self.matcher.rule(i) for i in indices]
+            name = ".".join(segments[:n])
+            if len(rules) > 1:
+                named = " and ".join(quote(r.key) for r in rules)
+                msg = (
+                    f"Training(units=...): module {quote(name)} is named by {named}; "
+                    "fully_shard wraps a module once: name it in one unit"
+                )
+                raise LayoutError(msg)
+            rule = rules[0]
+            binding = tuple(
+                s for s, p in zip(segments, rule.segments, strict=False) if p == WILDCARD
+            )
+            instance = (rule.value, binding)
+            if out and out[-1] == instance:  # a module and its child in one call
+                continue
+            out.append(instance)
+            self.modules.setdefault(instance, name)
+        return tuple(out)
+
+    def check_used(self) -> None:
+        """Every unit pattern names a module holding a parameter (a typo must not pass)."""
+        unused = self.matcher.unused()
+        if unused:
+            msg = (
+                f"Training(units=...): {quote(unused[0].key)} names no module holding a "
+                "parameter; check the pattern against the model's module FQNs"
+            )
+            raise LayoutError(msg)
+
+    def name(self, instance: _Instance) -> str:
+        """The call as a message names it: ``unit 'layers.*' (layers.3)``."""
+        if instance == _ROOT:
+            return "the root"
+        module = self.modules.get(instance, "")
+        return f"unit {quote(self.names[instance[0]])} ({clip(module, 80)})"
+
+
+# ---------------------------------------------------------------------------------------
+# FSDP2's buffers through the step
+
+_FLAT, _UNSHARDED, _POST_FORWARD = 0, 1, 2
+"""The buffers of a unit: its flat all-gather output, its unsharded parameters (the
+copy-out's per-parameter outputs), and the copy an int ``reshard_after_forward`` keeps."""
+
+_SHARDED: Final = -1
+"""A unit holding nothing but its sharded parameters."""
+
+_Buffer: TypeAlias = tuple[int, int]
+"""A buffer kind of one unit signature: ``(signature, kind)``."""
+
+
+@attrs.frozen
+class _Call:
+    """One ``fully_shard`` call with parameters of its own: its signature (what it
+    holds and how it reshards), its span of parameter positions in module order, how it
+    reshards after forward (``False``, ``True`` or a group size), and whether backward
+    reaches it (some trainable parameter runs at or before its end)."""
+
+    signature: int
+    start: int
+    end: int
+    reshard: bool | int
+    fires: bool
+
+    def holds(self, other: _Call) -> bool:
+        return self.start <= other.start and other.end <= self.end
+
+
+class _Live:
+    """The buffers alive, as counts by ``(signature, kind)``, and every distinct state
+    they reach right after an allocation (a state the next one holds entirely is left
+    out: its bytes are no more on any rank)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[_Buffer, int] = {}
+        self.states: list[dict[_Buffer, int]] = []
+        self.seen: set[frozenset[tuple[_Buffer, int]]] = set()
+
+    def alloc(self, signature: int, kind: int) -> None:
+        key = (signature, kind)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        state = frozenset(self.counts.items())
+        if state in self.seen:
+            return
+        self.seen.add(state)
+        if self.states and all(self.counts.get(k, 0) >= n for k, n in self.states[-1].items()):
+            self.states.pop()  # this one holds it and more
+        self.states.append(dict(self.counts))
+
+    def free(self, signature: int, kind: int) -> None:
+        key = (signature, kind)
+        n = self.counts[key] - 1
+        if n:
+            self.counts[key] = n
+        else:
+            del self.counts[key]
+
+
+def _timeline(calls: Sequence[_Call]) -> tuple[Counter[int], list[dict[_Buffer, int]]]:
+    """The all-gathers of each signature in one step, and the states of FSDP2's buffers
+    (``_forward``, then ``_backward``)."""
+    live = _Live()
+    gathers: Counter[int] = Counter()
+    held = [_UNSHARDED] * len(calls)
+    closed = _forward(calls, live, gathers, held)
+    _backward(calls, closed, live, gathers, held)
+    return gathers, live.states
+
+
+def _forward(
+    calls: Sequence[_Call], live: _Live, gathers: Counter[int], held: list[int]
+) -> list[int]:
+    """Forward, in module order (``FSDPParamGroup.pre_forward``/``post_forward``): a unit
+    all-gathers into a flat buffer while the previous unit's flat output is still held,
+    frees that one, then copies out into its unsharded parameters and keeps its own flat
+    output until the next unit's copy-out; after forward (once the units inside it are
+    done) it frees its parameters (``True``), keeps them (``False``; the root by FSDP2's
+    rule), or keeps a copy sharded over a smaller group (an int). Returns the
+    post-forward order."""
+    closed: list[int] = []
+
+    def close(i: int) -> None:
+        closed.append(i)
+        call = calls[i]
+        if call.reshard is False:
+            return
+        if call.reshard is not True:  # a smaller group's copy, cloned from the output
+            live.alloc(call.signature, _POST_FORWARD)
+            held[i] = _POST_FORWARD
+        else:
+            held[i] = _SHARDED
+        live.free(call.signature, _UNSHARDED)
+
+    stack: list[int] = []
+    pending: int | None = None  # the flat output kept for the next copy-out, by signature
+    for i in sorted(range(len(calls)), key=lambda i: (calls[i].start, -calls[i].end)):
+        call = calls[i]
+        while stack and calls[stack[-1]].end < call.start:
+            close(stack.pop())
+        live.alloc(call.signature, _FLAT)
+        gathers[call.signature] += 1
+        if pending is not None:
+            live.free(pending, _FLAT)
+        live.alloc(call.signature, _UNSHARDED)
+        pending = call.signature
+        stack.append(i)
+    while stack:
+        close(stack.pop())
+    if pending is not None:  # the root's post-forward frees the last one
+        live.free(pending, _FLAT)
+    return closed
+
+
+def _backward(
+    calls: Sequence[_Call],
+    closed: Sequence[int],
+    live: _Live,
+    gathers: Counter[int],
+    held: list[int],
+) -> None:
+    """Backward, in the reverse of the post-forward order (``pre_backward``): a unit not
+    still unsharded is all-gathered (unless prefetched), copied out and its flat output
+    freed at once; then the unit before it in the post-forward order is prefetched
+    (all-gathered, held until its own pre-backward); after backward (``post_backward``,
+    once the units inside it are done) its parameters are freed. A unit backward never
+    reaches (nothing trainable at or before it) is not gathered, unless prefetched."""
+    prefetched: set[int] = set()
+
+    def gather(i: int) -> None:
+        if held[i] != _UNSHARDED and i not in prefetched:
+            live.alloc(calls[i].signature, _FLAT)
+            gathers[calls[i].signature] += 1
+            prefetched.add(i)
+
+    def post(i: int) -> None:
+        signature = calls[i].signature
+        if i in prefetched:  # gathered ahead but never reached: freed at the end
+            live.free(signature, _FLAT)
+            prefetched.discard(i)
+        if held[i] == _UNSHARDED:
+            live.free(signature, _UNSHARDED)
+        elif held[i] == _POST_FORWARD:
+            live.free(signature, _POST_FORWARD)
+        held[i] = _SHARDED
+
+    stack: list[int] = []
+    for at in range(len(closed) - 1, -1, -1):
+        i = closed[at]
+        call = calls[i]
+        while stack and not calls[stack[-1]].holds(call):
+            post(stack.pop())
+        if call.fires:
+            if held[i] != _UNSHARDED:
+                gather(i)
+                live.alloc(call.signature, _UNSHARDED)
+                live.free(call.signature, _FLAT)
+                prefetched.discard(i)
+                if held[i] == _POST_FORWARD:
+                    live.free(call.signature, _POST_FORWARD)
+                held[i] = _UNSHARDED
+            if at > 0:
+                gather(closed[at - 1])
+        stack.append(i)
+    while stack:
+        post(stack.pop())
+
+
+def _peak(
+    states: Sequence[Mapping[_Buffer, int]], bytes_of: Mapping[_Buffer, Sequence[int]], world: int
+) -> list[int]:
+    """Per rank, the most bytes any state holds: ranks whose buffers are alike in every
+    kind form one class, and each state is summed once per class."""
+    keys = sorted({k for state in states for k in state})
+    if not keys:
+        return [0] * world
+    index = {k: i for i, k in enumerate(keys)}
+    classes: dict[tuple[int, ...], int] = {}
+    class_of = [
+        classes.setdefault(col, len(classes))
+        for col in zip(*(bytes_of[k] for k in keys), strict=True)
+    ]
+    best = [0] * len(classes)
+    for state in states:
+        items = [(index[k], n) for k, n in state.items()]
+        for c, values in enumerate(classes):
+            total = sum(values[i] * n for i, n in items)
+            best[c] = max(best[c], total)
+    return [best[c] for c in class_of]
+
+
+# ---------------------------------------------------------------------------------------
+# the whole step
+
+
+@attrs.frozen
+class StepCost:
+    """What ``cost`` found, as rows of bytes per rank (``training_cost`` makes the value
+    of it), the assumptions in words, and the budget's excess as ``(message, fqn, ranks)``."""
+
+    by_kind: dict[str, list[int]]
+    traffic: dict[str, list[int]]
+    largest: list[int]
+    assumptions: list[str]
+    over_budget: tuple[str, str, tuple[int, ...]] | None
+
+
+def _aliases(fqns: Sequence[str], tied: Iterable[Iterable[str]]) -> dict[str, str]:
+    """The tied aliases that are no storage of their own (all but each group's first),
+    each with the group's first member."""
+    order = {fqn: i for i, fqn in enumerate(fqns)}
+    aliases: dict[str, str] = {}
+    for group in as_items(tied, "tied", "(frozenset({'emb.weight', 'head.weight'}),)"):
+        members = sorted(
+            (m for m in as_items(group, "tied: a group", "{'a', 'b'}") if m in order),
+            key=order.__getitem__,
+        )
+        aliases.update((m, members[0]) for m in members[1:])
+    return aliases
+
+
+def _per_rank(total: RankSum, sizes: Mapping[str, Mesh], world: int) -> list[int]:
+    out = [0] * world
+    for role in sizes:
+        out = [a + b for a, b in zip(out, total.per_rank(role), strict=True)]
+    return out
+
+
+def _floating(dtype: str) -> bool:
+    """Whether FSDP2 casts a parameter of ``dtype`` to ``param_dtype`` (floating only)."""
+    return dtype.startswith(("float", "bfloat"))
+
+
+def cost(
+    items: Sequence[tuple[str, SourceLayout]],
+    shapes: Mapping[str, ParamShape],
+    sizes: Mapping[str, Mesh],
+    training: Training,
+    *,
+    tied: Iterable[Iterable[str]],
+    owned: frozenset[str],
+    budget: int | None,
+) -> StepCost:
+    """One step of ``training`` over the parameters ``items`` (FQN and composed layout,
+    in module order) on the world ``sizes`` lays out; ``budget`` bytes per rank or none.
+
+    Raises:
+        LayoutError: see ``training_cost``.
+    """
+    step = _Step(training, sizes, owned)
+    aliases = _aliases([f for f, _ in items], tied)
+    for position, (fqn, layout) in enumerate(items):
+        step.add(position, fqn, layout, shapes.get(fqn), aliases.get(fqn))
+    step.check(aliases)
+    return step.result(len(items), budget)
+
+
+class _Step:
+    """The parameters by signature and by unit, and what they cost."""
+
+    def __init__(
+        self, training: Training, sizes: Mapping[str, Mesh], owned: frozenset[str]
+    ) -> None:
+        self.training, self.sizes, self.owned = training, sizes, owned
+        self.optimizer = training.kept
+        self.world = world_size(sizes, "meshes")
+        self.units = _Units(training)
+        self.frozen = Matcher(Rule(p, i) for i, p in enumerate(training.frozen))
+        self.sharded: dict[_Key, Sharded] = {}
+        self.counts: dict[_Held, int] = {}
+        self.first: dict[_Held, str] = {}
+        self.own: dict[_Instance, dict[_Held, int]] = {}
+        self.spans: dict[_Instance, list[int]] = {}
+        self.dtypes: dict[_Instance, tuple[str, str]] = {}
+        self.owner: dict[str, _Instance] = {}  # of every tied FQN
+        self.first_trainable: int | None = None
+
+    def add(
+        self, position: int, fqn: str, layout: SourceLayout, shape: object, alias_of: str | None
+    ) -> None:
+        """One parameter: its place in its units' spans, and (unless a tied alias, which
+        is no storage) its storage, measured once per signature and counted in its unit."""
+        holding = self.units.holding(fqn)
+        for instance in holding:
+            span = self.spans.get(instance)
+            if span is None:
+                self.spans[instance] = [position, position]
+            else:
+                span[1] = position
+        owner = holding[-1] if holding else _ROOT
+        if alias_of is not None:
+            self.owner[fqn] = owner
+            return
+        check_layout(layout, fqn)
+        if not isinstance(shape, ParamShape):
+            msg = f"{fqn}: shapes has no ParamShape for it, got {quote(shape)}; give every shape"
+            raise LayoutError(msg, fqn=fqn)
+        key = (layout, shape)
+        if key not in self.sharded:
+            mesh = self.sizes.get(layout.mesh)
+            if mesh is None:
+                msg = f"{fqn}: no mesh for role {layout.mesh!r} (meshes has {sorted(self.sizes)})"
+                raise LayoutError(msg, fqn=fqn)
+            try:
+                self.sharded[key] = measure(layout, shape, mesh, self.owned)
+            except LayoutError as e:
+                msg = f"{fqn}: {e.message}"
+                raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
+        trainable = not (self.training.frozen and self.frozen.prefixes(fqn))
+        held = (key, trainable)
+        self.counts[held] = self.counts.get(held, 0) + 1
+        self.first.setdefault(held, fqn)
+        own = self.own.setdefault(owner, {})
+        own[held] = own.get(held, 0) + 1
+        self.owner[fqn] = owner
+        if trainable:
+            if self.first_trainable is None:
+                self.first_trainable = position
+            # FSDP2 needs one dtype over a unit's trainable parameters (_init_mp_dtypes)
+            first = self.dtypes.setdefault(owner, (fqn, shape.dtype))
+            if first[1] != shape.dtype:
+                msg = (
+                    f"{fqn}: {self.units.name(owner)} holds {first[0]} ({first[1]}) and {fqn} "
+                    f"({shape.dtype}); FSDP2 needs one dtype over a unit's trainable "
+                    "parameters: cast them alike or give them their own unit"
+                )
+                raise LayoutError(msg, fqn=fqn)
+
+    def check(self, aliases: Mapping[str, str]) -> None:
+        """Every pattern names something, and tied parameters share a unit (FSDP2 refuses
+        one storage managed by two calls)."""
+        self.units.check_used()
+        unused = self.frozen.unused()
+        if unused:
+            msg = (
+                f"Training(frozen=...): {quote(unused[0].key)} names no parameter or module; "
+                "check the pattern against the model's FQNs"
+            )
+            raise LayoutError(msg)
+        for alias, first in aliases.items():
+            a, b = self.owner.get(alias), self.owner.get(first)
+            if a is not None and b is not None and a != b:
+                msg = (
+                    f"{alias}: tied to {first}, but {self.units.name(a)} holds it and "
+                    f"{self.units.name(b)} holds {first}; FSDP2 refuses a parameter shared "
+                    "by two units: put both modules in one unit (FSDPUnit([...]))"
+                )
+                raise LayoutError(msg, fqn=alias)
+
+    # -- the figures -------------------------------------------------------------------
+
+    def compute(self, shape: ParamShape) -> str:
+        """The dtype FSDP2 gathers and computes ``shape``'s parameter in."""
+        wanted = self.training.param_dtype
+        return wanted if wanted is not None and _floating(shape.dtype) else shape.dtype
+
+    def reduce(self, shape: ParamShape) -> str:
+        """The dtype its gradient is reduced in."""
+        return self.training.reduce_dtype or self.compute(shape)
+
+    def master_bytes(self, shape: ParamShape) -> int:
+        """Bytes per element of the master copy of a parameter of ``shape`` (0: none)."""
+        master = self.training.master_dtype
+        return 0 if master in (None, shape.dtype) else DTYPE_BYTES[master]
+
+    def result(self, positions: int, budget: int | None) -> StepCost:
+        calls, signatures, names = self.calls(positions)
+        gathers, states = _timeline(calls)
+        world = self.world
+        rows: dict[_Buffer, list[int]] = {}
+        traffic = {name: [0] * world for name in ("all_gather", "reduce_scatter", "all_reduce")}
+        largest = [0] * world
+        uses = Counter(call.signature for call in calls)
+        for s, (own, reshard) in enumerate(signatures):
+            flat, unsharded, post, scatter, reduce = self.buffers(own, reshard)
+            rows[s, _FLAT], rows[s, _UNSHARDED], rows[s, _POST_FORWARD] = flat, unsharded, post
+            for name, row, times in (
+                ("all_gather", flat, gathers[s]),
+                ("reduce_scatter", scatter, uses[s]),
+                ("all_reduce", reduce, uses[s]),
+            ):
+                if times and any(row):
+                    traffic[name] = [a + times * b for a, b in zip(traffic[name], row, strict=True)]
+            largest = [max(a, b) for a, b in zip(largest, flat, strict=True)]
+        by_kind = {**self.state(), "transient": _peak(states, rows, world)}
+        excess = None if budget is None else self.over_budget(by_kind, budget)
+        return StepCost(
+            by_kind, traffic, largest, self.assumptions(names, calls, rows, largest), excess
+        )
+
+    def calls(
+        self, positions: int
+    ) -> tuple[list[_Call], list[tuple[frozenset[tuple[_Held, int]], bool | int]], dict[int, int]]:
+        """The calls with parameters of their own, their distinct signatures (what they
+        hold, how they reshard), and how many calls each unit makes."""
+        if _ROOT in self.own:
+            self.spans[_ROOT] = [0, positions - 1]
+        root = self.training.root_reshard_after_forward
+        numbered: dict[tuple[frozenset[tuple[_Held, int]], bool | int], int] = {}
+        calls: list[_Call] = []
+        per_unit: Counter[int] = Counter()
+        for instance, own in self.own.items():
+            written = (
+                (False if root is None else root)
+                if instance == _ROOT
+                else self.units.reshard[instance[0]]
+            )
+            held = frozenset(own.items())
+            reshard = self.resharding(instance, own, written)
+            signature = numbered.setdefault((held, reshard), len(numbered))
+            start, end = self.spans[instance]
+            fires = self.first_trainable is not None and self.first_trainable <= end
+            calls.append(_Call(signature, start, end, reshard, fires))
+            per_unit[instance[0]] += 1
+        return calls, list(numbered), dict(per_unit)
+
+    def resharding(
+        self, instance: _Instance, own: Mapping[_Held, int], written: bool | int
+    ) -> bool | int:
+        """How a call reshards after forward as torch reads ``written``: a group size
+        must divide FSDP's shard group (its size means ``True``); torch 2.13 cannot
+        reshard a DTensor parameter (one with TP/EP axes) to a smaller group."""
+        if isinstance(written, bool):
+            return written
+        worlds = sorted({self.sharded[key].world for key, _ in own})
+        if len(worlds) > 1 or written > worlds[0] or worlds[0] % written:
+            msg = (
+                f"{self.units.name(instance)}: reshard_after_forward={written} must divide the "
+                f"FSDP shard group of its parameters ({' and '.join(map(str, worlds))} "
+                "ranks), as fully_shard requires; give a divisor, True or False"
+            )
+            raise LayoutError(msg)
+        if written == worlds[0]:
+            return True
+        dtensor = next((self.first[h] for h in own if self.sharded[h[0]].dtensor), None)
+        if dtensor is not None:
+            msg = (
+                f"{self.units.name(instance)}: reshard_after_forward={written} reshards to a "
+                f"smaller group, which torch 2.13 does not do for DTensor parameters such as "
+                f"{dtensor} (it has TP/EP axes; NotImplementedError: Resharding to smaller "
+                "mesh is not supported for DTensor parameters yet); give True or False"
+            )
+            raise LayoutError(msg, fqn=dtensor)
+        return written
+
+    def buffers(
+        self, own: frozenset[tuple[_Held, int]], reshard: bool | int
+    ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+        """One call's buffers per rank: its flat all-gather output, its unsharded
+        parameters, the smaller group's copy, its reduce-scatter input and its HSDP
+        all-reduce, from its parameters' padded shards.
+
+        FSDP2 skips both collectives on a world of one rank (the unsharded parameters
+        are copied from the shard); HSDP all-reduces the reduce-scatter's output over
+        the replicate axis.
+        """
+        sizes = self.sizes
+        flat, unsharded, post, scatter, reduce = (RankSum(sizes) for _ in range(5))
+        for (key, trainable), n in own:
+            s, shape = self.sharded[key], key[1]
+            gathered = n * s.world * DTYPE_BYTES[self.compute(shape)]
+            unsharded.add(s.role, s.padded, gathered)
+            if s.world > 1:
+                flat.add(s.role, s.padded, gathered)
+            if type(reshard) is int:
+                post.add(s.role, s.padded, gathered // reshard)
+            if trainable:
+                grad = DTYPE_BYTES[self.reduce(shape)]
+                if s.world > 1:
+                    scatter.add(s.role, s.padded, n * s.world * grad)
+                if s.replicated:
+                    reduce.add(s.role, s.padded, n * grad)
+        world = self.world
+        return (
+            _per_rank(flat, sizes, world),
+            _per_rank(unsharded, sizes, world),
+            _per_rank(post, sizes, world),
+            _per_rank(scatter, sizes, world),
+            _per_rank(reduce, sizes, world),
+        )
+
+    def state(self) -> dict[str, list[int]]:
+        """Parameters and gradients (FSDP2's padded shards), the optimizer's states and
+        master copies (shaped as the local shard) per rank."""
+        sizes, world = self.sizes, self.world
+        params, grads, states, master = (RankSum(sizes) for _ in range(4))
+        optimizer = self.optimizer
+        scalars = 0
+        for (key, trainable), n in self.counts.items():
+            s, shape = self.sharded[key], key[1]
+            params.add(s.role, s.padded, n * shape.itemsize)
+            if trainable:
+                grads.add(s.role, s.padded, n * shape.itemsize)
+                master.add(s.role, s.kept, n * self.master_bytes(shape))
+            if trainable or optimizer.eager:
+                states.add(s.role, s.kept, n * optimizer.states * shape.itemsize)
+                scalars += n * optimizer.scalars * SCALAR_BYTES
+        return {
+            "params": _per_rank(params, sizes, world),
+            "grads": _per_rank(grads, sizes, world),
+            "optimizer": [b + scalars for b in _per_rank(states, sizes, world)],
+            "master": _per_rank(master, sizes, world),
+        }
+
+    def assumptions(
+        self,
+        names: Mapping[int, int],
+        calls: Sequence[_Call],
+        rows: Mapping[_Buffer, Sequence[int]],
+        largest: Sequence[int],
+    ) -> list[str]:
+        """Every default the figures rest on, in words."""
+        training = self.training
+        out: list[str] = []
+        if not training.units:
+            out.append(
+                "units: none given, so the whole model is one unit (the root): FSDP2 "
+                f"all-gathers all of it at once, a buffer of {human_bytes(max(largest))} per "
+                "rank, held with the unsharded parameters through the step; name the repeated "
+                "blocks as units (units=['model.layers.*']) to gather one at a time"
+            )
+        else:
+            made = [
+                f"{quote(self.units.names[u])} {n} call{'s' if n != 1 else ''}"
+                for u, n in sorted(names.items())
+                if u >= 0
+            ]
+            out.append(
+                f"units: the root and {', '.join(made) or 'no other call'}; each parameter "
+                "belongs to the innermost unit holding it, the root holds the rest"
+            )
+        root = training.root_reshard_after_forward
+        if root is None:
+            out.append(
+                "the root: FSDP2's own rule (root_reshard_after_forward=None): it does not "
+                "reshard after forward, so its parameters stay unsharded from its forward to "
+                "the end of backward"
+            )
+        elif root is True:
+            out.append("the root reshards after forward and is all-gathered again in backward")
+        elif root is False:
+            out.append("the root keeps its parameters unsharded from forward to backward")
+        else:
+            out.append(f"the root reshards to groups of {root} ranks after forward")
+        out.append(
+            "order: units run forward in the order of their parameters (module order) and "
+            "backward in reverse; in forward each unit's flat all-gather output lives until "
+            "the next unit's copy-out, in backward the next unit is all-gathered ahead "
+            "(FSDP2's implicit prefetch)"
+        )
+        out.append(
+            "params and grads are FSDP2's padded shards: ceil(rows / FSDP ranks) rows "
+            "allocated on every rank, even where to_local() holds fewer or none; optimizer "
+            "states and master copies are shaped as the local shard"
+        )
+        name = training.optimizer if isinstance(training.optimizer, str) else "given"
+        eager = (
+            ", made when it is built for every parameter given to it (frozen ones too)"
+            if self.optimizer.eager
+            else ", for each parameter with a gradient"
+        )
+        out.append(
+            f"optimizer {quote(name)}: {self.optimizer.states} tensor"
+            f"{'s' if self.optimizer.states != 1 else ''} shaped as each parameter's local "
+            f"shard and {self.optimizer.scalars} float32 scalar"
+            f"{'s' if self.optimizer.scalars != 1 else ''}{eager}"
+        )
+        frozen = sum(n for (_, trainable), n in self.counts.items() if not trainable)
+        out.append(
+            f"frozen: {frozen:,} parameter{'s' if frozen != 1 else ''} (no gradient, optimizer "
+            "state or reduce-scatter; still stored and all-gathered)"
+            if training.frozen
+            else "frozen: none, every parameter is trainable (Training(frozen=...) names "
+            "those with requires_grad=False)"
+        )
+        gathered = training.param_dtype or "their own dtype"
+        reduced = training.reduce_dtype or (
+            "the compute dtype" if training.param_dtype else "their own dtype"
+        )
+        out.append(
+            f"dtypes: parameters and gradients kept in their own dtype, all-gathered and "
+            f"computed in {gathered}, gradients reduce-scattered in {reduced}"
+        )
+        out.append(
+            "not counted: activations, autograd's unsharded gradients and the reduce-scatter "
+            "input in backward, mixed precision's copy-in buffer, the copies of a shard dim "
+            "other than 0, and the allocator's and communication library's own memory"
+        )
+        return out
+
+    def over_budget(
+        self, by_kind: Mapping[str, Sequence[int]], limit: int
+    ) -> tuple[str, str, tuple[int, ...]] | None:
+        """The ranks above ``limit`` bytes, the worst one's bytes by kind and heaviest
+        parameters (``None`` when every rank fits)."""
+        total = [sum(kinds) for kinds in zip(*by_kind.values(), strict=True)]
+        ranks = tuple(r for r, b in enumerate(total) if b > limit)
+        if not ranks:
+            return None
+        worst = max(ranks, key=total.__getitem__)
+        kinds = sorted(((row[worst], k) for k, row in by_kind.items()), reverse=True)
+        shown = ", ".join(f"{k} {human_bytes(b)}" for b, k in kinds if b)
+        heavy = []
+        states = self.optimizer.states
+        for held, n in self.counts.items():
+            (key, trainable), shape = held, held[0][1]
+            s = self.sharded[key]
+            mesh = self.sizes[s.role]
+            padded = _at(mesh, worst, s.padded) * shape.itemsize * (2 if trainable else 1)
+            kept = _at(mesh, worst, s.kept) * (
+                states * shape.itemsize * (trainable or self.optimizer.eager)
+                + self.master_bytes(shape) * trainable
+            )
+            heavy.append(((padded + kept) * n, self.first[held], n))
+        heavy.sort(key=lambda t: (-t[0], t[1]))
+        top = [
+            f"{clip(fqn, 80)}{f' and {n - 1} alike' if n > 1 else ''} {human_bytes(b)}"
+            for b, fqn, n in heavy[:_TOP]
+        ]
+        rest = [r for r in ranks if r != worst]
+        others = f" (and {ranks_text(rest)})" if rest else ""
+        msg = (
+            f"rank {worst}{others} needs {exact_bytes(total[worst])}, above the budget of "
+            f"{exact_bytes(limit)}: {shown}; heaviest parameters there with their grads and "
+            f"states: {'; '.join(top)}; shard more (a larger FSDP or TP axis), or lighten the "
+            "optimizer or the units"
+        )
+        return msg, heavy[0][1] if heavy else "<model>", ranks
