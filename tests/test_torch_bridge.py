@@ -25,6 +25,7 @@ from torch.distributed.tensor import placement_types as tpt
 from layout_algebra import (
     BindError,
     LayoutError,
+    Mesh,
     ModulePlan,
     ParamLayoutTable,
     Placement,
@@ -865,6 +866,7 @@ def test_the_bridge_surface() -> None:
         "table_from_hf",
         "table_from_module",
         "table_from_parallelize",
+        "table_from_torchtitan",
         "tied_pairs_from_module",
         "to_torch",
     ]
@@ -944,6 +946,10 @@ class Calls:
             # refused, as it should be: not a torchtitan model (its own tests build them)
             "plan_from_torchtitan": lambda: {"model": self.linear, "mesh_axes": DENSE},
             "shard_dims_from_torchtitan": lambda: {"model": self.linear, "parallel_dims": None},
+            "table_from_torchtitan": lambda: {
+                "model": self.linear,
+                "meshes": {"dense": Mesh({"tp": 2})},
+            },
             "state_dict_fqn": lambda: {"name": "layers.0._checkpoint_wrapped_module.w"},
             # refused, as it should be: not a transformers model (its own tests save them)
             "shapes_from_checkpoint": lambda: {"model": self.linear, "path": "model.safetensors"},
@@ -980,6 +986,7 @@ def test_every_public_callable_has_a_valid_call(calls: Calls) -> None:
         elif name in {
             "plan_from_torchtitan",
             "shard_dims_from_torchtitan",
+            "table_from_torchtitan",
             "shapes_from_checkpoint",
             "table_from_dcp",
         }:
@@ -1070,6 +1077,7 @@ IMPORTERS: Final = frozenset(
         "table_from_hf",
         "plan_from_torchtitan",
         "shard_dims_from_torchtitan",
+        "table_from_torchtitan",
         "state_dict_fqn",
         "shapes_from_checkpoint",
         "table_from_dcp",
@@ -1168,6 +1176,7 @@ MODULE_ARGS: Final = [
     ("table_from_hf", "model"),
     ("plan_from_torchtitan", "model"),
     ("shard_dims_from_torchtitan", "model"),
+    ("table_from_torchtitan", "model"),
     ("shapes_from_checkpoint", "model"),
 ]
 
