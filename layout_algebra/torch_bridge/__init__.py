@@ -16,8 +16,8 @@ This package is the only part of layout_algebra that imports torch (install it w
 - ``models``: ``distribute`` turns the parameters into DTensors (plain parameters stay
   plain tensors), ``table_from_module`` reads the table back off such a model, and
   ``tied_pairs_from_module`` lists the FQN pairs that name one parameter;
-- ``dcp``: ``table_from_dcp`` reads the layouts, shapes and meshes a distributed
-  checkpoint was saved under from its metadata alone (``DcpLayouts``);
+- ``dcp``: ``table_from_dcp`` under the bridge's name; the reader is the core's
+  (``layout_algebra.dcp``), which needs no torch and runs nothing from the file;
 - ``checkpoints``: ``shapes_from_checkpoint`` maps a transformers checkpoint's headers onto
   the model's runtime parameters as transformers' own loading renames and fuses them;
 - ``shapes``: ``shapes_from_module`` reads every parameter's global shape and dtype
@@ -28,8 +28,8 @@ This package is the only part of layout_algebra that imports torch (install it w
 - ``torchtitan``: ``plan_from_torchtitan`` reads the plan torchtitan's ``Module.parallelize``
   applies (its per-module ``ShardingConfig``), ``shard_dims_from_torchtitan`` its expert
   FSDP shard-dim rule (torchtitan itself is never imported);
-- ``tables``: ``table_from_hf`` and ``table_from_parallelize``, a model's complete table
-  from those plans in one call.
+- ``tables``: ``table_from_hf``, ``table_from_parallelize`` and ``table_from_torchtitan``,
+  a model's complete table from those plans in one call.
 """
 
 from __future__ import annotations
