@@ -15,6 +15,7 @@ argument (the mapping's own exception is its ``__cause__``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import (
     Callable,
     Collection,
@@ -27,7 +28,7 @@ from collections.abc import Set as AbstractSet
 from itertools import islice
 from typing import Final, TypeVar
 
-from layout_algebra._text import clip, quote
+from layout_algebra._text import MAX_QUOTED, clip, quote
 from layout_algebra.errors import LayoutError
 
 __all__ = [
@@ -45,6 +46,23 @@ __all__ = [
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
+
+_LIST_SEPARATORS: Final = re.compile(r"[,\s]+")
+"""What separates the names of a mesh string (``"dp_shard,tp"``, ``"dp_shard tp"``)."""
+
+
+def _as_written(text: str | bytes) -> str:
+    """``text`` as the collection it likely means: the names a mesh string lists, split
+    (``"dp_shard,tp"`` or ``"dp_shard=2,tp=4"`` → ``('dp_shard', 'tp')``), else one item.
+
+    >>> _as_written("dp_shard=2, tp=4"), _as_written("tp")
+    ("('dp_shard', 'tp'), one name a string", "('tp',)")
+    """
+    if isinstance(text, str) and len(text) <= MAX_QUOTED:  # a longer one lists no mesh
+        names = [piece.partition("=")[0] for piece in _LIST_SEPARATORS.split(text.strip())]
+        if len(names) > 1 and all(names):
+            return f"{quote(tuple(names))}, one name a string"
+    return f"({quote(text)},)"
 
 
 def as_items(
@@ -69,7 +87,7 @@ def as_items(
     if isinstance(raw, str | bytes):
         msg = (
             f"{arg} must be a collection such as {example}, not the string {quote(raw)} "
-            f"(it would be read character by character); write ({quote(raw)},)"
+            f"(it would be read character by character); write {_as_written(raw)}"
         )
         raise LayoutError(msg)
     if not isinstance(raw, Iterable):

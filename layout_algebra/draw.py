@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
@@ -87,31 +88,47 @@ def _covered(runs: Sequence[range], first: Mapping[int, int]) -> list[int]:
     return out
 
 
+def _bands(widths: Sequence[int], lead: int, width: int | None) -> list[range]:
+    """The columns of each band of a grid whose lines fit in ``width`` characters, each
+    column taking its width and one rule, after ``lead``; a band holds at least one."""
+    bands: list[range] = []
+    start, used = 0, lead
+    for j, w in enumerate(widths):
+        if width is not None and j > start and used + w + 1 > width:
+            bands.append(range(start, j))
+            start, used = j, lead
+        used += w + 1
+    bands.append(range(start, len(widths)))
+    return bands
+
+
 def _grid(
-    row_labels: Sequence[str], col_labels: Sequence[str], cells: Sequence[Sequence[str]]
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    cells: Sequence[Sequence[str]],
+    width: int | None = None,
 ) -> list[str]:
-    """An ASCII box per cell, column labels above, row labels on the left."""
+    """An ASCII box per cell, column labels above, row labels on the left; the columns a
+    line of ``width`` cannot hold continue below, in bands a blank line apart."""
     widths = [
         max([len(col_labels[j]), *(len(row[j]) for row in cells)]) + 2
         for j in range(len(col_labels))
     ]
     margin = max((len(label) for label in row_labels), default=0)
     pad = " " * (margin + 1 if margin else 0)
-    rule = pad + "+" + "+".join("-" * w for w in widths) + "+"
-    lines = [
-        (
-            pad
-            + " "
-            + " ".join(label.center(w) for label, w in zip(col_labels, widths, strict=True))
-        ).rstrip()
-    ]
-    lines.append(rule)
-    for label, row in zip(row_labels, cells, strict=True):
-        lead = f"{label:>{margin}} " if margin else ""
-        lines.append(
-            lead + "|" + "|".join(c.center(w) for c, w in zip(row, widths, strict=True)) + "|"
-        )
+    lines: list[str] = []
+    for band in _bands(widths, len(pad) + 1, width):
+        if lines:
+            lines.append("")
+        shown = [widths[j] for j in band]
+        rule = pad + "+" + "+".join("-" * w for w in shown) + "+"
+        labels = (col_labels[j].center(widths[j]) for j in band)
+        lines.append((pad + " " + " ".join(labels)).rstrip())
         lines.append(rule)
+        for label, row in zip(row_labels, cells, strict=True):
+            lead = f"{label:>{margin}} " if margin else ""
+            lines.append(lead + "|" + "|".join(row[j].center(widths[j]) for j in band) + "|")
+            lines.append(rule)
     return lines
 
 
@@ -120,11 +137,23 @@ def _grid(
 
 
 def _check_args(
-    layout: object, global_shape: object, mesh_sizes: object, fqn: object, fsdp: object
+    layout: object,
+    global_shape: object,
+    mesh_sizes: object,
+    fqn: object,
+    fsdp: object,
+    *,
+    width: object,
 ) -> tuple[tuple[int, ...], Mesh, str, str | None]:
     """The arguments checked: the shape, the sizes, and ``fqn`` and ``fsdp`` as plain text
     (a ``str`` subclass's own methods never run)."""
     check_layout(layout)  # type: ignore[arg-type]  # checked
+    if width is not None and (type(width) is not int or width < 1):
+        msg = (
+            "draw: width must be an int >= 1 (the characters a line takes) or None, got "
+            f"{quote(width)}"
+        )
+        raise LayoutError(msg)
     if not isinstance(fqn, str):
         msg = f"draw: fqn must be a string, got {quote(fqn)}"
         raise LayoutError(msg)
@@ -219,6 +248,7 @@ def draw(
     *,
     fqn: str = "<param>",
     fsdp: str | None = None,
+    width: int | None = None,
 ) -> str:
     """A picture of which rank holds which block of one parameter.
 
@@ -256,17 +286,21 @@ def draw(
         fqn: the parameter's name, for the title and the messages (shown escaped).
         fsdp: an axis of ``mesh_sizes`` FSDP2 shards over: the layout is first composed
             with it (``compose_fsdp``), showing the strided shards FSDP makes.
+        width: the most characters a line of the grid may take (a terminal's columns):
+            the columns beyond it continue below, in bands a blank line apart (128
+            experts over ``ep=128`` are 128 columns). ``None``: one band, however wide.
 
     Returns:
         The picture, lines joined by newlines, no trailing newline.
 
     Raises:
-        LayoutError: an argument of the wrong type, a layout axis missing from
-            ``mesh_sizes``, a layout that does not fit the shape, more than two sharded
-            dims, or a picture too large to print: more than ``MAX_DRAW_RANKS`` ranks,
-            ``MAX_DRAW_CELLS`` cells or ``MAX_DRAW_WORK`` pieces.
+        LayoutError: an argument of the wrong type (a ``width`` below 1 included), a
+            layout axis missing from ``mesh_sizes``, a layout that does not fit the
+            shape, more than two sharded dims, or a picture too large to print: more
+            than ``MAX_DRAW_RANKS`` ranks, ``MAX_DRAW_CELLS`` cells or ``MAX_DRAW_WORK``
+            pieces.
     """
-    shape, mesh, fqn, fsdp = _check_args(layout, global_shape, mesh_sizes, fqn, fsdp)
+    shape, mesh, fqn, fsdp = _check_args(layout, global_shape, mesh_sizes, fqn, fsdp, width=width)
     drawn = _composed(layout, fqn, mesh, fsdp)
     dims = _pictured_dims(drawn, shape, fqn)
     _check_pieces(drawn, mesh, fqn)
@@ -315,17 +349,19 @@ def draw(
         )
     if len(dims) == 2:
         lines.append(f"  rows down{_of(dims[0], shape)}, columns across{_of(dims[1], shape)}")
+    lines = _wrapped(lines, width)
     lines.append("")
     if not present:
         lines.append(f"(shape {shape} has no elements: nothing to draw)")
     else:
-        lines.extend(_picture(segments, holders))
+        lines.extend(_picture(segments, holders, width))
         if empty:
             local = ", ".join(sorted({str(placed[r][0]) for r in empty}))
-            lines.append(
+            not_drawn = (
                 f"not drawn: rank{'s' if len(empty) != 1 else ''} {_ranks_str(empty)} "
                 f"hold{'s' if len(empty) == 1 else ''} an empty shard (local shape {local})"
             )
+            lines.extend(_wrapped([not_drawn], width))
     lines.append("")
     header = ["rank", *mesh, "local shape", "offset", "holds"]
     table_rows = [
@@ -382,11 +418,51 @@ def _fsdp_kept(
         return None
 
 
+def _wrapped(lines: Sequence[str], width: int | None) -> list[str]:
+    """Prose ``lines`` broken at spaces to fit ``width``, never inside brackets (a layout,
+    a shape or a mesh stays whole, even when wider), the rest of a broken line indented
+    two spaces more than its start."""
+    if width is None:
+        return list(lines)
+    out: list[str] = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip(" ")) + 2)
+        broken = textwrap.wrap(
+            _unbreakable(line),
+            width,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        out.extend(part.replace(_KEPT_SPACE, " ") for part in broken or [line])
+    return out
+
+
+_KEPT_SPACE: Final = "\0"
+"""A space no line may break at (never in a line: ``escape`` spells a NUL ``\\x00``)."""
+
+
+def _unbreakable(line: str) -> str:
+    """``line`` with the spaces inside brackets and parentheses as ``_KEPT_SPACE``."""
+    depth = 0
+    kept: list[str] = []
+    for c in line:
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth = max(depth - 1, 0)
+        kept.append(_KEPT_SPACE if c == " " and depth else c)
+    return "".join(kept)
+
+
 def _picture(
-    segments: Sequence[Sequence[range]], holders: Mapping[tuple[int, ...], list[int]]
+    segments: Sequence[Sequence[range]],
+    holders: Mapping[tuple[int, ...], list[int]],
+    width: int | None,
 ) -> list[str]:
     """The grid: one row per segment of the first dim pictured (one row for a single
-    dim), one column per segment of the last, each cell naming its holders."""
+    dim), one column per segment of the last, each cell naming its holders; wrapped to
+    ``width``."""
     if len(segments) == 1:
         rows: list[range | None] = [None]
         cols = segments[0]
@@ -401,7 +477,7 @@ def _picture(
         for i, row in enumerate(rows)
     ]
     row_labels = ["" if r is None else _span_str(r) for r in rows]
-    return _grid(row_labels, [_span_str(c) for c in cols], grid)
+    return _grid(row_labels, [_span_str(c) for c in cols], grid, width)
 
 
 def _of(dim: int, shape: tuple[int, ...]) -> str:

@@ -170,12 +170,12 @@ def test_show_of_a_partial_placement_is_a_layout_problem(
 # diff
 
 
-def test_diff_of_equal_tables_exits_0_silently(
+def test_diff_of_equal_tables_exits_0_saying_what_it_compared(
     tmp_path: Path, table: ParamLayoutTable, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a = write(tmp_path / "a.json", to_json(table))
     b = write(tmp_path / "b.json", to_json(table))
-    assert run(["diff", a, b], capsys) == (0, "", "")
+    assert run(["diff", a, b], capsys) == (0, f"no change: {len(table)} tensors compared\n", "")
 
 
 def test_diff_of_different_tables_exits_1_with_the_report(
@@ -377,12 +377,11 @@ def test_draw_prints_the_picture_of_the_tables_layout(
     table_file: str, table: ParamLayoutTable, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["draw", table_file, "emb.weight", "--shape", "10,8", "--mesh", "dp_shard=2,tp=4"]
-    code, out, err = run([*argv, "--fsdp", "dp_shard"], capsys)
+    code, out, err = run([*argv, "--fsdp", "dp_shard", "--width", "80"], capsys)
     assert (code, err) == (0, "")
     sizes = {"dp_shard": 2, "tp": 4}
-    assert (
-        out == draw(table["emb.weight"], (10, 8), sizes, fqn="emb.weight", fsdp="dp_shard") + "\n"
-    )
+    layout = table["emb.weight"]
+    assert out == draw(layout, (10, 8), sizes, fqn="emb.weight", fsdp="dp_shard", width=80) + "\n"
 
 
 @pytest.mark.parametrize(
@@ -752,7 +751,8 @@ def test_draw_takes_a_shape_of_64_dims(tmp_path: Path, capsys: pytest.CaptureFix
     layout = SourceLayout("dense", ["tp"], [Shard(63)])
     path = write(tmp_path / "t.json", to_json(ParamLayoutTable({"w": layout})))
     shape = ",".join(["1"] * 63 + ["4"])
-    code, out, err = run(["draw", path, "w", "--shape", shape, "--mesh", "tp=2"], capsys)
+    argv = ["draw", path, "w", "--shape", shape, "--mesh", "tp=2", "--width", "0"]
+    code, out, err = run(argv, capsys)
     assert (code, err) == (0, "")
     assert out == draw(layout, (1,) * 63 + (4,), {"tp": 2}, fqn="w") + "\n"
 

@@ -4,21 +4,22 @@ Subcommands:
 
 - ``demo``: a built-in MoE transformer and its plan on a simulated 8-rank mesh;
 - ``show TABLE.json``: a table, aligned, with its tied groups;
-- ``diff A.json B.json``: what changed from one table to another (exit 1 when they differ);
-  either may be a DCP checkpoint directory, compared on its ``--mesh`` with a table or plan
-  by the box each rank holds;
+- ``diff A.json B.json``: what changed from one table to another (exit 1 when they differ,
+  else how many tensors were compared); either may be a DCP checkpoint directory,
+  compared on its ``--mesh`` with a table or plan by the box each rank holds;
 - ``check PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh dp_shard=2,ep=4] [--fqns FILE]``:
   build the table of a plan (of the model's FQNs when its keys hold patterns), report
   every problem of it at once, and every placement dropped; ``check --fingerprint
-  TABLE.json``: the table's fingerprint;
+  TABLE.json``: the table's fingerprint (of a plan's table, or of a DCP checkpoint
+  directory's stored layouts);
 - ``table PLAN.json --mesh dp_shard=2,tp=4 [--expert-mesh ...] [--fqns FILE]``: the table
   ``check`` builds, as JSON on stdout (for ``show``, ``draw``, ``diff``, ``reshard``);
 - ``draw TABLE.json FQN --shape 16,8 --mesh dp_shard=2,tp=4 [--fsdp dp_shard]``: which
-  rank holds which block of one parameter.
+  rank holds which block of one parameter, fitted to the terminal's width.
 - ``reshard SRC.json DST.json --shapes FILE --mesh dp_shard=2,tp=2 --to-mesh tp=4
   [--fsdp dp_shard]``: what loading a checkpoint saved under one table costs each rank
   under another (bytes per rank, total, largest, the parameters that move most); SRC
-  may be a DCP checkpoint directory.
+  may be a DCP checkpoint directory, DST the plan ``diff`` takes.
 - ``lint TABLE_OR_PLAN.json --shapes FILE --mesh dp_shard=8,tp=4 [--expert-mesh ...]
   [--fsdp dp_shard] [--json]``: every problem torch would raise, the checkpoint hazard of
   uneven strided shards, the padding they cost, and the parameter bytes of every rank

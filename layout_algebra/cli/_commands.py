@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shutil
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import Final, TextIO
 
 from layout_algebra._compare import checkpoint_diff
 from layout_algebra._complete import shard_dims_by_role, table_from_plan
-from layout_algebra._text import clip, did_you_mean, escape, human_bytes
+from layout_algebra._text import clip, did_you_mean, escape, human_bytes, some_of
 from layout_algebra.algebra import TableDiff, build_table, diff
 from layout_algebra.checkpoint import reshard_plan
 from layout_algebra.cli._inputs import (
@@ -32,6 +33,7 @@ from layout_algebra.cli._output import (
     Problem,
     Reported,
     Usage,
+    loading,
     output_encoding,
     plural,
     say,
@@ -49,9 +51,6 @@ from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import to_json
 from layout_algebra.shapes import ParamShape
 from layout_algebra.training import Training
-
-if TYPE_CHECKING:
-    from layout_algebra.dcp import DcpLayouts
 
 __all__ = ["COMMANDS"]
 
@@ -87,9 +86,10 @@ def show_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
 
 def diff_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     """What changed from table A to table B, as ``str`` of the diff prints it; 1 when
-    they differ. A checkpoint directory on either side is compared on its mesh."""
+    they differ, else how many tensors were compared. A checkpoint directory on either
+    side is compared on its mesh."""
     if is_directory(args.a) or is_directory(args.b):
-        changes = _checkpoint_changes(args, err)
+        old, new, changes = _checkpoint_changes(args, err)
     else:
         given = [o for o, name in _CHECKPOINT_OPTIONS.items() if getattr(args, name)]
         if given:
@@ -98,8 +98,12 @@ def diff_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
                 "plan; two tables compare without it"
             )
             raise Usage(msg)
-        changes = diff(load_table(args.a), load_table(args.b))
+        old, new = load_table(args.a), load_table(args.b)
+        changes = diff(old, new)
     if not changes:
+        # said, so that silence never stands for a comparison of nothing
+        compared = sum(1 for fqn in old if fqn in new)
+        out.write(f"no change: {plural(compared, 'tensor')} compared\n")
         return 0
     out.write(f"{changes}\n")
     return 1
@@ -116,9 +120,11 @@ _CHECKPOINT_OPTIONS: Final = {
 """``diff``'s options for a checkpoint directory, and their names in the arguments."""
 
 
-def _checkpoint_changes(args: argparse.Namespace, err: TextIO | None) -> TableDiff:
-    """The diff of a checkpoint directory and a table, plan or other checkpoint, by the
-    box each rank holds (``checkpoint_diff``)."""
+def _checkpoint_changes(
+    args: argparse.Namespace, err: TextIO | None
+) -> tuple[ParamLayoutTable, ParamLayoutTable, TableDiff]:
+    """The two sides compared, as a run holds them, and the diff of a checkpoint directory
+    and a table, plan or other checkpoint, by the box each rank holds (``checkpoint_diff``)."""
     if args.mesh is None:
         msg = (
             "comparing a DCP checkpoint directory needs the mesh it was saved on; give "
@@ -130,26 +136,37 @@ def _checkpoint_changes(args: argparse.Namespace, err: TextIO | None) -> TableDi
     saved = {path: read_checkpoint(path, meshes, err) for path in paths if is_directory(path)}
     checkpoint = next(iter(saved.values()))
     old, new = (
-        saved[path].table if path in saved else _composed(path, checkpoint, args, err)
+        saved[path].table
+        if path in saved
+        else _composed(path, read(path), list(checkpoint.shapes), args, err)
         for path in paths
     )
-    return checkpoint_diff(old, new, checkpoint.shapes, meshes)
+    return old, new, checkpoint_diff(old, new, checkpoint.shapes, meshes)
 
 
 def _composed(
-    path: str, checkpoint: DcpLayouts, args: argparse.Namespace, err: TextIO | None
+    path: str,
+    text: bytes,
+    fqns: list[str],
+    args: argparse.Namespace,
+    err: TextIO | None,
+    *,
+    prefix: str = "",
 ) -> ParamLayoutTable:
-    """The table in ``path`` as a run on ``--mesh`` holds it: a plan's complete table for
-    the checkpoint's tensors, composed with FSDP (``--fsdp``, or for a plan the mesh's
-    FSDP axis, as ``lint`` finds it)."""
-    text = read(path)
+    """The table in ``path`` (``text``: its bytes) as a run on ``--mesh`` holds it: a
+    plan's complete table for ``fqns`` (a checkpoint's tensors), composed with FSDP
+    (``--fsdp``, or for a plan the mesh's FSDP axis, as ``lint`` finds it).
+
+    The one reading of a plan beside a checkpoint, ``diff``'s and ``reshard``'s: ``args``
+    holds the run's options under ``diff``'s names, ``prefix`` the options' own prefix
+    (``to-`` for ``reshard``'s loading run), which the messages name."""
     from_plan = is_plan(text)
     if from_plan:
         plan = load_plan(path, text)
-        table = _plan_table(plan, path, args, err, fqns=list(checkpoint.shapes), complete=True)
+        table = _plan_table(plan, path, args, err, fqns=fqns, complete=True, prefix=prefix)
     else:
         table = load_table(path, text)
-    fsdp, _ = _lint_fsdp(args, owned_axes(args), guess=from_plan)
+    fsdp, _ = _lint_fsdp(args, owned_axes(args), guess=from_plan, prefix=prefix)
     if fsdp is None:
         return table
     return compose_table(table, fsdp=fsdp, mesh_sizes=_roles(args.mesh, args.expert_mesh))
@@ -159,7 +176,7 @@ def _composed(
 # check, table: the table of a plan
 
 
-def _need_expert_mesh(plan: ShardingPlan, path: str) -> None:
+def _need_expert_mesh(plan: ShardingPlan, path: str, prefix: str = "") -> None:
     """Refuse a plan that puts parameters on the expert mesh when no ``--expert-mesh``
     is given: one message for every command that builds a plan's table.
 
@@ -180,8 +197,9 @@ def _need_expert_mesh(plan: ShardingPlan, path: str) -> None:
     msg = (
         f"{path}: {clip(what)} sharded on 'ep' ({format_placement(placement)}) in "
         f"expert-parallel module {clip(module)!r}, which puts it on the expert mesh; give "
-        "that mesh with --expert-mesh AXIS=N,..., over the same ranks as --mesh (e.g. "
-        "--expert-mesh dp_shard=2,ep=4), or mark the module expert_parallel false in the plan"
+        f"that mesh with --{prefix}expert-mesh AXIS=N,..., over the same ranks as "
+        f"--{prefix}mesh (e.g. --{prefix}expert-mesh dp_shard=2,ep=4), or mark the module "
+        "expert_parallel false in the plan"
     )
     raise Problem(msg)
 
@@ -194,16 +212,18 @@ def _plan_table(
     *,
     fqns: list[str] | None = None,
     complete: bool = False,
+    prefix: str = "",
 ) -> ParamLayoutTable:
     """The table of ``plan`` (read from ``path``) on ``--mesh`` / ``--expert-mesh``; with
     ``complete``, every FQN of ``fqns`` no key matches a plain tensor (``table_from_plan``).
+    ``prefix``: the prefix of the mesh options the messages name (``_composed``).
 
     Raises:
         Reported: the plan has problems, each said on ``err``.
     """
     expert: Mesh | None = args.expert_mesh
     if expert is None:
-        _need_expert_mesh(plan, path)
+        _need_expert_mesh(plan, path, prefix)
     try:
         if complete and fqns is not None:
             return table_from_plan(
@@ -283,7 +303,14 @@ def check_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> 
 
 
 def _fingerprint(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
-    """The table's fingerprint (``ParamLayoutTable.fingerprint``), one line."""
+    """The table's fingerprint (``ParamLayoutTable.fingerprint``), one line: of a table
+    file, of a plan's table, or of the layouts a DCP checkpoint directory stores."""
+    if is_directory(args.plan):
+        if args.fqns is not None:
+            raise Usage("--fqns: a DCP checkpoint names its own tensors; drop --fqns")
+        saved = read_checkpoint(args.plan, _checkpoint_meshes(args), err)
+        out.write(saved.table.fingerprint() + "\n")
+        return 0
     text = read(args.plan)
     if is_plan(text):
         if args.mesh is None:
@@ -326,7 +353,9 @@ def draw_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     del err
     layout = _table_layout(load_table(args.table), args.fqn)
     mesh: Mesh = args.mesh
-    out.write(draw(layout, args.shape, mesh, fqn=args.fqn, fsdp=args.fsdp) + "\n")
+    # a terminal's columns, COLUMNS, else 80 (a pipe or a file); --width 0: one band
+    width = shutil.get_terminal_size().columns if args.width is None else args.width or None
+    out.write(draw(layout, args.shape, mesh, fqn=args.fqn, fsdp=args.fsdp, width=width) + "\n")
     owned = owned_axes(args)
     unused = [a for a in mesh if a in owned and a not in {x.name for x in layout.axes}]
     if args.fsdp is None and unused:
@@ -346,8 +375,8 @@ def _side(
     table: ParamLayoutTable,
     dense: Mesh,
     expert: Mesh | None,
-    fsdp: str | None,
-    expert_fsdp: str | None,
+    fsdp: str | tuple[str, str] | None,
+    expert_fsdp: str | tuple[str, str] | None,
     *,
     prefix: str,
 ) -> tuple[ParamLayoutTable, dict[str, Mesh]]:
@@ -372,7 +401,7 @@ def _side(
             "expert mesh lays out the same ranks"
         )
         raise Problem(msg)
-    axes: dict[str, str] = {}
+    axes: dict[str, str | tuple[str, str]] = {}
     if fsdp is not None:
         axes["dense"] = fsdp
     if expert is not None and (expert_fsdp or fsdp) is not None:
@@ -380,6 +409,18 @@ def _side(
     if axes:
         table = compose_table(table, fsdp=axes, mesh_sizes=meshes)
     return table, meshes
+
+
+def _checkpoint_meshes(args: argparse.Namespace) -> dict[str, Mesh] | None:
+    """The meshes a checkpoint directory is read on: ``--mesh`` and ``--expert-mesh``, or
+    ``None`` (inferred, on axes ``d0, d1, ...``).
+
+    Raises:
+        Usage: ``--expert-mesh`` without ``--mesh``.
+    """
+    if args.expert_mesh is not None and args.mesh is None:
+        raise Usage("--expert-mesh goes with --mesh, the dense mesh; give both or neither")
+    return None if args.mesh is None else _roles(args.mesh, args.expert_mesh)
 
 
 def _saved_side(
@@ -403,10 +444,7 @@ def _saved_side(
                     f"included) and its shapes; drop {option}"
                 )
                 raise Usage(msg)
-        if args.expert_mesh is not None and args.mesh is None:
-            raise Usage("--expert-mesh goes with --mesh, the dense mesh; give both or neither")
-        given_meshes = None if args.mesh is None else _roles(args.mesh, args.expert_mesh)
-        saved = read_checkpoint(args.src, given_meshes, err)
+        saved = read_checkpoint(args.src, _checkpoint_meshes(args), err)
         return saved.table, saved.shapes, saved.meshes
     for option, needed in (("--mesh", args.mesh), ("--shapes", args.shapes)):
         if needed is None:
@@ -417,23 +455,58 @@ def _saved_side(
     return src, shapes, meshes
 
 
+def _loaded_side(
+    args: argparse.Namespace, fqns: list[str], err: TextIO | None
+) -> tuple[ParamLayoutTable, dict[str, Mesh]]:
+    """The layouts the checkpoint is loaded under (composed) and the loading run's meshes:
+    the table ``DST.json`` on ``--to-mesh`` (with ``--to-fsdp`` when given), or a plan's
+    complete table for the saved tensors ``fqns``, read as ``diff`` reads a plan
+    (``_composed``)."""
+    text = read(args.dst)
+    if not is_plan(text):
+        table = load_table(args.dst, text)
+        fsdp, expert_fsdp = args.to_fsdp, args.to_expert_fsdp
+    else:
+        loading = argparse.Namespace(
+            mesh=args.to_mesh,
+            expert_mesh=args.to_expert_mesh,
+            fsdp=args.to_fsdp,
+            expert_fsdp=args.to_expert_fsdp,
+            owned=args.owned,
+            also_owned=args.also_owned,
+        )
+        table = _composed(args.dst, text, fqns, loading, err, prefix="to-")
+        fsdp = expert_fsdp = None  # composed already
+    return _side(table, args.to_mesh, args.to_expert_mesh, fsdp, expert_fsdp, prefix="to-")
+
+
+def _not_loaded(args: argparse.Namespace, lacking: list[str]) -> str:
+    """The note naming the saved tensors the destination lacks, which a load leaves out
+    (torch loads what the model's state dict asks for), and how to load them."""
+    n = len(lacking)
+    names = some_of(lacking, show=lambda fqn: escape(clip(fqn)))
+    listing = args.src if is_directory(args.src) else args.shapes
+    return (
+        f"{PROG}: note: {escape(clip(args.dst))} lacks {plural(n, 'saved tensor')}, not "
+        f"loaded and not counted: {names}; to load {'it' if n == 1 else 'them'}, give the "
+        "plan as DST (its table covers every saved tensor) or make the table with "
+        f"`{PROG} table PLAN.json --mesh AXIS=N,... --fqns {escape(clip(listing))}`"
+    )
+
+
 def reshard_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     """What loading a checkpoint saved under one table (or read from its directory)
-    costs each rank under another."""
+    costs each rank under another table or plan."""
     try:
         src, shapes, src_meshes = _saved_side(args, err)
-        dst, dst_meshes = _side(
-            load_table(args.dst),
-            args.to_mesh,
-            args.to_expert_mesh,
-            args.to_fsdp,
-            args.to_expert_fsdp,
-            prefix="to-",
-        )
+        dst, dst_meshes = _loaded_side(args, list(src), err)
         plan = reshard_plan(src, dst, shapes, src_sizes=src_meshes, dst_sizes=dst_meshes)
     except PlanError as e:
         say_problems(err, "the reshard has", e.problems)
         return 1
+    lacking = [fqn for fqn in src if fqn not in dst]
+    if lacking:  # the load leaves them out without a word: say so
+        say(err, _not_loaded(args, lacking))
     out.write(f"saved on {_meshes_str(src_meshes)}, loaded on {_meshes_str(dst_meshes)}\n")
     out.write(plan.report(top=args.top) + "\n")
     return 0
@@ -498,34 +571,38 @@ def _fsdp_axes(
 
 
 def _lint_fsdp(
-    args: argparse.Namespace, owned: frozenset[str], *, guess: bool
+    args: argparse.Namespace, owned: frozenset[str], *, guess: bool, prefix: str = ""
 ) -> tuple[dict[str, str | tuple[str, str]] | None, list[str]]:
     """FSDP's axes by mesh role (``None``: no FSDP), and the options found rather than
-    given (for a plan, ``guess``: its layouts are source layouts)."""
+    given (for a plan, ``guess``: its layouts are source layouts); ``prefix``: the prefix
+    of the options the messages name (``_composed``)."""
     dense: Mesh = args.mesh
     expert: Mesh | None = args.expert_mesh
     found: list[str] = []
-    dense_fsdp, guessed = _fsdp_axes(args.fsdp, "--fsdp", dense, "--mesh", guess=guess, owned=owned)
+    fsdp_option, expert_option = f"--{prefix}fsdp", f"--{prefix}expert-fsdp"
+    dense_fsdp, guessed = _fsdp_axes(
+        args.fsdp, fsdp_option, dense, f"--{prefix}mesh", guess=guess, owned=owned
+    )
     if guessed:
-        found.append(f"--fsdp {dense_fsdp}")
+        found.append(f"{fsdp_option} {dense_fsdp}")
     expert_fsdp: str | tuple[str, str] | None = None
     if expert is not None:
-        option = "--expert-fsdp" if args.expert_fsdp is not None or args.fsdp is None else "--fsdp"
+        option = expert_option if args.expert_fsdp is not None or args.fsdp is None else fsdp_option
         expert_fsdp, guessed = _fsdp_axes(
             args.expert_fsdp or args.fsdp,
             option,
             expert,
-            "--expert-mesh",
+            f"--{prefix}expert-mesh",
             guess=guess,
             owned=owned,
-            remedy=" with --expert-fsdp AXIS" if option == "--fsdp" else "",
+            remedy=f" with {expert_option} AXIS" if option == fsdp_option else "",
         )
         if guessed:
-            found.append(f"--expert-fsdp {expert_fsdp}")
+            found.append(f"{expert_option} {expert_fsdp}")
     if guess and (dense_fsdp is None) != (expert is None or expert_fsdp is None):
         # FSDP shards one mesh's parameters: it shards the other's over its FSDP axis of size 1
         role_mesh, role_option = (
-            (dense, "--fsdp") if dense_fsdp is None else (expert, "--expert-fsdp")
+            (dense, fsdp_option) if dense_fsdp is None else (expert, expert_option)
         )
         single = [axis for axis in role_mesh or {} if axis in owned - _NOT_FSDP]
         if len(single) == 1:
@@ -720,11 +797,11 @@ def _fsdp_str(fsdp: Mapping[str, str | tuple[str, str]]) -> str:
 def demo_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     """The built-in model and plan on a simulated mesh (torch loaded only here and for a
     checkpoint directory)."""
-    del err
-    try:
-        from layout_algebra._demo import run  # noqa: PLC0415 (torch stays unloaded for the others)
-    except ImportError as e:
-        raise torch_missing(e, "demo runs a model on a simulated mesh and") from None
+    with loading(err, "torch"):  # seconds of silence otherwise
+        try:
+            from layout_algebra._demo import run  # noqa: PLC0415 (torch stays unloaded for the others)
+        except ImportError as e:
+            raise torch_missing(e, "demo runs a model on a simulated mesh and") from None
     return run(rank=args.rank, verify=args.verify, as_json=args.json, out=out)
 
 

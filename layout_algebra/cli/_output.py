@@ -11,7 +11,7 @@ import contextlib
 import io
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final, TextIO
 
 from layout_algebra._text import clip, escape, listed
@@ -24,6 +24,7 @@ __all__ = [
     "Reported",
     "Usage",
     "deliver",
+    "loading",
     "output_encoding",
     "plural",
     "refuse",
@@ -88,6 +89,33 @@ def say(stream: TextIO | None, line: str) -> None:
         return
     with contextlib.suppress(OSError, ValueError):
         stream.write(line + "\n")
+        stream.flush()
+
+
+@contextlib.contextmanager
+def loading(err: TextIO | None, what: str) -> Iterator[None]:
+    """A line on ``err`` while ``what`` loads, rubbed out once it has: only where a person
+    watches (a terminal), so a pipe, a file or a test sees nothing."""
+    line = f"{PROG}: loading {what}..."
+    watched = False
+    if err is not None:
+        with contextlib.suppress(OSError, ValueError):
+            watched = err.isatty()
+    if watched:
+        _say_partial(err, line)
+    try:
+        yield
+    finally:
+        if watched:  # back to the start of the line, blanked, for what follows
+            _say_partial(err, "\r" + " " * len(line) + "\r")
+
+
+def _say_partial(stream: TextIO | None, text: str) -> None:
+    """``text`` on ``stream`` with no line break; a stream that cannot take it is left alone."""
+    if stream is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        stream.write(text)
         stream.flush()
 
 

@@ -36,7 +36,10 @@ _RESHARD_DESCRIPTION: Final = (
     "sharding over that axis (its expert mesh too, unless --expert-fsdp / "
     "--to-expert-fsdp name another). SRC may be a DCP checkpoint directory: its "
     "layouts, shapes and meshes are read from its metadata alone (on --mesh and "
-    "--expert-mesh when given), as saved, FSDP's dims included."
+    "--expert-mesh when given), as saved, FSDP's dims included. DST may be a plan, "
+    "read as diff reads one: its complete table for the saved tensors, composed with "
+    "FSDP over --to-fsdp or the one FSDP axis of --to-mesh of size > 1. Saved tensors "
+    "DST lacks are not loaded: a note on stderr names them."
 )
 
 _LINT_HELP: Final = "check a table or plan against the model's shapes; each rank's bytes"
@@ -115,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
             "parameters on --expert-mesh (axis names in mesh order, FSDP-owned axes "
             "included). Prints a summary, the placements dropped on axes a mesh lacks, "
             "and the table; or every problem with its FQN. With --fingerprint it prints "
-            "only the fingerprint of the table (a table file's, or the plan's table's): "
-            "stored beside a checkpoint, it says at load whether the layouts changed."
+            "only the fingerprint of the table (a table file's, the plan's table's, or the "
+            "layouts a DCP checkpoint directory stores, on --mesh when given): stored "
+            "beside a checkpoint, it says at load whether the layouts changed."
         ),
     )
     _add_plan_arguments(check, fingerprint=True)
@@ -161,6 +165,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="AXIS",
         help="the mesh axis FSDP2 shards over (shows the strided shards it makes)",
+    )
+    drw.add_argument(
+        "--width",
+        type=lambda text: bounded_int(text, 1_000_000, "--width"),
+        default=None,
+        metavar="N",
+        help=(
+            "the most characters a line of the picture takes, its columns continuing "
+            "below (default: the terminal's width, else 80; 0: no limit)"
+        ),
     )
     add_owned_arguments(drw)
     _add_reshard(sub.add_parser("reshard", help=_RESHARD_HELP, description=_RESHARD_DESCRIPTION))
@@ -211,7 +225,8 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, *, fingerprint: bool = 
         "plan",
         metavar="PLAN.json",
         help=(
-            "a plan file ('-' for stdin); with --fingerprint, a table file too"
+            "a plan file ('-' for stdin); with --fingerprint, a table file or a DCP "
+            "checkpoint directory too"
             if fingerprint
             else "a plan file ('-' for stdin)"
         ),
@@ -260,7 +275,11 @@ def _add_reshard(rsh: argparse.ArgumentParser) -> None:
         metavar="SRC.json",
         help="the table the checkpoint was saved under, or the DCP checkpoint directory",
     )
-    rsh.add_argument("dst", metavar="DST.json", help="the table it is loaded under")
+    rsh.add_argument(
+        "dst",
+        metavar="DST.json",
+        help="the table it is loaded under, or the plan (with a checkpoint directory or --shapes)",
+    )
     rsh.add_argument(
         "--shapes",
         default=None,
@@ -289,14 +308,17 @@ def _add_reshard(rsh: argparse.ArgumentParser) -> None:
         )
         rsh.add_argument(
             f"--{side}fsdp",
-            type=axis_arg,
+            type=fsdp_arg,
             default=None,
             metavar="AXIS",
-            help=f"the axis FSDP2 shards over in the {run} run",
+            help=(
+                f"the axis FSDP2 shards over in the {run} run (REPLICATE,SHARD for HSDP)"
+                + ("; for a plan, default: the one FSDP-owned axis of size > 1" if side else "")
+            ),
         )
         rsh.add_argument(
             f"--{side}expert-fsdp",
-            type=axis_arg,
+            type=fsdp_arg,
             default=None,
             metavar="AXIS",
             help=f"the axis FSDP2 shards the experts over in the {run} run (default: --{side}fsdp)",
@@ -308,6 +330,7 @@ def _add_reshard(rsh: argparse.ArgumentParser) -> None:
         metavar="N",
         help="how many parameters to name (default 10)",
     )
+    add_owned_arguments(rsh)  # a plan's table strips them
 
 
 def _add_lint(lnt: argparse.ArgumentParser) -> None:
