@@ -20,12 +20,15 @@ import torch
 
 from layout_algebra import (
     LayoutError,
+    Mesh,
     ModulePlan,
     ParamLayoutTable,
     ParamShape,
     Shard,
     ShardingPlan,
     SourceLayout,
+    Training,
+    lint,
 )
 from layout_algebra._text import quote
 from layout_algebra.cli import main
@@ -210,12 +213,19 @@ def test_a_budget_below_a_byte_or_absurdly_long_is_a_usage_error(
 def test_a_budget_just_below_a_rank_s_need_fails_the_lint(
     files: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # w is 4x4 float32 over tp=2 (32 bytes a rank) and AdamW keeps two states and a step
-    code, out, _ = _run(_lint(files, "--budget", "132"), capsys)
+    # w is 4x4 float32 over tp=2; the need is what the library's report gives a rank
+    table = ParamLayoutTable({"w": SourceLayout("dense", ["tp"], [Shard(0)])})
+    report = lint(
+        table, {"w": ParamShape((4, 4), "float32")}, mesh_sizes=Mesh({"tp": 2}), training=Training()
+    )
+    need = max(map(sum, zip(*report.memory.by_kind.values(), strict=True)))
+    code, out, _ = _run(_lint(files, "--budget", str(need)), capsys)
     assert code == 0
-    code, out, _ = _run(_lint(files, "--budget", "131.99999999999999999999999999999"), capsys)
+    code, out, _ = _run(
+        _lint(files, "--budget", f"{need - 1}.99999999999999999999999999999"), capsys
+    )
     assert code == 1
-    assert "above the budget of 131 B" in out
+    assert f"above the budget of {need - 1} B" in out
 
 
 # ---------------------------------------------------------------------------------------
