@@ -365,7 +365,7 @@ def compose_table(
     table: ParamLayoutTable,
     *,
     fsdp: Mapping[str, FsdpAxes],
-    mesh_sizes: Mapping[str, Mesh | Mapping[str, int]],
+    mesh_sizes: Mapping[str, Mesh | Mapping[str, int]] | Mesh,
     shard_dim: int | Mapping[str, int] = 0,
     owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
 ) -> ParamLayoutTable:

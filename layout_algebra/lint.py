@@ -901,7 +901,7 @@ def lint(
     table: ParamLayoutTable,
     shapes: Mapping[str, ParamShape],
     *,
-    mesh_sizes: Mapping[str, Mapping[str, int]],
+    mesh_sizes: Mapping[str, Mapping[str, int]] | Mesh,
     fsdp: Mapping[str, FsdpAxes] | None = None,
     shard_dim: int | Mapping[str, int] = 0,
     owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
@@ -934,7 +934,8 @@ def lint(
     Args:
         table: the layouts by FQN (source layouts with ``fsdp``, composed without).
         shapes: the global shape and dtype of every parameter.
-        mesh_sizes: by mesh role, that mesh's sizes by axis (every role spans the world).
+        mesh_sizes: by mesh role, that mesh's sizes by axis (every role spans the world);
+            a bare ``Mesh`` is the ``"dense"`` role's.
         fsdp: FSDP's axis by mesh role; ``None`` reads ``table`` as composed.
         shard_dim: the dim FSDP shards, for all or by FQN (with ``fsdp`` only).
         owned: the axes FSDP and pipelining own.
