@@ -285,9 +285,9 @@ def _forward(
     calls: Sequence[_Call], live: _Live, gathers: Counter[int], held: list[int]
 ) -> list[int]:
     """Forward, in module order (``FSDPParamGroup.pre_forward``/``post_forward``): a unit
-    all-gathers into a flat buffer while the previous unit's flat output is still held,
-    frees that one, then copies out into its unsharded parameters and keeps its own flat
-    output until the next unit's copy-out; after forward (once the units inside it are
+    all-gathers into a flat buffer and copies out into its unsharded parameters while the
+    previous unit's flat output is still held, then frees that one, and keeps its own flat
+    output until the next unit's copy-out is done; after forward (once the units inside it are
     done) it frees its parameters (``True``), keeps them (``False``; the root by FSDP2's
     rule), or keeps a copy sharded over a smaller group (an int). Returns the
     post-forward order."""
@@ -313,9 +313,11 @@ def _forward(
             close(stack.pop())
         live.alloc(call.signature, _FLAT)
         gathers[call.signature] += 1
+        live.alloc(call.signature, _UNSHARDED)
+        # wait_for_unshard drops the previous flat output, but its local name for it
+        # keeps it until the copy-out is done
         if pending is not None:
             live.free(pending, _FLAT)
-        live.alloc(call.signature, _UNSHARDED)
         pending = call.signature
         stack.append(i)
     while stack:

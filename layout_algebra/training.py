@@ -921,16 +921,16 @@ def training_cost(
     >>> cost.by_kind["params"], cost.by_kind["optimizer"]
     ((144, 144, 144, 144), (300, 300, 300, 108))
     >>> cost.largest_buffer, cost.by_kind["transient"]
-    ((96, 96, 96, 96), (288, 288, 288, 288))
+    ((96, 96, 96, 96), (384, 384, 384, 384))
     >>> cost.traffic["all_gather"], cost.traffic["reduce_scatter"]
     ((480, 480, 480, 480), (288, 288, 288, 288))
 
     (10 rows over 4 ranks: 3, 3, 3, 1 kept, each rank allocating 3; the optimizer's
     states are shaped as what each rank keeps. A unit gathers 4 x 3 x 4 bf16 elements,
-    96 bytes; the root holds ``head`` through the step, and in forward a layer's flat
-    all-gather output lives on while its parameters are unsharded from it: the root's
-    96 unsharded bytes, the first layer's 96 and, before the root's flat output is freed,
-    the root's 96: 288. The layers are gathered again in backward.)
+    96 bytes; the root holds ``head`` through the step. In forward a unit's flat
+    all-gather output lives until the next unit has copied its own out: at the first
+    layer's copy-out, the root's flat output and parameters and the layer's, 4 x 96 =
+    384. The layers are gathered again in backward.)
 
     Args:
         layouts: each parameter's composed layout (FSDP's axes first), in module order

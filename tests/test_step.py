@@ -296,8 +296,9 @@ def test_the_default_step() -> None:
     # the root (emb, head) all-gathered once and kept; each layer in forward and backward
     assert cost.traffic["all_gather"] == ((2 + 2 * 3) * FULL,) * 4
     assert cost.traffic["reduce_scatter"] == (5 * FULL,) * 4
-    # forward, the first layer gathers: the root's flat output, its parameters, the layer's
-    assert cost.by_kind["transient"] == ((2 + 2 + 1) * FULL,) * 4
+    # forward, the first layer's copy-out: the root's flat output (freed only once the
+    # copy-out is done) and parameters, the layer's flat output and parameters
+    assert cost.by_kind["transient"] == ((2 + 2 + 1 + 1) * FULL,) * 4
 
 
 def test_frozen_parameters_have_no_gradient_state_or_reduce_scatter() -> None:
@@ -338,18 +339,20 @@ def test_a_frozen_pattern_names_a_parameter_or_a_module() -> None:
 def test_without_reshard_every_unit_stays_unsharded() -> None:
     cost = cost_of(Training(units=["layers.*"], reshard_after_forward=False))
     assert cost.traffic["all_gather"] == (5 * FULL,) * 4
-    # the last layer's gather: every unit's parameters, its flat output and the one before
-    assert cost.by_kind["transient"] == ((2 + 1 + 1 + 1 + 1) * FULL,) * 4
+    # the last layer's copy-out: every unit's parameters, its flat output and the one before
+    assert cost.by_kind["transient"] == ((2 + 1 + 1 + 1 + 1 + 1) * FULL,) * 4
 
 
 def test_resharding_to_a_smaller_group_keeps_a_copy() -> None:
-    cost = cost_of(Training(units=["layers.*"], reshard_after_forward=2))
-    true = cost_of(Training(units=["layers.*"]))
+    cost = cost_of(Training(units=["layers.*"], reshard_after_forward=2), layers=5)
+    true = cost_of(Training(units=["layers.*"]), layers=5)
     assert cost.traffic == true.traffic  # gathered again in backward, from the copy
-    # backward, the last layer's copy-out: its copy (half), its flat output and its
-    # parameters, the root's parameters and the other layers' copies
-    assert cost.by_kind["transient"] == (2 * FULL + 3 * FULL // 2 + 2 * FULL,) * 4
-    whole = cost_of(Training(units=["layers.*"], reshard_after_forward=4))
+    assert true.by_kind["transient"] == (6 * FULL,) * 4
+    # forward, the last layer's copy-out: the root's parameters, the four layers' copies
+    # over 2 ranks (half each), the flat outputs of that layer and the one before, and
+    # its parameters
+    assert cost.by_kind["transient"] == ((2 + 4 // 2 + 2 + 1) * FULL,) * 4
+    whole = cost_of(Training(units=["layers.*"], reshard_after_forward=4), layers=5)
     assert whole.by_kind == true.by_kind  # the whole shard group is True
 
 

@@ -193,8 +193,9 @@ def test_totals_over_ranks_are_the_model_times_each_copy() -> None:
     assert cost.largest_buffer == (2 * padded,) * 4  # the root: emb and head
     assert cost.traffic["reduce_scatter"] == (5 * padded,) * 4
     assert cost.traffic["all_gather"] == ((2 + 2 * 3) * padded,) * 4
-    # forward: the root's unsharded and flat buffers, and the first layer's flat output
-    assert cost.by_kind["transient"] == ((2 + 2 + 1) * padded,) * 4
+    # forward, the first layer's copy-out: the root's flat output (held until that
+    # copy-out is done) and parameters, and the layer's flat output and parameters
+    assert cost.by_kind["transient"] == ((2 + 2 + 1 + 1) * padded,) * 4
 
 
 def test_without_reshard_every_unit_is_held_and_gathered_once() -> None:
@@ -202,8 +203,8 @@ def test_without_reshard_every_unit_is_held_and_gathered_once() -> None:
     training = Training(units=["layers.*"], reshard_after_forward=False)
     cost = training_cost(layouts, shapes, {"dense": {"dp_shard": 4}}, training)
     one = 8 * 4 * 4
-    # the last layer's gather: every unit's parameters, its flat output and the one before
-    assert cost.by_kind["transient"] == (6 * one,) * 4
+    # the last layer's copy-out: every unit's parameters, its flat output and the one before
+    assert cost.by_kind["transient"] == (7 * one,) * 4
     assert cost.traffic["all_gather"] == (5 * one,) * 4
 
 
