@@ -141,6 +141,7 @@ class Matcher(Generic[T]):
         self._by_signature: dict[tuple[int, tuple[str | None, ...]], tuple[int, ...]] = {}
         self._every_by_signature: dict[tuple[int, tuple[str | None, ...]], tuple[int, ...]] = {}
         self._lengths = sorted({len(r.segments) for r in self._rules})
+        self._length_set = frozenset(self._lengths)
 
     def answers(self) -> set[tuple[int, ...]]:
         """Every distinct answer ``match`` and ``match_all`` can have given so far (``()``,
@@ -205,6 +206,15 @@ class Matcher(Generic[T]):
             if found:
                 out.append((n, found))
         return out
+
+    def every(self, fqn: str) -> tuple[int, ...]:
+        """The indices of *every* key naming ``fqn`` itself (not only the most specific),
+        in key order; ``()`` when none does. Worked out once per signature, and the keys
+        found are marked used."""
+        n = fqn.count(".") + 1
+        if n not in self._length_set:  # no key of its length: nothing to split
+            return ()
+        return self._every(fqn.split("."), n)
 
     def _every(self, segments: Sequence[str], n: int) -> tuple[int, ...]:
         """The indices of every key naming the first ``n`` of ``segments``."""

@@ -22,8 +22,8 @@ parts, each worked out once per signature and spread over the ranks once:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Final, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
 
 import attrs
 
@@ -124,8 +124,9 @@ def _at(mesh: Mesh, rank: int, factors: Iterable[Factor]) -> int:
 _Key: TypeAlias = tuple[SourceLayout, ParamShape]
 """A parameter's signature: its composed layout, its shape and dtype."""
 
-_Held: TypeAlias = tuple[_Key, bool]
-"""A storage's signature and whether it is trainable."""
+_Held: TypeAlias = int
+"""A storage's signature, numbered, and whether it is trainable: ``number * 2 +
+trainable``."""
 
 _Instance: TypeAlias = tuple[int, tuple[str, ...]]
 """One ``fully_shard`` call: its unit's index in ``Training.units`` (``_ROOT`` for the
@@ -136,6 +137,55 @@ _ROOT: Final[_Instance] = (-1, ())
 
 # ---------------------------------------------------------------------------------------
 # the units
+
+_T = TypeVar("_T")
+
+
+def _by_module(fqn: str, known: dict[str, _T], extend: Callable[[_T, str], _T]) -> _T:
+    """What ``fqn``'s module is, worked out once per module from its parent's:
+    ``known`` holds the answers so far (``""``, the root, first), ``extend(parent's,
+    module)`` gives a module's. Parameters of one module, and modules of one parent, share
+    the work; a module's ancestors are walked up until one is known, never recursively."""
+    module = fqn.rpartition(".")[0]
+    found = known.get(module)
+    if found is not None:
+        return found
+    missing: list[str] = []
+    while found is None:
+        missing.append(module)
+        module = module.rpartition(".")[0]
+        found = known.get(module)
+    for module in reversed(missing):
+        found = known[module] = extend(found, module)
+    return found
+
+
+class _Frozen:
+    """Whether a parameter is frozen: a frozen pattern names it or a module holding it."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.matcher = Matcher(Rule(p, i) for i, p in enumerate(patterns))
+        self.any = bool(patterns)
+        self._by_module: dict[str, bool] = {"": False}
+
+    def __call__(self, fqn: str) -> bool:
+        if not self.any:
+            return False
+        held = _by_module(fqn, self._by_module, self._extend)
+        return bool(self.matcher.every(fqn)) or held
+
+    def _extend(self, outer: bool, module: str) -> bool:
+        return bool(self.matcher.every(module)) or outer
+
+    def check_used(self) -> None:
+        """Every frozen pattern names a parameter or a module (a typo must not pass)."""
+        unused = self.matcher.unused()
+        if unused:
+            msg = (
+                f"Training(frozen=...): {quote(unused[0].key)} names no parameter or module; "
+                "check the pattern against the model's FQNs"
+            )
+            raise LayoutError(msg)
 
 
 class _Units:
@@ -161,35 +211,32 @@ class _Units:
 
     def holding(self, fqn: str) -> tuple[_Instance, ...]:
         """The calls whose modules hold parameter ``fqn``, outermost first."""
-        module = fqn.rpartition(".")[0]  # its module: the parameters of one share it
-        found = self._by_module.get(module)
-        if found is None:
-            found = self._by_module[module] = self._holding(module)
-        return found
+        if not self.names:  # the root alone
+            return ()
+        return _by_module(fqn, self._by_module, self._extend)
 
-    def _holding(self, module: str) -> tuple[_Instance, ...]:
-        segments = module.split(".")
-        out: list[_Instance] = []
-        for n, indices in self.matcher.prefixes(module):
-            rules = [self.matcher.rule(i) for i in indices]
-            name = ".".join(segments[:n])
-            if len(rules) > 1:
-                named = " and ".join(quote(r.key) for r in rules)
-                msg = (
-                    f"Training(units=...): module {quote(name)} is named by {named}; "
-                    "fully_shard wraps a module once: name it in one unit"
-                )
-                raise LayoutError(msg)
-            rule = rules[0]
-            binding = tuple(
-                s for s, p in zip(segments, rule.segments, strict=False) if p == WILDCARD
+    def _extend(self, outer: tuple[_Instance, ...], module: str) -> tuple[_Instance, ...]:
+        """The calls holding ``module``: those holding its parent (``outer``), and the one
+        naming ``module`` itself, if any."""
+        indices = self.matcher.every(module)
+        if not indices:
+            return outer
+        rules = [self.matcher.rule(i) for i in indices]
+        if len(rules) > 1:
+            named = " and ".join(quote(r.key) for r in rules)
+            msg = (
+                f"Training(units=...): module {quote(module)} is named by {named}; "
+                "fully_shard wraps a module once: name it in one unit"
             )
-            instance = (rule.value, binding)
-            if out and out[-1] == instance:  # a module and its child in one call
-                continue
-            out.append(instance)
-            self.modules.setdefault(instance, name)
-        return tuple(out)
+            raise LayoutError(msg)
+        rule = rules[0]
+        segments = module.split(".")
+        binding = tuple(s for s, p in zip(segments, rule.segments, strict=True) if p == WILDCARD)
+        instance = (rule.value, binding)
+        if outer and outer[-1] == instance:  # a module and its child in one call
+            return outer
+        self.modules.setdefault(instance, module)
+        return (*outer, instance)
 
     def check_used(self) -> None:
         """Every unit pattern names a module holding a parameter (a typo must not pass)."""
@@ -462,8 +509,8 @@ def cost(
     Raises:
         LayoutError: see ``training_cost``.
     """
-    step = _Step(training, sizes, owned)
     aliases = _aliases([f for f, _ in items], tied)
+    step = _Step(training, sizes, owned, frozenset((*aliases, *aliases.values())))
     for position, (fqn, layout) in enumerate(items):
         step.add(position, fqn, layout, shapes.get(fqn), aliases.get(fqn))
     step.check(aliases)
@@ -471,24 +518,41 @@ def cost(
 
 
 class _Step:
-    """The parameters by signature and by unit, and what they cost."""
+    """The parameters by signature and by unit, and what they cost.
+
+    Each distinct (layout, shape) is numbered once; a storage is then counted by a small
+    int, ``number * 2 + trainable`` (``_Held``), so that counting a parameter hashes no
+    layout or shape again.
+    """
 
     def __init__(
-        self, training: Training, sizes: Mapping[str, Mesh], owned: frozenset[str]
+        self,
+        training: Training,
+        sizes: Mapping[str, Mesh],
+        owned: frozenset[str],
+        tied: frozenset[str],
     ) -> None:
         self.training, self.sizes, self.owned = training, sizes, owned
         self.optimizer = training.kept
         self.world = world_size(sizes, "meshes")
         self.units = _Units(training)
-        self.frozen = Matcher(Rule(p, i) for i, p in enumerate(training.frozen))
-        self.sharded: dict[_Key, Sharded] = {}
-        self.counts: dict[_Held, int] = {}
-        self.first: dict[_Held, str] = {}
-        self.own: dict[_Instance, dict[_Held, int]] = {}
+        self.frozen = _Frozen(training.frozen)
+        self.numbers: dict[_Key, int] = {}
+        self.keys: list[_Key] = []
+        self.sharded: list[Sharded] = []
+        self.counts: dict[int, int] = {}
+        self.first: dict[int, str] = {}
+        self.own: dict[_Instance, dict[int, int]] = {}
         self.spans: dict[_Instance, list[int]] = {}
         self.dtypes: dict[_Instance, tuple[str, str]] = {}
+        self.tied = tied
         self.owner: dict[str, _Instance] = {}  # of every tied FQN
         self.first_trainable: int | None = None
+
+    def decode(self, held: int) -> tuple[_Key, Sharded, bool]:
+        """A counted storage's signature, what it is on the ranks, whether trainable."""
+        number, trainable = divmod(held, 2)
+        return self.keys[number], self.sharded[number], bool(trainable)
 
     def add(
         self, position: int, fqn: str, layout: SourceLayout, shape: object, alias_of: str | None
@@ -503,31 +567,34 @@ class _Step:
             else:
                 span[1] = position
         owner = holding[-1] if holding else _ROOT
-        if alias_of is not None:
+        if fqn in self.tied:
             self.owner[fqn] = owner
+        if alias_of is not None:
             return
         check_layout(layout, fqn)
         if not isinstance(shape, ParamShape):
             msg = f"{fqn}: shapes has no ParamShape for it, got {quote(shape)}; give every shape"
             raise LayoutError(msg, fqn=fqn)
         key = (layout, shape)
-        if key not in self.sharded:
-            mesh = self.sizes.get(layout.mesh)
-            if mesh is None:
-                msg = f"{fqn}: no mesh for role {layout.mesh!r} (meshes has {sorted(self.sizes)})"
-                raise LayoutError(msg, fqn=fqn)
-            try:
-                self.sharded[key] = measure(layout, shape, mesh, self.owned)
-            except LayoutError as e:
-                msg = f"{fqn}: {e.message}"
-                raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
-        trainable = not (self.training.frozen and self.frozen.prefixes(fqn))
-        held = (key, trainable)
-        self.counts[held] = self.counts.get(held, 0) + 1
-        self.first.setdefault(held, fqn)
-        own = self.own.setdefault(owner, {})
-        own[held] = own.get(held, 0) + 1
-        self.owner[fqn] = owner
+        number = self.numbers.get(key)
+        if number is None:
+            number = self.measure(fqn, key)
+        trainable = not self.frozen(fqn)
+        held = 2 * number + trainable
+        n = self.counts.get(held)
+        if n is None:
+            self.counts[held] = 1
+            self.first[held] = fqn
+        else:
+            self.counts[held] = n + 1
+        own = self.own.get(owner)
+        if own is None:
+            own = self.own[owner] = {}
+        n = own.get(held)
+        if n is not None:
+            own[held] = n + 1
+            return
+        own[held] = 1
         if trainable:
             if self.first_trainable is None:
                 self.first_trainable = position
@@ -541,17 +608,28 @@ class _Step:
                 )
                 raise LayoutError(msg, fqn=fqn)
 
+    def measure(self, fqn: str, key: _Key) -> int:
+        """A new signature, measured and numbered."""
+        layout, shape = key
+        mesh = self.sizes.get(layout.mesh)
+        if mesh is None:
+            msg = f"{fqn}: no mesh for role {layout.mesh!r} (meshes has {sorted(self.sizes)})"
+            raise LayoutError(msg, fqn=fqn)
+        try:
+            sharded = measure(layout, shape, mesh, self.owned)
+        except LayoutError as e:
+            msg = f"{fqn}: {e.message}"
+            raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
+        number = self.numbers[key] = len(self.keys)
+        self.keys.append(key)
+        self.sharded.append(sharded)
+        return number
+
     def check(self, aliases: Mapping[str, str]) -> None:
         """Every pattern names something, and tied parameters share a unit (FSDP2 refuses
         one storage managed by two calls)."""
         self.units.check_used()
-        unused = self.frozen.unused()
-        if unused:
-            msg = (
-                f"Training(frozen=...): {quote(unused[0].key)} names no parameter or module; "
-                "check the pattern against the model's FQNs"
-            )
-            raise LayoutError(msg)
+        self.frozen.check_used()
         for alias, first in aliases.items():
             a, b = self.owner.get(alias), self.owner.get(first)
             if a is not None and b is not None and a != b:
@@ -637,7 +715,7 @@ class _Step:
         reshard a DTensor parameter (one with TP/EP axes) to a smaller group."""
         if isinstance(written, bool):
             return written
-        worlds = sorted({self.sharded[key].world for key, _ in own})
+        worlds = sorted({self.decode(held)[1].world for held in own})
         if len(worlds) > 1 or written > worlds[0] or worlds[0] % written:
             msg = (
                 f"{self.units.name(instance)}: reshard_after_forward={written} must divide the "
@@ -647,7 +725,7 @@ class _Step:
             raise LayoutError(msg)
         if written == worlds[0]:
             return True
-        dtensor = next((self.first[h] for h in own if self.sharded[h[0]].dtensor), None)
+        dtensor = next((self.first[h] for h in own if self.decode(h)[1].dtensor), None)
         if dtensor is not None:
             msg = (
                 f"{self.units.name(instance)}: reshard_after_forward={written} reshards to a "
@@ -671,8 +749,8 @@ class _Step:
         """
         sizes = self.sizes
         flat, unsharded, post, scatter, reduce = (RankSum(sizes) for _ in range(5))
-        for (key, trainable), n in own:
-            s, shape = self.sharded[key], key[1]
+        for held, n in own:
+            (_, shape), s, trainable = self.decode(held)
             gathered = n * s.world * DTYPE_BYTES[self.compute(shape)]
             unsharded.add(s.role, s.padded, gathered)
             if s.world > 1:
@@ -701,8 +779,8 @@ class _Step:
         params, grads, states, master = (RankSum(sizes) for _ in range(4))
         optimizer = self.optimizer
         scalars = 0
-        for (key, trainable), n in self.counts.items():
-            s, shape = self.sharded[key], key[1]
+        for held, n in self.counts.items():
+            (_, shape), s, trainable = self.decode(held)
             params.add(s.role, s.padded, n * shape.itemsize)
             if trainable:
                 grads.add(s.role, s.padded, n * shape.itemsize)
@@ -780,7 +858,7 @@ class _Step:
             f"shard and {self.optimizer.scalars} float32 scalar"
             f"{'s' if self.optimizer.scalars != 1 else ''}{eager}"
         )
-        frozen = sum(n for (_, trainable), n in self.counts.items() if not trainable)
+        frozen = sum(n for held, n in self.counts.items() if not held % 2)
         out.append(
             f"frozen: {frozen:,} parameter{'s' if frozen != 1 else ''} (no gradient, optimizer "
             "state or reduce-scatter; still stored and all-gathered)"
@@ -818,8 +896,7 @@ class _Step:
         heavy = []
         states = self.optimizer.states
         for held, n in self.counts.items():
-            (key, trainable), shape = held, held[0][1]
-            s = self.sharded[key]
+            (_, shape), s, trainable = self.decode(held)
             mesh = self.sizes[s.role]
             padded = _at(mesh, worst, s.padded) * shape.itemsize * (2 if trainable else 1)
             kept = _at(mesh, worst, s.kept) * (
