@@ -14,6 +14,7 @@ from typing import Final, TextIO
 from layout_algebra._compare import checkpoint_diff
 from layout_algebra._complete import shard_dims_by_role, table_from_plan
 from layout_algebra._text import clip, did_you_mean, escape, human_bytes, some_of
+from layout_algebra._units import repeated_blocks
 from layout_algebra.algebra import TableDiff, build_table, diff
 from layout_algebra.checkpoint import reshard_plan
 from layout_algebra.cli._inputs import (
@@ -631,15 +632,7 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     meshes = _roles(args.mesh, expert)
     fsdp, found, source, reading = _lint_reading(args, table, owned, from_plan=from_plan)
     assumptions = [a for a in (reading, read_structure) if a is not None]
-    training = None
-    given = (args.optimizer, args.param_dtype, args.reduce_dtype, args.units, args.budget)
-    if any(flag is not None for flag in given):  # any training flag counts the training state
-        training = Training(
-            optimizer=args.optimizer or "adamw",
-            param_dtype=args.param_dtype,
-            reduce_dtype=args.reduce_dtype,
-            units=args.units or (),
-        )
+    training = _lint_training(args, shapes, assumptions)
 
     def run(expert_dim: int | None) -> LintReport:
         shard_dim: int | dict[str, int] = args.shard_dim
@@ -680,13 +673,18 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
             f"{escape(clip(args.table))}: {plural(len(table), 'parameter')} on "
             f"{_meshes_str(meshes)}; {where}\n"
         )
-        for number, line in enumerate(str(report).splitlines()):
+        lines = str(report).splitlines()
+        # the command's own assumptions join the report's block, or stand before the figures
+        joined = "assumptions:" in lines
+        for number, line in enumerate(lines):
             if number == 0:
                 line = "; ".join([line, *_summary_notes(report, remedy)])  # noqa: PLW2901
             if fsdp is None and source and line == "parameter bytes per rank after FSDP:":
                 line = "parameter bytes per rank (no FSDP):"  # noqa: PLW2901
             out.write(escape(line) + "\n")
-            if number == 0:  # what the figures rest on, before them
+            if line == "assumptions:" and joined:
+                out.writelines(f"  - {escape(a)}\n" for a in assumptions)
+            elif number == 0 and not joined:
                 out.writelines(escape(a) + "\n" for a in _assumption_lines(assumptions))
     if report.problems:
         count = len(report.problems)
@@ -738,6 +736,40 @@ def _table_reading(named: str | None, fsdp: Mapping[str, str | tuple[str, str]] 
     return (
         "the table's layouts name no FSDP axis: read as source layouts, and the mesh has "
         "no FSDP axis of size > 1 to compose them with"
+    )
+
+
+def _lint_training(
+    args: argparse.Namespace, shapes: Mapping[str, object], assumptions: list[str]
+) -> Training | None:
+    """The training the flags describe, or ``None`` when no training flag is given; units
+    not given are the shapes' repeated numbered blocks, said in ``assumptions``."""
+    given = (args.optimizer, args.param_dtype, args.reduce_dtype, args.units, args.budget)
+    if all(flag is None for flag in given):  # any training flag counts the training state
+        return None
+    units = args.units
+    if units is None:  # never the root alone in silence: the model's repeated blocks
+        units = repeated_blocks(shapes)
+        assumptions.append(_inferred_units(units))
+    return Training(
+        optimizer=args.optimizer or "adamw",
+        param_dtype=args.param_dtype,
+        reduce_dtype=args.reduce_dtype,
+        units=units,
+    )
+
+
+def _inferred_units(units: tuple[str, ...]) -> str:
+    """The assumption of the units ``lint`` inferred from the shapes' FQNs."""
+    if not units:
+        return (
+            "units: no --units and no repeated numbered blocks in the shapes' FQNs, so the "
+            "root alone is sharded (give --units to name the fully_shard calls)"
+        )
+    return (
+        f"units: no --units, so one fully_shard per repeated numbered block of the shapes' "
+        f"FQNs ({', '.join(map(clip, units))}) and the root holding the rest; give --units "
+        "to choose"
     )
 
 

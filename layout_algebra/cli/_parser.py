@@ -427,8 +427,9 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATTERN,...",
         help=(
-            "the modules fully_shard wraps besides the root, e.g. 'layers.*' or "
-            "'layers.*,layers.*.moe.experts' (at least one pattern)"
+            "the modules fully_shard wraps besides the root, e.g. 'model.layers.*' (a "
+            "transformers model's blocks) or 'layers.*,layers.*.moe.experts' (torchtitan's); "
+            "without it, the repeated numbered blocks of the shapes' FQNs, said in the report"
         ),
     )
     lnt.add_argument(

@@ -1,0 +1,79 @@
+"""``lint`` with training flags and no ``--units``: the units are the repeated numbered
+blocks of the shapes' FQNs, never the root alone in silence, and the report says so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from layout_algebra import Mesh, ParamLayoutTable, ParamShape, Shard, SourceLayout, Training, lint
+from layout_algebra.cli import main
+from layout_algebra.serialization import shapes_to_json, to_json
+
+LAYERS = 4
+
+
+def model(tmp_path: Path, prefix: str) -> list[str]:
+    shapes = {f"{prefix}{i}.w": ParamShape((64, 64), "float32") for i in range(LAYERS)}
+    shapes["embed.weight"] = ParamShape((100, 64), "float32")
+    table = ParamLayoutTable({fqn: SourceLayout("dense", ["tp"], [Shard(0)]) for fqn in shapes})
+    (tmp_path / "s.json").write_text(shapes_to_json(shapes))
+    (tmp_path / "t.json").write_text(to_json(table))
+    return ["lint", str(tmp_path / "t.json"), "--shapes", str(tmp_path / "s.json")]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    out, _ = capsys.readouterr()
+    return code, out
+
+
+def test_the_repeated_blocks_are_the_units_and_the_report_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = model(tmp_path, "model.layers.")
+    code, out = run([*argv, "--mesh", "dp_shard=4,tp=2", "--optimizer", "adamw"], capsys)
+    assert code == 0
+    assert out.count("assumptions:") == 1
+    assert "units: no --units, so one fully_shard per repeated numbered block" in out
+    assert "(model.layers.*)" in out
+    _, given = run(
+        [*argv, "--mesh", "dp_shard=4,tp=2", "--optimizer", "adamw", "--units", "model.layers.*"],
+        capsys,
+    )
+    assert "no --units" not in given
+
+    # the same figures as with those units given
+    def figures(text: str) -> str:
+        return text.split("training memory")[1].split("assumptions:", maxsplit=1)[0]
+
+    assert figures(given) == figures(out)
+
+
+def test_the_inferred_units_are_the_librarys_units(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = model(tmp_path, "model.layers.")
+    _, out = run([*argv, "--mesh", "dp_shard=4,tp=2", "--optimizer", "adamw", "--json"], capsys)
+    shapes = {f"model.layers.{i}.w": ParamShape((64, 64), "float32") for i in range(LAYERS)}
+    shapes["embed.weight"] = ParamShape((100, 64), "float32")
+    table = ParamLayoutTable({fqn: SourceLayout("dense", ["tp"], [Shard(0)]) for fqn in shapes})
+    report = lint(
+        table,
+        shapes,
+        mesh_sizes=Mesh({"dp_shard": 4, "tp": 2}),
+        fsdp={"dense": "dp_shard"},
+        training=Training(units=["model.layers.*"]),
+    )
+    assert json.loads(out) == report.to_dict()
+
+
+def test_without_repeated_blocks_the_root_alone_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = model(tmp_path, "block_")
+    code, out = run([*argv, "--mesh", "dp_shard=4,tp=2", "--optimizer", "sgd"], capsys)
+    assert code == 0
+    assert "no repeated numbered blocks in the shapes' FQNs, so the root alone" in out
