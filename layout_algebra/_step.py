@@ -814,7 +814,7 @@ class _Step:
             )
         else:
             made = [
-                f"{quote(self.units.names[u])} {n} call{'s' if n != 1 else ''}"
+                f"{n} call{'s' if n != 1 else ''} of {quote(self.units.names[u])}"
                 for u, n in sorted(names.items())
                 if u >= 0
             ]
@@ -838,8 +838,8 @@ class _Step:
         out.append(
             "order: units run forward in the order of their parameters (module order) and "
             "backward in reverse; in forward each unit's flat all-gather output lives until "
-            "the next unit's copy-out, in backward the next unit is all-gathered ahead "
-            "(FSDP2's implicit prefetch)"
+            "the next unit's copy-out is done, in backward the next unit is all-gathered "
+            "ahead (FSDP2's implicit prefetch)"
         )
         out.append(
             "params and grads are FSDP2's padded shards: ceil(rows / FSDP ranks) rows "

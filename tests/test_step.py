@@ -404,7 +404,7 @@ def test_the_star_segments_group_the_modules_of_a_call() -> None:
     per_layer = Training(units=[FSDPUnit(["layers.*.attn", "layers.*.mlp"])])
     cost = training_cost(layouts, shapes, WORLD, per_layer)
     assert cost.largest_buffer == (2 * FULL,) * 4  # one call per layer, over both
-    assert "'[layers.*.attn, layers.*.mlp]' 3 calls" in cost.assumptions[0]
+    assert "3 calls of '[layers.*.attn, layers.*.mlp]'" in cost.assumptions[0]
 
 
 def test_a_module_in_two_units_and_tied_parameters_in_two_are_refused() -> None:
@@ -462,7 +462,7 @@ def test_assumptions_say_what_the_figures_rest_on() -> None:
     assert "padded" in text and "not counted: activations" in text
     assert "assumptions:" in str(alone)
     units = "\n".join(cost_of(Training(units=["layers.*"])).assumptions)
-    assert "'layers.*' 3 calls" in units and "one unit" not in units
+    assert "3 calls of 'layers.*'" in units and "one unit" not in units
     layouts, shapes = model(1)
     report = lint(ParamLayoutTable(layouts), shapes, mesh_sizes=WORLD, training=Training())
     assert report.assumptions == alone.assumptions or report.assumptions
