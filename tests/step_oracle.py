@@ -18,10 +18,11 @@ once. What each rank reports (:func:`measure_step`), all read from torch's own o
   calls (the gathered output, the scattered input, the reduced tensor), with the other
   side (``*_in``/``*_out``) and the number of calls; ``largest_all_gather``;
 - ``buffers_peak``: the most bytes of FSDP2's own buffers alive at once over forward and
-  backward: the flat all-gather outputs plus the unsharded parameters, sampled wherever
-  either can grow (``buffers_at_peak`` splits it; ``post_forward_peak`` adds the shards
-  kept by an ``int`` ``reshard_after_forward``);
-- ``tracker``: torch's ``FSDPMemTracker`` over the same step: its categories at its own
+  backward: the flat all-gather outputs, the unsharded parameters and the shards an
+  ``int`` ``reshard_after_forward`` keeps after forward, sampled wherever any can grow
+  (``buffers_at_peak`` splits it, ``buffers_largest`` gives each one's own largest);
+- ``tracker``: torch's ``FSDPMemTracker`` over a second step (its hooks change how FSDP2
+  runs a grouped unit, so the measured step runs without it): its categories at its own
   peak (``at_peak``), after the step (``after``), each category's largest value
   (``largest``) and its largest ``Unsharded Param`` + ``All Gather`` (``buffers_peak``).
   That sum reads below ``buffers_peak`` above: the tracker files a unit's unsharded
@@ -470,17 +471,17 @@ class _Buffers:
     The flat all-gather output is allocated by ``foreach_all_gather`` and dropped when
     its group (or the next unit's copy-out, in forward) lets go of it; each parameter's
     unsharded storage (``FSDPParam.all_gather_outputs``) is allocated for the copy-out
-    and resized to nothing when freed. Live bytes change upward only at those
-    allocations, so sampling right after each (and before each free, for the shard an
-    ``int`` ``reshard_after_forward`` keeps) sees every peak.
+    and resized to nothing when freed; an ``int`` ``reshard_after_forward`` copies each
+    parameter's post-forward shard out of the gathered storage before freeing it. Live
+    bytes change upward only at those allocations, so sampling right after each (and
+    before each free, when the copy is made) sees every peak.
     """
 
     def __init__(self, groups: Sequence[Any]) -> None:
         self.params: list[FSDPParam] = [p for g in groups for p in g.fsdp_params]
         self.flat: list[weakref.ref[torch.UntypedStorage]] = []
-        self.peak = (0, 0)
-        self.largest = (0, 0)
-        self.post_forward_peak = 0
+        self.peak = (0, 0, 0)
+        self.largest = (0, 0, 0)
 
     def live(self) -> tuple[int, int, int]:
         """Bytes alive now: flat outputs, unsharded parameters, post-forward shards."""
@@ -498,11 +499,14 @@ class _Buffers:
         return sum(flat.values()), unsharded, post
 
     def sample(self) -> None:
-        flat, unsharded, post = self.live()
-        if flat + unsharded > sum(self.peak):
-            self.peak = (flat, unsharded)
-        self.largest = (max(self.largest[0], flat), max(self.largest[1], unsharded))
-        self.post_forward_peak = max(self.post_forward_peak, flat + unsharded + post)
+        now = self.live()
+        if sum(now) > sum(self.peak):
+            self.peak = now
+        self.largest = (
+            max(self.largest[0], now[0]),
+            max(self.largest[1], now[1]),
+            max(self.largest[2], now[2]),
+        )
 
     @contextmanager
     def watching(self) -> Iterator[None]:
@@ -583,21 +587,23 @@ def _tokens(case: Case) -> torch.Tensor:
     return torch.arange(12).reshape(2, 6) % case.vocab
 
 
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> None:
+    out = model(tokens)
+    logits = out if isinstance(out, torch.Tensor) else out.logits
+    logits.float().square().mean().backward()
+    optimizer.step()
+
+
 def measure_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor
 ) -> dict[str, Any]:
-    """One training step of ``model`` (already under ``fully_shard``), measured."""
+    """One training step of ``model`` (already under ``fully_shard``), measured; then a
+    second step under ``FSDPMemTracker``, whose hooks change how FSDP2 runs a grouped unit
+    (it gathers it again in backward), so the first step runs without it."""
     groups = _groups(model)
     buffers = _Buffers(groups)
-    tracker = _Tracker(model, optimizer)
-    with _collectives() as seen, buffers.watching(), tracker, warnings.catch_warnings():
-        # the tracker's module tree loses its place among FSDP2's hooks on nested and
-        # grouped units; the bytes it counts do not depend on that tree
-        warnings.filterwarnings("ignore", "The module hierarchy tracking", UserWarning)
-        out = model(tokens)
-        logits = out if isinstance(out, torch.Tensor) else out.logits
-        logits.float().square().mean().backward()
-        optimizer.step()
+    with _collectives() as seen, buffers.watching():
+        _step(model, optimizer, tokens)
     params = [p for g in groups for p in g.fsdp_params]
     grads = [p.sharded_param.grad for p in params if p.sharded_param.grad is not None]
     states = [
@@ -605,7 +611,8 @@ def measure_step(
     ]
     scalars = [v for v in states if v.dim() == 0]
     gather, scatter, reduce = seen["all_gather"], seen["reduce_scatter"], seen["all_reduce"]
-    return {
+    parts = ("all_gather", "unsharded", "post_forward")
+    measured = {
         "params": _storage_bytes(p._sharded_param_data for p in params),
         "params_padded_size": sum(
             p.padded_sharded_param_size.numel() * p._sharded_param_data.element_size()
@@ -628,16 +635,22 @@ def measure_step(
         "all_reduce": sum(b for b, _ in reduce),
         "all_reduce_calls": len(reduce),
         "buffers_peak": sum(buffers.peak),
-        "buffers_at_peak": {"all_gather": buffers.peak[0], "unsharded": buffers.peak[1]},
-        "buffers_largest": {"all_gather": buffers.largest[0], "unsharded": buffers.largest[1]},
-        "post_forward_peak": buffers.post_forward_peak,
-        "tracker": {
-            "at_peak": tracker.at_peak(),
-            "after": _named(next(iter(tracker.get_tracker_snapshot().values()), {})),
-            "largest": tracker.largest,
-            "buffers_peak": tracker.buffers_peak,
-        },
+        "buffers_at_peak": dict(zip(parts, buffers.peak, strict=True)),
+        "buffers_largest": dict(zip(parts, buffers.largest, strict=True)),
     }
+    tracker = _Tracker(model, optimizer)
+    with tracker, warnings.catch_warnings():
+        # the tracker's module tree loses its place among FSDP2's hooks on nested and
+        # grouped units; the bytes it counts do not depend on that tree
+        warnings.filterwarnings("ignore", "The module hierarchy tracking", UserWarning)
+        _step(model, optimizer, tokens)
+    measured["tracker"] = {
+        "at_peak": tracker.at_peak(),
+        "after": _named(next(iter(tracker.get_tracker_snapshot().values()), {})),
+        "largest": tracker.largest,
+        "buffers_peak": tracker.buffers_peak,
+    }
+    return measured
 
 
 def run_case(case: Case, meshes: MeshFactory, rank: int) -> dict[str, Any]:

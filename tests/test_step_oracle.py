@@ -5,33 +5,27 @@ First the harness itself: its readings agree with each other and with torch's ow
 ``FSDPMemTracker`` on every rank, and the trivial case (every dim a multiple of the FSDP
 world) gives what needs no arithmetic of FSDP's. Then, per case and per rank,
 ``lint(..., training=...)`` against the measurement: ``memory.by_kind`` ``"params"``,
-``"grads"``, ``"optimizer"`` and ``traffic`` today, ``"transient"`` with the step model.
+``"grads"``, ``"optimizer"`` and ``"transient"``, and every ``traffic`` row.
 
-A comparison whose package side names what ``layout_algebra`` does not have yet
-(``FSDPUnit``, ``Optimizer``, ``Training(frozen=..., root_reshard_after_forward=...)``,
-an optimizer name, ``report.assumptions`` for the step model of FSDP2's padded storage
-and buffers) is marked ``xfail(strict=False)``, "built in layout_algebra's step model";
-it passes once the name lands. The measurements themselves always run and always pass.
+The package's side is written as ``shared/API.md`` spells the setup: ``FSDPUnit`` for a
+grouped call, an ``int`` or per-unit ``reshard_after_forward``, ``Optimizer`` for the one
+optimizer the package names not (centered RMSprop with momentum), and
+``Training(frozen=..., root_reshard_after_forward=...)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
-import attrs
 import pytest
 import torch
 
-import layout_algebra
-from layout_algebra import LintReport, Training, lint
-from layout_algebra.errors import LayoutError
+from layout_algebra import FSDPUnit, LintReport, Optimizer, Training, lint
 from layout_algebra.serialization import from_json, shapes_from_json
 from tests.step_oracle import CASES, WORLD_SIZE, Case, Net, Unit, run_cases
 
 pytestmark = pytest.mark.distributed
-
-STEP_MODEL: Final = "built in layout_algebra's step model"
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +63,7 @@ def test_readings_agree_with_fsdp_and_its_memory_tracker(
         assert m["optimizer"] == m["optimizer_states"] + m["optimizer_scalars"]
         # padding only adds: each rank allocates at least what it shows
         assert m["params"] >= m["params_local"] and m["grads"] >= m["grads_local"]
-        assert m["buffers_peak"] == sum(m["buffers_at_peak"].values()) <= m["post_forward_peak"]
+        assert m["buffers_peak"] == sum(m["buffers_at_peak"].values())
         assert m["largest_all_gather"] <= m["buffers_largest"]["all_gather"]
 
 
@@ -125,6 +119,15 @@ def test_what_each_setup_changes_is_seen(measured: list[dict[str, dict[str, Any]
     assert at("no reshard after forward", "all_gather_calls") == 1 + 3
     # the root resharded after forward is gathered again in backward
     assert at("root resharded", "all_gather_calls") == at("trivial", "all_gather_calls") + 1
+    # norm and head, one call kept through the step: gathered once, as a unit of its own
+    grouped = "norm and head in one unit"
+    assert at(grouped, "all_gather_calls") == at("trivial", "all_gather_calls") + 1
+    # resharded to 2 ranks after forward: FSDP2 keeps those shards until backward
+    shards = {
+        n: at(n, "buffers_largest")["post_forward"]
+        for n in ("trivial", "reshard after forward to 2 ranks")
+    }
+    assert shards["trivial"] == 0 < shards["reshard after forward to 2 ranks"]
     # optimizers differ by their state names, as torch defines them
     names = {n: at(f"optimizer {n}", "optimizer_state_names") for n in ("adagrad", "nadam")}
     assert names == {
@@ -137,66 +140,17 @@ def test_what_each_setup_changes_is_seen(measured: list[dict[str, dict[str, Any]
 # the package against it
 
 
-def _accepts(**kwargs: object) -> bool:
-    try:
-        Training(**kwargs)  # type: ignore[arg-type]  # probing for fields the package may lack
-    except (TypeError, LayoutError):
-        return False
-    return True
-
-
-def _has_step_model() -> bool:
-    return "assumptions" in attrs.fields_dict(LintReport)
-
-
-_NAMES: Final[Mapping[str, Callable[[], bool]]] = {
-    "FSDPUnit": lambda: hasattr(layout_algebra, "FSDPUnit"),
-    "Optimizer": lambda: hasattr(layout_algebra, "Optimizer"),
-    "Training(frozen=...)": lambda: _accepts(frozen=("w",)),
-    "Training(root_reshard_after_forward=...)": lambda: _accepts(root_reshard_after_forward=True),
-    "report.assumptions": _has_step_model,
-}
-"""The API names a comparison may need, and how to tell ``layout_algebra`` has each."""
-
-_TODAY_OPTIMIZERS: Final = ("adamw", "sgd", "none")
-
-
-def _needs(case: Case) -> list[str]:
-    """The names the package side of ``case`` is written with."""
-    needs = []
-    if _fsdp_units(case):
-        needs.append("FSDPUnit")
-    if case.root_reshard is not None:
-        needs.append("Training(root_reshard_after_forward=...)")
-    if case.frozen:
-        needs.append("Training(frozen=...)")
-    if case.optimizer == "rmsprop-centered-momentum":
-        needs.append("Optimizer")
-    elif case.optimizer not in _TODAY_OPTIMIZERS:
-        needs.append(f"Training(optimizer={case.optimizer!r})")
-    return needs
-
-
-def _lacks(need: str) -> bool:
-    check = _NAMES.get(need)
-    if check is not None:
-        return not check()
-    name = need.removeprefix("Training(optimizer=").removesuffix(")").strip("'")
-    return not _accepts(optimizer=name)
-
-
-def _fsdp_units(case: Case) -> bool:
-    """Whether the units need ``FSDPUnit``: grouped, an int, or a mix of reshard rules."""
+def _one_rule(case: Case) -> bool:
+    """Whether every unit is one module pattern resharded alike (a bool): plain patterns
+    then, the rule ``Training(reshard_after_forward=...)``."""
     rules = {unit.reshard for unit in case.units}
-    return any(u.grouped for u in case.units) or len(rules) > 1 or not rules <= {True, False}
+    return not any(u.grouped for u in case.units) and len(rules) <= 1 and rules <= {True, False}
 
 
-def _unit(unit: Unit) -> object:
-    if not unit.grouped and unit.reshard is True:
-        return unit.modules[0]
-    fsdp_unit: Any = getattr(layout_algebra, "FSDPUnit")  # noqa: B009 - built by the step model
+def _unit(unit: Unit) -> FSDPUnit:
+    assert unit.reshard is not None, "None is the root's rule"
     modules = unit.modules if unit.grouped else unit.modules[0]
-    return fsdp_unit(modules, reshard_after_forward=unit.reshard)
+    return FSDPUnit(modules, reshard_after_forward=unit.reshard)
 
 
 def training_of(case: Case) -> Training:
@@ -204,20 +158,17 @@ def training_of(case: Case) -> Training:
     kwargs: dict[str, Any] = {
         "param_dtype": case.param_dtype,
         "reduce_dtype": case.reduce_dtype,
+        "frozen": case.frozen,
+        "root_reshard_after_forward": case.root_reshard,
+        "optimizer": case.optimizer,
     }
-    if _fsdp_units(case):
-        kwargs["units"] = [_unit(u) for u in case.units]
-    else:
+    if _one_rule(case):
         kwargs["units"] = [u.modules[0] for u in case.units]
         kwargs["reshard_after_forward"] = case.units[0].reshard if case.units else True
-    if case.root_reshard is not None:
-        kwargs["root_reshard_after_forward"] = case.root_reshard
-    if case.frozen:
-        kwargs["frozen"] = case.frozen
-    if case.optimizer == "rmsprop-centered-momentum":  # centered, with momentum: 3 states
-        kwargs["optimizer"] = getattr(layout_algebra, "Optimizer")(states=3, scalars=1)  # noqa: B009 - built by the step model
     else:
-        kwargs["optimizer"] = case.optimizer
+        kwargs["units"] = [_unit(u) for u in case.units]
+    if case.optimizer == "rmsprop-centered-momentum":  # no name: three states and a step
+        kwargs["optimizer"] = Optimizer(states=3, scalars=1)
     return Training(**kwargs)
 
 
@@ -237,28 +188,15 @@ def report_of(case: Case, rank0: Mapping[str, Any]) -> LintReport:
     )
 
 
-def _expect_step_model(request: pytest.FixtureRequest, needs: list[str]) -> None:
-    missing = [n for n in needs if _lacks(n)]
-    if missing:
-        reason = f"{STEP_MODEL} (layout_algebra lacks {', '.join(missing)})"
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
-
-
 _STATE: Final = ("params", "grads", "optimizer")
 _TRAFFIC: Final = ("all_gather", "reduce_scatter", "all_reduce")
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_state_and_traffic_equal_torch_on_every_rank(
-    measured: list[dict[str, dict[str, Any]]], name: str, request: pytest.FixtureRequest
+    measured: list[dict[str, dict[str, Any]]], name: str
 ) -> None:
-    case = CASES[name]
-    ranks = _per_rank(measured, name)
-    needs = _needs(case)
-    if any(m["params"] != m["params_local"] for m in ranks):  # FSDP2's padded storage
-        needs.append("report.assumptions")
-    _expect_step_model(request, needs)
-    report = report_of(case, measured[0][name])
+    report = report_of(CASES[name], measured[0][name])
     predicted = [
         {
             **{k: report.memory.by_kind[k][r] for k in _STATE},
@@ -266,17 +204,15 @@ def test_state_and_traffic_equal_torch_on_every_rank(
         }
         for r in range(WORLD_SIZE)
     ]
-    got = [{k: m[k] for k in (*_STATE, *_TRAFFIC)} for m in ranks]
+    got = [{k: m[k] for k in (*_STATE, *_TRAFFIC)} for m in _per_rank(measured, name)]
     wrong = [(r, g, p) for r, (g, p) in enumerate(zip(got, predicted, strict=True)) if g != p]
     assert not wrong, "\n".join(f"rank {r}: torch {g}, package {p}" for r, g, p in wrong)
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_transient_equals_fsdp2s_buffers_at_their_peak(
-    measured: list[dict[str, dict[str, Any]]], name: str, request: pytest.FixtureRequest
+    measured: list[dict[str, dict[str, Any]]], name: str
 ) -> None:
-    case = CASES[name]
-    _expect_step_model(request, [*_needs(case), "report.assumptions"])
-    report = report_of(case, measured[0][name])
+    report = report_of(CASES[name], measured[0][name])
     got = [m["buffers_peak"] for m in _per_rank(measured, name)]
     assert list(report.memory.by_kind["transient"]) == got
