@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -484,3 +485,21 @@ def test_alike_layers_are_one_state_of_the_buffers(monkeypatch: pytest.MonkeyPat
     many = cost_of(Training(units=["layers.*"]), layers=400)
     assert few.by_kind["transient"] == many.by_kind["transient"]
     assert seen[0] == seen[1] < 20  # the distinct states do not grow with the layers
+
+
+def test_the_command_line_prints_the_assumptions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_cli import run  # noqa: PLC0415 - the command line's own helpers
+    from tests.test_cli_plans import moe_files  # noqa: PLC0415
+
+    plan, shapes = moe_files(tmp_path)
+    meshes = ["--mesh", "dp_shard=2,tp=4", "--expert-mesh", "dp_shard=2,ep=4"]
+    args = ["lint", plan, "--shapes", shapes, *meshes, "--optimizer", "nadam"]
+    code, out, err = run(args, capsys)
+    assert (code, err) == (0, "")
+    assert "assumptions:" in out and "the whole model is one unit" in out
+    assert "optimizer 'nadam': 2 tensors" in out
+    code, out, _ = run([*args, "--json"], capsys)
+    assumptions = json.loads(out)["assumptions"]
+    assert code == 0 and any("one unit" in line for line in assumptions)
