@@ -47,6 +47,7 @@ from layout_algebra.torch_bridge import (
     table_from_parallelize,
     tied_pairs_from_module,
     to_torch,
+    training_from_module,
 )
 from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 from layout_algebra.torch_bridge.torchtitan import plan_from_torchtitan
@@ -108,6 +109,7 @@ READERS: dict[str, Callable[[nn.Module], object]] = {
     "plan_from_hf": lambda m: plan_from_hf(m, ep_axis=None, mesh_axes=["tp"]),
     "table_from_hf": lambda m: table_from_hf(m, mesh_axes=["tp"]),
     "plan_from_torchtitan": lambda m: plan_from_torchtitan(m, mesh_axes=["tp"]),
+    "training_from_module": training_from_module,
 }
 
 

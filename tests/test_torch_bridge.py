@@ -869,6 +869,7 @@ def test_the_bridge_surface() -> None:
         "table_from_torchtitan",
         "tied_pairs_from_module",
         "to_torch",
+        "training_from_module",
     ]
     for name in bridge.__all__:
         assert getattr(bridge, name) is not None
@@ -929,6 +930,7 @@ class Calls:
             },
             "shapes_from_module": lambda: {"module": self.model},
             "tied_pairs_from_module": lambda: {"module": self.model},
+            "training_from_module": lambda: {"model": self.model},
             "plan_from_parallelize": lambda: {
                 "module": self.linear,
                 "plan": {"0": ColwiseParallel()},
@@ -1052,6 +1054,7 @@ WRONG: list[tuple[str, str, object, str]] = [
     ("shapes_from_module", "module", None, "a torch.nn.Module"),
     ("tied_pairs_from_module", "module", None, "a torch.nn.Module"),
     ("tied_pairs_from_module", "module", {"emb": 1}, "a torch.nn.Module"),
+    ("training_from_module", "model", None, "a torch.nn.Module"),
 ]
 
 
@@ -1178,6 +1181,7 @@ MODULE_ARGS: Final = [
     ("shard_dims_from_torchtitan", "model"),
     ("table_from_torchtitan", "model"),
     ("shapes_from_checkpoint", "model"),
+    ("training_from_module", "model"),
 ]
 
 

@@ -29,7 +29,9 @@ This package is the only part of layout_algebra that imports torch (install it w
   applies (its per-module ``ShardingConfig``), ``shard_dims_from_torchtitan`` its expert
   FSDP shard-dim rule (torchtitan itself is never imported);
 - ``tables``: ``table_from_hf``, ``table_from_parallelize`` and ``table_from_torchtitan``,
-  a model's complete table from those plans in one call.
+  a model's complete table from those plans in one call;
+- ``training``: ``training_from_module``, the ``Training`` a model implies (its frozen
+  parameters, the units transformers or torchtitan would shard it by).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from layout_algebra.torch_bridge.torchtitan import (
     shard_dims_from_torchtitan,
     state_dict_fqn,
 )
+from layout_algebra.torch_bridge.training import training_from_module
 from layout_algebra.torch_bridge.transformers import plan_from_hf
 
 __all__ = [
@@ -86,4 +89,5 @@ __all__ = [
     "table_from_torchtitan",
     "tied_pairs_from_module",
     "to_torch",
+    "training_from_module",
 ]

@@ -1,0 +1,151 @@
+"""The training setup a live model implies: its frozen parameters, and the modules its
+library gives ``fully_shard`` one by one.
+
+transformers (its own FSDP2 plan, ``apply_fully_sharded_data_parallelism``) and torchtitan
+(``apply_fsdp_to_decoder``) shard a decoder alike: the input embedding alone, each block
+(transformers' ``_no_split_modules`` classes, torchtitan's ``layers.<n>``), the final norm
+and the output head together in one call kept unsharded through the step, then the root.
+``training_from_module`` names the embedding and the blocks as units. The norm and the head
+stay with the root, which torch also keeps unsharded through the step: the same shards,
+gradients and collectives as their own call. A tied embedding is wrapped with the head by
+both libraries, so it stays with the root too. Neither library is imported here: the model
+object is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from torch import nn
+
+from layout_algebra._units import compact, repeated_blocks
+from layout_algebra.torch_bridge._checks import check_module, read_attr, reading
+from layout_algebra.torch_bridge._walk import named_modules, named_parameters
+from layout_algebra.torch_bridge.models import tied_pairs_from_module
+from layout_algebra.training import Training
+
+__all__ = ["training_from_module"]
+
+_CALLER = "training_from_module"
+
+
+def training_from_module(model: nn.Module, **training: Any) -> Training:
+    """``Training(**training)`` completed from ``model``: the frozen parameters, and the
+    units when ``training`` names none.
+
+    - ``frozen``: every parameter FQN with ``requires_grad=False``, a ``*`` for a layer
+      number where every layer's parameter of that name is frozen (``model.layers.*.mlp.
+      up_proj.weight``); given only when some parameter is frozen.
+    - ``units``: the blocks, as patterns (``model.layers.*``): the modules whose class
+      transformers lists in ``model._no_split_modules``, else the repeated numbered blocks
+      (torchtitan's ``layers.*``); before them the input embedding
+      (``get_input_embeddings()``, torchtitan's ``tok_embeddings``) unless it is tied.
+      Experts a library wraps on their own mesh are not inferred: name them in ``units``.
+
+    >>> model = nn.Module()
+    >>> model.tok_embeddings = nn.Embedding(10, 4)
+    >>> model.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+    >>> model.output = nn.Linear(4, 10)
+    >>> training_from_module(model, optimizer="sgd").units
+    ('tok_embeddings', 'layers.*')
+
+    Args:
+        model: the model, on any device (the meta device welcome).
+        training: the other arguments of ``Training``, as it takes them.
+
+    Returns:
+        The setup.
+
+    Raises:
+        BindError: ``model`` is not an ``nn.Module``.
+        LayoutError: reading the model raised (naming what was read), or ``Training``
+            refuses the arguments.
+    """
+    check_module(model, f"{_CALLER}(model=...)")
+    params = list(named_parameters(model))
+    frozen = [fqn for fqn, p in params if not p.requires_grad]
+    if frozen and "frozen" not in training:
+        training["frozen"] = compact(frozen, [fqn for fqn, _ in params])
+    if "units" not in training:
+        training["units"] = _units(model, params)
+    return Training(**training)
+
+
+def _units(model: nn.Module, params: list[tuple[str, nn.Parameter]]) -> tuple[str, ...]:
+    """The embedding (unless tied) and the blocks, as unit patterns, in forward order."""
+    modules = [(fqn, m) for fqn, m in named_modules(model) if fqn]
+    holding = {fqn.rpartition(".")[0] for fqn, _ in params}  # modules with own parameters
+    classes = _no_split_classes(model)
+    if classes:
+        chosen = [f for f, m in modules if type(m).__name__ in classes and _holds(f, holding)]
+        blocks = compact(chosen, [f for f, _ in modules])
+    else:
+        blocks = repeated_blocks(f for f, _ in modules)
+    tied = {fqn for pair in tied_pairs_from_module(model) for fqn in pair}
+    embedding = _input_embedding(model, modules)
+    if (
+        embedding is None
+        or not _holds(embedding, holding)
+        or any(f.startswith(f"{embedding}.") for f in tied)
+        or any(_within(embedding, block) for block in blocks)
+    ):
+        return blocks
+    return (embedding, *blocks)
+
+
+def _holds(module: str, holding: set[str]) -> bool:
+    """Whether the module at ``module`` holds a parameter, itself or below."""
+    return any(h == module or h.startswith(f"{module}.") for h in holding)
+
+
+def _within(fqn: str, pattern: str) -> bool:
+    """Whether ``pattern`` (``*``: one segment) names ``fqn`` or a module holding it."""
+    want, got = pattern.split("."), fqn.split(".")
+    return len(want) <= len(got) and all(w in ("*", g) for w, g in zip(want, got, strict=False))
+
+
+def _no_split_classes(model: nn.Module) -> frozenset[str]:
+    """The class names of transformers' ``_no_split_modules`` (empty: not transformers')."""
+    found = read_attr(
+        model,
+        "_no_split_modules",
+        "model._no_split_modules",
+        remedy="give units=[...] yourself",
+        caller=_CALLER,
+    )
+    if not isinstance(found, Iterable) or isinstance(found, str | bytes):
+        return frozenset()
+    return frozenset(name for name in found if isinstance(name, str))
+
+
+def _input_embedding(model: nn.Module, modules: list[tuple[str, nn.Module]]) -> str | None:
+    """The FQN of the model's input embedding: transformers' ``get_input_embeddings()``,
+    torchtitan's ``tok_embeddings``; ``None`` when it has neither."""
+    found: object = None
+    get = read_attr(
+        model,
+        "get_input_embeddings",
+        "model.get_input_embeddings",
+        remedy="give units=[...] yourself",
+        caller=_CALLER,
+    )
+    if callable(get):
+        with reading(
+            "model.get_input_embeddings()", remedy="give units=[...] yourself", caller=_CALLER
+        ):
+            try:
+                found = get()
+            except NotImplementedError:  # transformers' answer for a model without one
+                found = None
+    if found is None:
+        found = read_attr(
+            model,
+            "tok_embeddings",
+            "model.tok_embeddings",
+            remedy="give units=[...] yourself",
+            caller=_CALLER,
+        )
+    if not isinstance(found, nn.Module):
+        return None
+    return next((fqn for fqn, m in modules if m is found), None)
