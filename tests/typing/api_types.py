@@ -155,5 +155,20 @@ def strategies() -> None:
     assert_type(sharding_plans(expert_parallel=True), SearchStrategy[ShardingPlan])
 
 
+def the_step(report: layout_algebra.LintReport) -> None:
+    unit = layout_algebra.FSDPUnit(["norm", "lm_head"], reshard_after_forward=2)
+    assert_type(unit.modules, tuple[str, ...])
+    assert_type(unit.reshard_after_forward, bool | int)
+    kept = layout_algebra.Optimizer(states=2, scalars=1)
+    assert_type(kept.states, int)
+    training = layout_algebra.Training(optimizer=kept, units=["layers.*", unit], frozen=["emb"])
+    assert_type(training.units, tuple[str | layout_algebra.FSDPUnit, ...])
+    assert_type(training.optimizer, str | layout_algebra.Optimizer)
+    assert_type(training.root_reshard_after_forward, bool | int | None)
+    assert_type(training.frozen, tuple[str, ...])
+    assert_type(training.kept, layout_algebra.Optimizer)
+    assert_type(report.assumptions, tuple[str, ...])
+
+
 def exports() -> None:
     assert_type(layout_algebra.__all__, list[str])
