@@ -2,27 +2,25 @@
 units compared with what transformers' and torchtitan's own FSDP2 code wraps.
 
 Each library's wrapping runs for real (torch's ``fully_shard`` on the fake 8-rank world,
-models on the meta device) and is read back from FSDP2's own parameter groups. A
-``Training`` holds each parameter in the innermost unit naming it, the rest in the root;
-both libraries also wrap the final norm and the head (and a tied embedding) in one call
-kept unsharded through the step, which the package's root is (the same shards, gradients
-and collectives), so those groups are read as the root's.
+models on the meta device) and is read back from FSDP2's own parameter groups: which
+parameters each ``fully_shard`` call manages, and whether it reshards after forward. A
+``Training`` puts each parameter in the innermost unit naming it, the rest in the root.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pytest
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from layout_algebra import Training
+from layout_algebra import FSDPUnit, Training
 from layout_algebra._units import compact, repeated_blocks
 from layout_algebra.errors import BindError, LayoutError
-from layout_algebra.torch_bridge import training_from_module
+from layout_algebra.torch_bridge import tied_pairs_from_module, training_from_module
 from layout_algebra.torch_bridge._walk import state_dict_fqn
 from tests.torch_oracle import MeshFactory
 
@@ -30,6 +28,9 @@ if TYPE_CHECKING:
     from tests.torchtitan_runs import Titan
 
 pytestmark = pytest.mark.usefixtures("fake_world")
+
+Units: TypeAlias = set[tuple[frozenset[str], bool | int | str]]
+"""Each ``fully_shard`` call's parameters and its ``reshard_after_forward`` (``"root"``)."""
 
 
 def tiny(kind: str = "llama", *, tied: bool = False) -> nn.Module:
@@ -54,36 +55,39 @@ def tiny(kind: str = "llama", *, tied: bool = False) -> nn.Module:
     return model
 
 
-def _matches(pattern: str, segments: list[str]) -> bool:
-    want = pattern.split(".")
-    return len(want) == len(segments) and all(
-        w in ("*", s) for w, s in zip(want, segments, strict=True)
+def _matches(pattern: list[str], segments: list[str]) -> bool:
+    return len(pattern) == len(segments) and all(
+        w in ("*", s) for w, s in zip(pattern, segments, strict=True)
     )
 
 
-def units_of(training: Training, fqns: Iterable[str]) -> set[frozenset[str]]:
-    """The parameters of each unit ``training`` names, the root's the rest."""
-    patterns = [u for u in training.units if isinstance(u, str)]
-    assert len(patterns) == len(training.units), "one module per unit"
-    by_unit: dict[str, set[str]] = {}
+def units_of(training: Training, fqns: Iterable[str]) -> Units:
+    """The parameters of each ``fully_shard`` call ``training`` names: one per module a
+    pattern matches, one per ``FSDPUnit`` of several modules; the root's the rest."""
+    calls: list[tuple[list[str], int, bool | int, bool]] = []
+    for i, unit in enumerate(training.units):
+        if isinstance(unit, str):
+            calls.append((unit.split("."), i, training.reshard_after_forward, False))
+        else:
+            grouped = len(unit.modules) > 1
+            for module in unit.modules:
+                calls.append((module.split("."), i, unit.reshard_after_forward, grouped))
+    by_call: dict[tuple[object, bool | int | str], set[str]] = {}
     for fqn in fqns:
         segments = fqn.split(".")
-        depth = max(
-            (
-                len(p.split("."))
-                for p in patterns
-                if len(p.split(".")) < len(segments) and _matches(p, segments[: len(p.split("."))])
-            ),
-            default=0,
-        )
-        by_unit.setdefault(".".join(segments[:depth]), set()).add(fqn)
-    return {frozenset(v) for v in by_unit.values()}
+        best: tuple[int, object, bool | int | str] = (0, "", "root")
+        for segs, i, reshard, grouped in calls:
+            k = len(segs)
+            if best[0] < k < len(segments) and _matches(segs, segments[:k]):
+                best = (k, i if grouped else ".".join(segments[:k]), reshard)
+        by_call.setdefault(best[1:], set()).add(fqn)
+    return {(frozenset(v), reshard) for (_, reshard), v in by_call.items()}
 
 
-def wrapped_units(model: nn.Module) -> set[frozenset[str]]:
-    """The parameters of each ``fully_shard`` group torch made of ``model``: the groups
-    freed after forward each, the root's and those kept through the step as one."""
-    names = {id(m): fqn for fqn, m in model.named_modules(remove_duplicate=False)}
+def wrapped_units(model: nn.Module) -> Units:
+    """The parameters of each ``fully_shard`` group torch made of ``model``, and whether
+    the group reshards after forward (``"root"`` for the root's)."""
+    names = {id(m): fqn for fqn, m in reversed(list(model.named_modules(remove_duplicate=False)))}
     root = model._get_fsdp_state()._fsdp_param_group if isinstance(model, FSDPModule) else None
     groups: dict[int, Any] = {}
     for module in model.modules():
@@ -91,8 +95,7 @@ def wrapped_units(model: nn.Module) -> set[frozenset[str]]:
             group = module._get_fsdp_state()._fsdp_param_group
             if group is not None:
                 groups[id(group)] = group
-    kept: set[str] = set()
-    freed: set[frozenset[str]] = set()
+    out: Units = set()
     for group in groups.values():
         fqns = set()
         for fp in group.fsdp_params:
@@ -101,20 +104,24 @@ def wrapped_units(model: nn.Module) -> set[frozenset[str]]:
             owners += list(zip(info.shared_modules, info.shared_param_names, strict=True))
             for owner, name in owners:
                 fqns.add(state_dict_fqn(f"{names[id(owner)]}.{name}".lstrip(".")))
-        if group is root or group.post_forward_mesh_info is None:
-            kept |= fqns
-        else:
-            freed.add(frozenset(fqns))
-    return {*freed, frozenset(kept)} if kept else freed
+        reshard = "root" if group is root else group.post_forward_mesh_info is not None
+        out.add((frozenset(fqns), reshard))
+    return out
 
 
 def _params(model: nn.Module) -> list[str]:
     return [state_dict_fqn(n) for n, _ in model.named_parameters(remove_duplicate=False)]
 
 
-def transformers_wraps(model: nn.Module, world_mesh: MeshFactory) -> set[frozenset[str]]:
+def transformers_wraps(model: nn.Module, world_mesh: MeshFactory) -> Units:
     """What transformers' own FSDP2 (``apply_fully_sharded_data_parallelism``, its plan
-    resolved as ``from_pretrained(distributed_config=...)`` resolves it) makes of ``model``."""
+    resolved as ``from_pretrained(distributed_config=...)`` resolves it) makes of ``model``.
+
+    With tied weights transformers wraps the embedding with the norm and leaves the head,
+    whose weight is the same parameter, to the root; loading weights then ties the head
+    to the embedding's sharded parameter again (``_finalize_model_loading``), so the
+    head's alias is read as the embedding's call's.
+    """
     distributed = pytest.importorskip("transformers.distributed")
     from transformers.distributed.fsdp import (  # noqa: PLC0415 - only with transformers
         apply_fully_sharded_data_parallelism,
@@ -124,23 +131,48 @@ def transformers_wraps(model: nn.Module, world_mesh: MeshFactory) -> set[frozens
         def get_mesh(self, names: object) -> object:
             return world_mesh({"fsdp": 8})["fsdp"]
 
+    aliases = {b: a for a, b in tied_pairs_from_module(model)}
     resolve: Any = model._resolve_parallel_plans
     _, ep_plan, fsdp_plan = resolve(distributed.DistributedConfig(fsdp_size=8))
     meshes: Any = Meshes()  # the one method transformers' FSDP asks of its mesh manager
     apply_fully_sharded_data_parallelism(model, meshes, fsdp_plan, ep_plan)
-    return wrapped_units(model)
+    wrapped = wrapped_units(model)
+    for alias, first in aliases.items():
+        held = [u for u in wrapped if alias in u[0] and u[1] == "root"]
+        owner = [u for u in wrapped if first in u[0] and u[1] != "root"]
+        for (fqns, reshard), (their, rule) in zip(held, owner, strict=True):
+            wrapped -= {(fqns, reshard), (their, rule)}
+            wrapped |= {(their | {alias}, rule)}
+            if fqns - {alias}:
+                wrapped.add((fqns - {alias}, reshard))
+    return wrapped
+
+
+KEPT = {"reshard_after_forward": False}
 
 
 @pytest.mark.parametrize(
     ("kind", "tied", "units"),
     [
-        ("llama", False, ("model.embed_tokens", "model.layers.*")),
-        ("qwen3_moe", False, ("model.embed_tokens", "model.layers.*")),
-        ("llama", True, ("model.layers.*",)),
+        (
+            "llama",
+            False,
+            ("model.embed_tokens", "model.layers.*", FSDPUnit(["model.norm", "lm_head"], **KEPT)),
+        ),
+        (
+            "qwen3_moe",
+            False,
+            ("model.embed_tokens", "model.layers.*", FSDPUnit(["model.norm", "lm_head"], **KEPT)),
+        ),
+        (
+            "llama",
+            True,
+            ("model.layers.*", FSDPUnit(["model.embed_tokens", "model.norm", "lm_head"], **KEPT)),
+        ),
     ],
 )
 def test_transformers_units_are_what_its_fsdp_wraps(
-    kind: str, tied: bool, units: tuple[str, ...], world_mesh: MeshFactory
+    kind: str, tied: bool, units: tuple[str | FSDPUnit, ...], world_mesh: MeshFactory
 ) -> None:
     model = tiny(kind, tied=tied)
     fqns = _params(model)
@@ -155,25 +187,28 @@ def test_transformers_blocks_are_its_no_split_modules() -> None:
     blocks = {type(m).__name__ for m in model.get_submodule("model.layers").children()}
     listed: Any = model._no_split_modules
     assert blocks <= set(listed)
-    # the experts, numbered inside each layer in older models, are no units of their own
+    # what the command line infers from the FQNs alone
     assert repeated_blocks(_params(model)) == ("model.layers.*",)
 
 
-TITAN_RUNS = ["llama3", "qwen3", "qwen3_moe"]
-"""torchtitan's debug models: dense, tied (qwen3), and with experts."""
+TITAN_UNITS: dict[str, tuple[str | FSDPUnit, ...]] = {
+    "llama3": ("tok_embeddings", "layers.*", FSDPUnit(["norm", "lm_head"], **KEPT)),
+    "qwen3": ("layers.*", FSDPUnit(["tok_embeddings", "norm", "lm_head"], **KEPT)),  # tied
+    "qwen3_moe": ("tok_embeddings", "layers.*", FSDPUnit(["norm", "lm_head"], **KEPT)),
+}
+"""torchtitan's debug models (dense, tied, with experts) and their units."""
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-@pytest.mark.parametrize("name", TITAN_RUNS)
+@pytest.mark.parametrize("name", TITAN_UNITS)
 def test_torchtitan_units_are_what_its_fsdp_wraps(name: str, titan: Titan) -> None:
     from tests.torchtitan_runs import Run, build  # noqa: PLC0415 - torchtitan only here
 
     run = Run(name, "partial_dtensor", tp=1)
     model = build(run)
     fqns = _params(model)
-    tied = name == "qwen3"
     training = training_from_module(model)
-    assert training.units == (("layers.*",) if tied else ("tok_embeddings", "layers.*"))
+    assert training.units == TITAN_UNITS[name]
     assert repeated_blocks(fqns) == ("layers.*",)
     titan.parallelize(run, model, titan.parallel_dims(run))
     assert units_of(training, fqns) == wrapped_units(model)
@@ -215,7 +250,7 @@ def test_frozen_from_requires_grad() -> None:
     model, expected = frozen_llama()
     training = training_from_module(model)
     assert training.frozen == expected
-    assert training.units == ("model.embed_tokens", "model.layers.*")
+    assert training.units[:2] == ("model.embed_tokens", "model.layers.*")
 
 
 def test_frozen_given_is_kept() -> None:
@@ -227,7 +262,8 @@ def test_frozen_given_is_kept() -> None:
 def test_nothing_frozen_passes_no_frozen() -> None:
     # nothing read from requires_grad reaches Training: the package's own default holds
     model = tiny()
-    assert training_from_module(model) == Training(units=("model.embed_tokens", "model.layers.*"))
+    units = ("model.embed_tokens", "model.layers.*", FSDPUnit(["model.norm", "lm_head"], **KEPT))
+    assert training_from_module(model) == Training(units=units)
 
 
 def test_units_given_are_kept_and_the_rest_passed_on() -> None:

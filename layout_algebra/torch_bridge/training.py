@@ -4,12 +4,10 @@ library gives ``fully_shard`` one by one.
 transformers (its own FSDP2 plan, ``apply_fully_sharded_data_parallelism``) and torchtitan
 (``apply_fsdp_to_decoder``) shard a decoder alike: the input embedding alone, each block
 (transformers' ``_no_split_modules`` classes, torchtitan's ``layers.<n>``), the final norm
-and the output head together in one call kept unsharded through the step, then the root.
-``training_from_module`` names the embedding and the blocks as units. The norm and the head
-stay with the root, which torch also keeps unsharded through the step: the same shards,
-gradients and collectives as their own call. A tied embedding is wrapped with the head by
-both libraries, so it stays with the root too. Neither library is imported here: the model
-object is read.
+and the output head in one call kept unsharded from its forward to its backward, then
+the root. A tied embedding goes into that last call (torchtitan's
+``fully_shard([tok_embeddings, norm, lm_head])``). ``training_from_module`` names those
+units. Neither library is imported here: the model object is read.
 """
 
 from __future__ import annotations
@@ -23,11 +21,12 @@ from layout_algebra._units import compact, repeated_blocks
 from layout_algebra.torch_bridge._checks import check_module, read_attr, reading
 from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 from layout_algebra.torch_bridge.models import tied_pairs_from_module
-from layout_algebra.training import Training
+from layout_algebra.training import FSDPUnit, Training
 
 __all__ = ["training_from_module"]
 
 _CALLER = "training_from_module"
+_REMEDY = "give units=[...] yourself"
 
 
 def training_from_module(model: nn.Module, **training: Any) -> Training:
@@ -37,18 +36,25 @@ def training_from_module(model: nn.Module, **training: Any) -> Training:
     - ``frozen``: every parameter FQN with ``requires_grad=False``, a ``*`` for a layer
       number where every layer's parameter of that name is frozen (``model.layers.*.mlp.
       up_proj.weight``); given only when some parameter is frozen.
-    - ``units``: the blocks, as patterns (``model.layers.*``): the modules whose class
-      transformers lists in ``model._no_split_modules``, else the repeated numbered blocks
-      (torchtitan's ``layers.*``); before them the input embedding
-      (``get_input_embeddings()``, torchtitan's ``tok_embeddings``) unless it is tied.
-      Experts a library wraps on their own mesh are not inferred: name them in ``units``.
+    - ``units``: in forward order, the input embedding (``get_input_embeddings()``,
+      torchtitan's ``tok_embeddings``); the blocks, as patterns (``model.layers.*``): the
+      modules whose class transformers lists in ``model._no_split_modules``, else the
+      repeated numbered blocks (torchtitan's ``layers.*``); and the final norm (the
+      embedding's sibling ``norm``) with the output head (``get_output_embeddings()``,
+      torchtitan's ``lm_head`` or ``output``) as one ``FSDPUnit`` not resharded after
+      forward, the tied embedding with them. Experts a library wraps on their own mesh
+      are not inferred: name them in ``units``.
 
     >>> model = nn.Module()
     >>> model.tok_embeddings = nn.Embedding(10, 4)
     >>> model.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+    >>> model.norm = nn.LayerNorm(4)
     >>> model.output = nn.Linear(4, 10)
-    >>> training_from_module(model, optimizer="sgd").units
-    ('tok_embeddings', 'layers.*')
+    >>> for unit in training_from_module(model, optimizer="sgd").units:
+    ...     print(unit)
+    tok_embeddings
+    layers.*
+    [norm, output] (reshard_after_forward=False)
 
     Args:
         model: the model, on any device (the meta device welcome).
@@ -72,8 +78,8 @@ def training_from_module(model: nn.Module, **training: Any) -> Training:
     return Training(**training)
 
 
-def _units(model: nn.Module, params: list[tuple[str, nn.Parameter]]) -> tuple[str, ...]:
-    """The embedding (unless tied) and the blocks, as unit patterns, in forward order."""
+def _units(model: nn.Module, params: list[tuple[str, nn.Parameter]]) -> tuple[str | FSDPUnit, ...]:
+    """The embedding, the blocks, and the norm with the head, in forward order."""
     modules = [(fqn, m) for fqn, m in named_modules(model) if fqn]
     holding = {fqn.rpartition(".")[0] for fqn, _ in params}  # modules with own parameters
     classes = _no_split_classes(model)
@@ -82,16 +88,29 @@ def _units(model: nn.Module, params: list[tuple[str, nn.Parameter]]) -> tuple[st
         blocks = compact(chosen, [f for f, _ in modules])
     else:
         blocks = repeated_blocks(f for f, _ in modules)
+    names = {id(m): fqn for fqn, m in reversed(modules)}  # a shared module: its first name
+
+    def outside(found: nn.Module | None) -> str | None:
+        """The FQN of ``found`` when it holds parameters outside every block."""
+        fqn = None if found is None else names.get(id(found))
+        if fqn is None or not _holds(fqn, holding):
+            return None
+        return None if any(_within(fqn, block) for block in blocks) else fqn
+
+    embedding = outside(_module(model, "get_input_embeddings", ("tok_embeddings",)))
+    head = outside(_module(model, "get_output_embeddings", ("lm_head", "output")))
+    parent = "" if embedding is None else embedding.rpartition(".")[0]
+    norm = outside(dict(modules).get(f"{parent}.norm" if parent else "norm"))
     tied = {fqn for pair in tied_pairs_from_module(model) for fqn in pair}
-    embedding = _input_embedding(model, modules)
-    if (
-        embedding is None
-        or not _holds(embedding, holding)
-        or any(f.startswith(f"{embedding}.") for f in tied)
-        or any(_within(embedding, block) for block in blocks)
-    ):
-        return blocks
-    return (embedding, *blocks)
+    kept = [m for m in (norm, head) if m is not None]
+    first: list[str] = []
+    if embedding is not None:
+        if any(f.startswith(f"{embedding}.") for f in tied) and head is not None:
+            kept.insert(0, embedding)  # tied to the head: wrapped with it
+        else:
+            first.append(embedding)
+    last = [FSDPUnit(kept, reshard_after_forward=False)] if kept else []
+    return (*first, *blocks, *last)
 
 
 def _holds(module: str, holding: set[str]) -> bool:
@@ -111,7 +130,7 @@ def _no_split_classes(model: nn.Module) -> frozenset[str]:
         model,
         "_no_split_modules",
         "model._no_split_modules",
-        remedy="give units=[...] yourself",
+        remedy=_REMEDY,
         caller=_CALLER,
     )
     if not isinstance(found, Iterable) or isinstance(found, str | bytes):
@@ -119,33 +138,18 @@ def _no_split_classes(model: nn.Module) -> frozenset[str]:
     return frozenset(name for name in found if isinstance(name, str))
 
 
-def _input_embedding(model: nn.Module, modules: list[tuple[str, nn.Module]]) -> str | None:
-    """The FQN of the model's input embedding: transformers' ``get_input_embeddings()``,
-    torchtitan's ``tok_embeddings``; ``None`` when it has neither."""
+def _module(model: nn.Module, getter: str, attributes: tuple[str, ...]) -> nn.Module | None:
+    """The module transformers' ``model.<getter>()`` gives, or torchtitan's attribute of
+    one of ``attributes``; ``None`` when the model has none."""
     found: object = None
-    get = read_attr(
-        model,
-        "get_input_embeddings",
-        "model.get_input_embeddings",
-        remedy="give units=[...] yourself",
-        caller=_CALLER,
-    )
+    get = read_attr(model, getter, f"model.{getter}", remedy=_REMEDY, caller=_CALLER)
     if callable(get):
-        with reading(
-            "model.get_input_embeddings()", remedy="give units=[...] yourself", caller=_CALLER
-        ):
+        with reading(f"model.{getter}()", remedy=_REMEDY, caller=_CALLER):
             try:
                 found = get()
             except NotImplementedError:  # transformers' answer for a model without one
                 found = None
-    if found is None:
-        found = read_attr(
-            model,
-            "tok_embeddings",
-            "model.tok_embeddings",
-            remedy="give units=[...] yourself",
-            caller=_CALLER,
-        )
-    if not isinstance(found, nn.Module):
-        return None
-    return next((fqn for fqn, m in modules if m is found), None)
+    for name in attributes:
+        if found is None:
+            found = read_attr(model, name, f"model.{name}", remedy=_REMEDY, caller=_CALLER)
+    return found if isinstance(found, nn.Module) else None
