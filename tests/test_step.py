@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
 
 import layout_algebra._step as step_module
 from layout_algebra import (
@@ -28,6 +29,7 @@ from layout_algebra import (
     SourceLayout,
     Training,
     compose_fsdp,
+    compose_table,
     lint,
 )
 from layout_algebra.errors import SerializationError
@@ -44,6 +46,7 @@ from layout_algebra.training import (
     training_from_obj,
     training_to_obj,
 )
+from tests.test_world_scale import _cases, _reference
 
 FSDP = SourceLayout("dense", ["dp_shard"], [Shard(0)])
 WORLD = {"dense": {"dp_shard": 4}}
@@ -503,3 +506,28 @@ def test_the_command_line_prints_the_assumptions(
     code, out, _ = run([*args, "--json"], capsys)
     assumptions = json.loads(out)["assumptions"]
     assert code == 0 and any("one unit" in line for line in assumptions)
+
+
+@given(_cases())
+def test_state_per_signature_equals_the_per_rank_reference(
+    case: tuple[ParamLayoutTable, dict[str, ParamShape], dict[str, dict[str, int]], int],
+) -> None:
+    """Grouped by signature and spread over the ranks once, params and grads are what
+    FSDP2 allocates and SGD's momentum what each rank keeps, tensor by tensor and rank by
+    rank (the reference of ``test_world_scale``)."""
+    table, drawn, sizes, dim = case
+    shapes = {fqn: ParamShape(s.shape, "float32") for fqn, s in drawn.items()}  # one dtype
+    fsdp = {"dense": "dp_shard", "expert": "dp_shard"}
+    report = lint(
+        table,
+        shapes,
+        mesh_sizes=sizes,
+        fsdp=fsdp,
+        shard_dim=dim,
+        training=Training(optimizer="sgd"),
+    )
+    composed = compose_table(table, fsdp=fsdp, mesh_sizes=sizes, shard_dim=dim)
+    kept, _, padded, _ = _reference(composed, shapes, sizes)
+    assert report.memory.by_kind["params"] == tuple(padded)
+    assert report.memory.by_kind["grads"] == tuple(padded)
+    assert report.memory.by_kind["optimizer"] == tuple(kept)
