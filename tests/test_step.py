@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 import layout_algebra._step as step_module
 from layout_algebra import (
@@ -531,3 +532,50 @@ def test_state_per_signature_equals_the_per_rank_reference(
     assert report.memory.by_kind["params"] == tuple(padded)
     assert report.memory.by_kind["grads"] == tuple(padded)
     assert report.memory.by_kind["optimizer"] == tuple(kept)
+
+
+class _EveryState(step_module._Live):
+    """``_Live`` keeping every state it reaches, none left out."""
+
+    def alloc(self, signature: int, kind: int) -> None:
+        key = (signature, kind)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.states.append(dict(self.counts))
+
+
+@st.composite
+def _calls(draw: st.DrawFn) -> list[Any]:
+    """Units over a few positions, nested or apart, of a few signatures."""
+    calls = []
+    for _ in range(draw(st.integers(1, 6))):
+        start = draw(st.integers(0, 8))
+        end = draw(st.integers(start, 8))
+        reshard = draw(st.sampled_from([True, False, 2]))
+        calls.append(
+            step_module._Call(draw(st.integers(0, 2)), start, end, reshard, draw(st.booleans()))
+        )
+    return calls
+
+
+@given(_calls(), st.data())
+def test_the_states_kept_hold_the_peak_of_every_state(
+    calls: list[Any], data: st.DataObject
+) -> None:
+    """Leaving out the states a later one holds entirely, and summing per class of ranks
+    alike, gives the same peak on every rank as summing every state on every rank."""
+    world = 4
+    values = st.lists(st.integers(0, 50), min_size=world, max_size=world)
+    bytes_of = {(s, k): data.draw(values) for s in range(3) for k in range(3)}
+    gathers, kept = step_module._timeline(calls)
+    real = step_module._Live
+    step_module._Live = _EveryState  # type: ignore[misc]
+    try:
+        again, every = step_module._timeline(calls)
+    finally:
+        step_module._Live = real  # type: ignore[misc]
+    assert gathers == again
+    brute = [
+        max((sum(bytes_of[k][r] * n for k, n in state.items()) for state in every), default=0)
+        for r in range(world)
+    ]
+    assert step_module._peak(kept, bytes_of, world) == brute
