@@ -4,12 +4,14 @@ blocks of the shapes' FQNs, never the root alone in silence, and the report says
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
 from layout_algebra import Mesh, ParamLayoutTable, ParamShape, Shard, SourceLayout, Training, lint
 from layout_algebra.cli import main
+from layout_algebra.cli._parser import LINT_EXAMPLE
 from layout_algebra.serialization import shapes_to_json, to_json
 
 LAYERS = 4
@@ -77,3 +79,39 @@ def test_without_repeated_blocks_the_root_alone_is_said(
     code, out = run([*argv, "--mesh", "dp_shard=4,tp=2", "--optimizer", "sgd"], capsys)
     assert code == 0
     assert "no repeated numbered blocks in the shapes' FQNs, so the root alone" in out
+
+
+def test_the_help_example_works_on_a_transformers_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``lint --help``'s example, as written, on a ``save_pretrained`` folder and the
+    model's own table: the right figures on the first try, every default said."""
+    from layout_algebra.torch_bridge import table_from_hf  # noqa: PLC0415
+    from tests.test_easy_path import save_folder  # noqa: PLC0415
+
+    model = save_folder(tmp_path / "model", sharded=False, num_hidden_layers=4)
+    table = table_from_hf(model, mesh_axes=["dp_shard", "tp"])
+    (tmp_path / "table.json").write_text(to_json(table))
+    argv = shlex.split(LINT_EXAMPLE)[1:]
+    argv = [
+        {"table.json": str(tmp_path / "table.json"), "MODEL_DIR": str(tmp_path / "model")}.get(a, a)
+        for a in argv
+    ]
+    code, out = run(argv, capsys)
+    assert code == 0, out
+    assert "FSDP over dense dp_shard" in out
+    assert "(model.layers.*)" in out  # the units inferred, and said
+    assert "the root: FSDP2's own rule" in out
+    # the figures are the library's for that table, FSDP and units
+    from layout_algebra.torch_bridge import shapes_from_module  # noqa: PLC0415
+
+    report = lint(
+        table,
+        shapes_from_module(model),
+        mesh_sizes=Mesh({"dp_shard": 4, "tp": 2}),
+        fsdp={"dense": "dp_shard"},
+        training=Training(units=["model.layers.*"]),
+        budget=80 * 2**30,
+    )
+    rows = str(report).split("training memory")[1].split("assumptions:")[0]
+    assert rows in out

@@ -43,6 +43,12 @@ _RESHARD_DESCRIPTION: Final = (
 )
 
 _LINT_HELP: Final = "check a table or plan against the model's shapes; each rank's bytes"
+LINT_EXAMPLE: Final = (
+    "layout-algebra lint table.json --shapes MODEL_DIR --mesh dp_shard=4,tp=2 "
+    "--optimizer adamw --budget 80GiB"
+)
+"""The example of ``lint --help`` (the table from ``torch_bridge.table_from_hf``)."""
+
 _LINT_DESCRIPTION: Final = (
     "Lint TABLE_OR_PLAN.json against the parameters' shapes on the world of --mesh "
     "(and --expert-mesh, over the same ranks; rank = row-major index over a mesh's "
@@ -50,10 +56,13 @@ _LINT_DESCRIPTION: Final = (
     "FSDP2's uneven shards on a dim > 0 (which torch refuses), layouts whose DTensor "
     "metadata differs from the rows FSDP2 keeps (checkpoints break), the padding "
     "uneven shards cost, and the parameter bytes of every rank. With --fsdp the "
-    "layouts are composed with FSDP2 first; without it a table is read as composed. "
-    "A plan's parameters that no module names stay plain tensors until FSDP; its "
-    "patterns (layers.*.attn) are matched against the FQNs of --shapes. "
-    "Exit 1 when there are problems."
+    "layouts are composed with FSDP2 first; without it, a table whose layouts name no "
+    "FSDP axis (as table_from_hf writes them) is composed over the mesh's one FSDP axis "
+    "of size > 1, and one that names it is read as composed. A plan's parameters that "
+    "no module names stay plain tensors until FSDP; its patterns (layers.*.attn) are "
+    "matched against the FQNs of --shapes. Any training flag adds each rank's training "
+    "state and traffic, and the report lists what it assumed. For a transformers model "
+    f"saved with save_pretrained: {LINT_EXAMPLE}. Exit 1 when there are problems."
 )
 
 
