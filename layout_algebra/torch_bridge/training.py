@@ -88,11 +88,11 @@ def _units(model: nn.Module, params: list[tuple[str, nn.Parameter]]) -> tuple[st
         blocks = compact(chosen, [f for f, _ in modules])
     else:
         blocks = repeated_blocks(f for f, _ in modules)
-    names = {id(m): fqn for fqn, m in reversed(modules)}  # a shared module: its first name
 
     def outside(found: nn.Module | None) -> str | None:
-        """The FQN of ``found`` when it holds parameters outside every block."""
-        fqn = None if found is None else names.get(id(found))
+        """The FQN of ``found`` (a shared module: its first) when it holds parameters
+        outside every block; found by identity, three times a call."""
+        fqn = next((f for f, m in modules if m is found), None)
         if fqn is None or not _holds(fqn, holding):
             return None
         return None if any(_within(fqn, block) for block in blocks) else fqn
