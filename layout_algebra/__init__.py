@@ -46,6 +46,7 @@ from layout_algebra.placements import (
 )
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
+from layout_algebra.stages import Stages
 from layout_algebra.structure import Packed, Part
 from layout_algebra.training import FSDPUnit, Optimizer, Training
 
@@ -81,6 +82,7 @@ __all__ = [
     "Shard",
     "ShardingPlan",
     "SourceLayout",
+    "Stages",
     "StridedShard",
     "TableDiff",
     "TiedLayoutConflict",

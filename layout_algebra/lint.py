@@ -38,6 +38,7 @@ import attrs
 from layout_algebra._args import as_instances, as_items, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call, read_once
 from layout_algebra._grouping import group_index, values_by_fqn
+from layout_algebra._pipeline import Placed, pipeline_problem, place, staged_cost
 from layout_algebra._ranks import (
     Chain,
     DimRead,
@@ -81,6 +82,7 @@ from layout_algebra.layout import ParamLayoutTable, SourceLayout, check_fqn, che
 from layout_algebra.mesh import Mesh, as_role_sizes, world_size
 from layout_algebra.placements import format_placement
 from layout_algebra.shapes import ParamShape, fused_experts, per_expert_message
+from layout_algebra.stages import Stages
 from layout_algebra.training import (
     Training,
     as_assumptions,
@@ -286,6 +288,21 @@ def _as_by_kind(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int,
     return rows_by_name(value, "RankMemory(by_kind)", "kind of memory")
 
 
+def _as_by_stage(value: Mapping[int, Iterable[int]]) -> FrozenMap[int, tuple[int, ...]]:
+    arg = "RankMemory(by_stage)"
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"{arg} must map each stage (an int) to bytes per rank, got {quote(raw)}"
+        raise LayoutError(msg)
+    out: dict[int, tuple[int, ...]] = {}
+    for key, row in raw.items():
+        if type(key) is not int or key < 0:
+            msg = f"{arg}: a stage is an int >= 0, got {quote(key)}"
+            raise LayoutError(msg)
+        out[key] = as_counts(row, f"{arg}[{key}]")
+    return FrozenMap(out)
+
+
 def _as_traffic(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
     return rows_by_name(value, "LintReport(traffic)", "collective")
 
@@ -311,6 +328,11 @@ class RankMemory:
     )
     """With ``lint(training=...)``: bytes per rank of each kind of training memory
     (``training.KINDS``); empty without."""
+    by_stage: FrozenMap[int, tuple[int, ...]] = attrs.field(
+        default=FrozenMap({}), converter=_as_by_stage, kw_only=True
+    )
+    """With ``lint(stages=...)``: by stage, the parameter bytes it puts on each global rank
+    (0 on the ranks not running it); the rows sum to ``bytes_per_rank``. Empty without."""
 
     def __attrs_pre_init__(
         self,
@@ -318,18 +340,24 @@ class RankMemory:
         by_role: Mapping[str, Iterable[int]],
         padded_bytes_per_rank: Iterable[int],
         by_kind: Mapping[str, Iterable[int]] = FrozenMap({}),
+        *,
+        by_stage: Mapping[int, Iterable[int]] = FrozenMap({}),
     ) -> None:
-        args = (bytes_per_rank, by_role, padded_bytes_per_rank, by_kind)
+        args = (bytes_per_rank, by_role, padded_bytes_per_rank, by_kind, by_stage)
         check_init(self, "bytes_per_rank", args)
 
-    @by_kind.validator
+    @by_stage.validator
     def _check_ranks(self, _: attrs.Attribute[object], __: object) -> None:
         n = len(self.bytes_per_rank)
-        rows = {"padded_bytes_per_rank": self.padded_bytes_per_rank} | {
-            f"{name}[{quote(key)}]": row
-            for name, by in (("by_role", self.by_role), ("by_kind", self.by_kind))
-            for key, row in by.items()
-        }
+        rows = (
+            {"padded_bytes_per_rank": self.padded_bytes_per_rank}
+            | {
+                f"{name}[{quote(key)}]": row
+                for name, by in (("by_role", self.by_role), ("by_kind", self.by_kind))
+                for key, row in by.items()
+            }
+            | {f"by_stage[{key}]": row for key, row in self.by_stage.items()}
+        )
         for name, row in rows.items():
             if len(row) != n:
                 msg = (
@@ -546,6 +574,12 @@ class LintReport:
         padded = sum(memory.padded_bytes_per_rank) - memory.total
         if padded:
             lines.append(f"FSDP padding: {exact_bytes(padded)} over all ranks")
+        if memory.by_stage:
+            lines.append("parameter bytes by pipeline stage (the most on one rank running it):")
+            lines.extend(
+                f"  stage {s}: {human_bytes(max(row, default=0))}"
+                for s, row in list(memory.by_stage.items())[:_MAX_RANK_ROWS]
+            )
         return lines
 
     def to_dict(self) -> dict[str, object]:
@@ -579,6 +613,7 @@ class LintReport:
                 "padded_bytes_per_rank": list(memory.padded_bytes_per_rank),
                 "by_role": {role: list(v) for role, v in memory.by_role.items()},
                 "by_kind": {kind: list(v) for kind, v in memory.by_kind.items()},
+                "by_stage": {str(stage): list(v) for stage, v in memory.by_stage.items()},
                 "largest": list(memory.largest),
                 "smallest": list(memory.smallest),
                 "total": memory.total,
@@ -907,6 +942,7 @@ def lint(
     owned: Iterable[AxisLike] = FSDP_OWNED_AXES,
     training: Training | None = None,
     budget: int | None = None,
+    stages: Stages | None = None,
 ) -> LintReport:
     """Every problem of ``table`` on this model and world, the notes, each rank's bytes.
 
@@ -944,6 +980,12 @@ def lint(
             (``training_cost`` of the parameters followed).
         budget: bytes per rank (with the default ``Training()`` when ``training`` is not
             given): a rank above it is a problem of kind ``"budget"``.
+        stages: the pipeline stages (``Stages``): a rank holds, trains and gathers only
+            the parameters of the stages its coordinate on ``stages.axis`` runs, and
+            ``report.memory.by_stage`` gives each stage's bytes per rank. A parameter in
+            no stage or in several, and a stage pattern naming nothing, are problems of
+            kind ``"stages"``; so is a mesh axis ``"pp"`` of several ranks without stages
+            (every rank would be counted holding the whole model).
 
     Returns:
         The report; ``report.raise_for_problems()`` raises its problems as one
@@ -984,9 +1026,19 @@ def lint(
     run.count()
     run.examine()
     problems, notes = run.report()
-    memory = run.memory()
+    placed = None
+    if stages is not None:
+        placed = place(stages, table, meshes, run.owned)
+        problems.extend(_stage_problems(placed))
+    else:
+        unstaged = pipeline_problem(meshes)
+        if unstaged is not None:
+            problems.append(LintProblem(unstaged, kind="stages", fqn=_MODEL, axis="pp"))
+    memory = run.memory(placed)
     if training is None and budget is None:
         return LintReport(tuple(problems), tuple(notes), memory, run.coverage())
+    if placed is not None:
+        return _staged_report(run, placed, problems, notes, memory, training, budget)
     cost = training_cost(
         run.followed(),
         run.shapes_followed(),
@@ -1008,6 +1060,81 @@ def lint(
         tuple(problems),
         tuple(notes),
         memory,
+        run.coverage(),
+        traffic=cost.traffic,
+        assumptions=cost.assumptions,
+    )
+
+
+_MODEL: Final = "<model>"
+"""The FQN of a problem about the whole model (its pipeline stages)."""
+
+
+def _stage_problems(placed: Placed) -> list[LintProblem]:
+    """A parameter in no stage or in several, and a stage pattern naming nothing."""
+    found = placed.assignment
+    axis = placed.stages.axis
+    problems = [
+        LintProblem(
+            f"{fqn}: no stage holds it (no pattern of stages names it or a module holding "
+            "it), so no rank would; add its module to a stage",
+            kind="stages",
+            fqn=fqn,
+            axis=axis,
+        )
+        for fqn in found.unplaced
+    ]
+    problems.extend(
+        LintProblem(
+            f"{fqn}: stages {' and '.join(map(str, held))} both hold it; a module belongs "
+            "to one stage: name it in one",
+            kind="stages",
+            fqn=fqn,
+            axis=axis,
+        )
+        for fqn, held in found.doubled
+    )
+    problems.extend(
+        LintProblem(
+            f"stage {stage}: {quote(pattern)} names no parameter or module of the table; "
+            "check the pattern against the model's module FQNs",
+            kind="stages",
+            fqn=pattern,
+            axis=axis,
+        )
+        for stage, pattern in found.unused
+    )
+    return problems
+
+
+def _staged_report(  # noqa: PLR0917 -- one private caller, the lint's state in order
+    run: _Run,
+    placed: Placed,
+    problems: list[LintProblem],
+    notes: list[LintNote],
+    memory: RankMemory,
+    training: Training | None,
+    budget: int | None,
+) -> LintReport:
+    """The report with each stage's training cost on the ranks running it."""
+    cost = staged_cost(
+        placed,
+        run.followed(),
+        run.shapes_followed(),
+        run.meshes,
+        Training() if training is None else training,
+        stage_by_fqn=dict(zip(run.table, placed.assignment.of, strict=True)),
+        tied=run.table.tied,
+        owned=run.owned,
+        budget=budget,
+    )
+    if cost.over_budget is not None:
+        message, ranks = cost.over_budget
+        problems.append(LintProblem(message, kind="budget", fqn=_MODEL, ranks=ranks))
+    return LintReport(
+        tuple(problems),
+        tuple(notes),
+        attrs.evolve(memory, by_kind=cost.by_kind),
         run.coverage(),
         traffic=cost.traffic,
         assumptions=cost.assumptions,
@@ -1194,15 +1321,24 @@ class _Run:
             )
         return LintNote(fqns[0], message, padding * len(fqns), fqns)
 
-    def memory(self) -> RankMemory:
+    def memory(self, placed: Placed | None = None) -> RankMemory:
         """The bytes of every storage on every rank, by role: each signature's rows by dim,
-        times its count, summed where they live and spread over the ranks once."""
+        times its count, summed where they live and spread over the ranks once. With
+        stages, each stage's storages on the ranks running it (``_stage_memory``)."""
+        if placed is not None:
+            return self._stage_memory(placed)
         kept, padded = RankSum(self.meshes), RankSum(self.meshes)
         for key, count in self.counts.items():
             found = self.found[key]
             if count and found.itemsize:
                 kept.add(found.role, found.kept, count * found.itemsize)
                 padded.add(found.role, found.padded, count * found.itemsize)
+        return self._rows(kept, padded)
+
+    def _rows(
+        self, kept: RankSum, padded: RankSum, by_stage: Mapping[int, Sequence[int]] = FrozenMap({})
+    ) -> RankMemory:
+        """The memory value of the sums kept and allocated."""
         world = next(iter(self.meshes.values())).size
         by_role = {role: kept.per_rank(role) for role in self.meshes}
         for found in self.found.values():  # a role no mesh has holds nothing
@@ -1214,8 +1350,56 @@ class _Run:
         for role in self.meshes:
             allocated = [a + b for a, b in zip(allocated, padded.per_rank(role), strict=True)]
         return RankMemory(
-            tuple(total), FrozenMap({r: tuple(v) for r, v in by_role.items()}), tuple(allocated)
+            tuple(total),
+            FrozenMap({r: tuple(v) for r, v in by_role.items()}),
+            tuple(allocated),
+            by_stage=by_stage,
         )
+
+    def _stage_memory(self, placed: Placed) -> RankMemory:
+        """``memory`` with stages: the storages of each (signature, stage), each stage's on
+        the ranks of its pipeline coordinate (a 0/1 factor on the pipeline axis). Tied
+        parameters in two stages are two storages: each stage's module keeps its own."""
+        aliases = self._stage_aliases(placed.assignment.of)
+        counts: Counter[tuple[int, int]] = Counter()
+        for fqn, i, s in zip(self.table, self.index, placed.assignment.of, strict=True):
+            if i is not None and s is not None and fqn not in aliases:
+                counts[i, s] += 1
+        kept, padded = RankSum(self.meshes), RankSum(self.meshes)
+        staged = {s: RankSum(self.meshes) for s in range(placed.count)}
+        for (i, s), count in counts.items():
+            found = self.found[self.signatures[i]]
+            if not found.itemsize:
+                continue
+            mask = placed.mask(s)
+            scale = count * found.itemsize
+            kept.add(found.role, (*found.kept, mask), scale)
+            padded.add(found.role, (*found.padded, mask), scale)
+            staged[s].add(found.role, (*found.kept, mask), scale)
+        world = len(placed.pp_index)
+        by_stage: dict[int, list[int]] = {}
+        for s, sums in staged.items():
+            row = [0] * world
+            for role in self.meshes:
+                row = [a + b for a, b in zip(row, sums.per_rank(role), strict=True)]
+            by_stage[s] = row
+        return self._rows(kept, padded, by_stage)
+
+    def _stage_aliases(self, stage_of: Sequence[int | None]) -> set[str]:
+        """The tied FQNs that are no storage of their own: all but the first of each
+        group's members in one stage."""
+        if not self.table.tied:
+            return set()
+        stage = dict(zip(self.table, stage_of, strict=True))
+        position = {fqn: n for n, fqn in enumerate(self.table)}
+        aliases: set[str] = set()
+        for group in self.table.tied:
+            first: set[int | None] = set()
+            for fqn in sorted((m for m in group if m in position), key=position.__getitem__):
+                if stage[fqn] in first:
+                    aliases.add(fqn)
+                first.add(stage[fqn])
+        return aliases
 
     def followed(self) -> dict[str, SourceLayout]:
         """The composed layout of every parameter followed on every rank, in table order."""

@@ -90,6 +90,7 @@ from layout_algebra.placements import (
 )
 from layout_algebra.plan import ModulePlan, ShardingPlan
 from layout_algebra.shapes import ParamShape
+from layout_algebra.stages import Stages, stages_from_obj, stages_to_obj
 from layout_algebra.structure import Packed, Part, packed_to_obj, part_to_obj
 from layout_algebra.training import (
     FSDPUnit,
@@ -252,7 +253,8 @@ def configure_converter(converter: _C) -> _C:
     After it, ``converter.unstructure(table)`` gives the JSON-ready document and
     ``converter.structure(obj, ParamLayoutTable)`` reads one back strictly (the same for
     ``ShardingPlan``, ``ModulePlan``, ``SourceLayout``, ``ParamShape``, ``Mesh``,
-    ``Training`` (with its ``FSDPUnit`` and ``Optimizer`` values), ``Part``, ``Packed``,
+    ``Training`` (with its ``FSDPUnit`` and ``Optimizer`` values), ``Stages``, ``Part``,
+    ``Packed``,
     ``AxisName``, ``Placement`` and every placement
     kind), also where they sit inside the user's own attrs classes
     (``dict[str, ParamShape]`` is a ``shapes.json``'s ``params``). A ``Part`` is
@@ -291,6 +293,8 @@ def configure_converter(converter: _C) -> _C:
     converter.register_unstructure_hook(FSDPUnit, fsdp_unit_to_obj)
     converter.register_structure_hook(FSDPUnit, lambda v, _: fsdp_unit_from_obj(v))
     converter.register_unstructure_hook(Optimizer, optimizer_to_obj)
+    converter.register_unstructure_hook(Stages, stages_to_obj)
+    converter.register_structure_hook(Stages, lambda v, _: stages_from_obj(v))
     converter.register_structure_hook(Optimizer, lambda v, _: optimizer_from_obj(v))
     return converter
 

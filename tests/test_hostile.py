@@ -56,6 +56,7 @@ from layout_algebra import (
     merge_tied,
     parse_placement,
     resolve,
+    stages,
     strip,
     structure,
     training,
@@ -79,6 +80,7 @@ PURE_MODULES = (
     "checkpoint",
     "jax_bridge",
     "draw",
+    "stages",
 )
 """The pure modules whose public names the property covers, besides the top level.
 
@@ -106,6 +108,7 @@ SHAPES = {f: layout_algebra.ParamShape(SHAPE, "float32") for f in TABLE}
 COMPOSED = SourceLayout("dense", ["dp_shard", "tp"], [StridedShard(0, split_factor=2), Shard(0)])
 PACKED = layout_algebra.Packed([layout_algebra.Part("q", 4, 2), layout_algebra.Part("k", 2, 2)])
 TRAINING = layout_algebra.Training(param_dtype="bfloat16", units=["norm"])
+STAGES = layout_algebra.Stages("pp", [["emb"], ["head"]])
 
 
 @functools.cache
@@ -299,6 +302,14 @@ def _shapes() -> dict[str, Case]:
             },
         ),
         "FSDPUnit": Case(layout_algebra.FSDPUnit, ("norm",), {"reshard_after_forward": 2}),
+        "Stages": Case(
+            layout_algebra.Stages,
+            ("pp", [["emb", "layers.0"], ["head"]]),
+            {"schedule": "gpipe", "microbatches": 4},
+        ),
+        "stages.assign_stages": Case(stages.assign_stages, (STAGES, ["emb.weight", "head.w"])),
+        "stages.stages_to_obj": Case(stages.stages_to_obj, (STAGES,)),
+        "stages.stages_from_obj": Case(stages.stages_from_obj, (stages.stages_to_obj(STAGES),)),
         "Optimizer": Case(
             layout_algebra.Optimizer, (), {"states": 2, "scalars": 1, "eager": False}
         ),

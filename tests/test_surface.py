@@ -32,6 +32,7 @@ TOP_LEVEL = frozenset(
         "Training",
         "FSDPUnit",
         "Optimizer",
+        "Stages",
         "ShardingPlan",
         "ModulePlan",
         "TableDiff",

@@ -1,0 +1,261 @@
+"""Pipeline stages on the world: which ranks hold each stage, and the step's cost per stage.
+
+A rank holds only the parameters of its stages (those whose index is its coordinate on the
+pipeline axis, modulo that axis's size). The cost of a stage is the one step model
+(``training_cost``) run on the stage's parameters alone, as torchtitan runs it (each
+stage's module is its own FSDP root), and placed on the ranks of its pipeline coordinate:
+a factor that is 1 on that coordinate and 0 elsewhere, so every per-rank figure stays a
+sum of a few rows spread over the world once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
+
+import attrs
+
+from layout_algebra._patterns import Matcher, Rule
+from layout_algebra._ranks import Factor, index_vector
+from layout_algebra._text import exact_bytes, human_bytes, ranks_text
+from layout_algebra.errors import LayoutError
+from layout_algebra.layout import SourceLayout
+from layout_algebra.mesh import Mesh
+from layout_algebra.shapes import ParamShape
+from layout_algebra.stages import StageAssignment, Stages, assign_stages
+from layout_algebra.training import KINDS, TRAFFIC, FSDPUnit, Training, training_cost
+
+__all__ = ["PIPELINE_AXIS", "Placed", "pipeline_problem", "place", "staged_cost"]
+
+PIPELINE_AXIS: Final = "pp"
+"""The mesh axis torchtitan (and this package's CLI) runs pipeline parallelism over."""
+
+
+def pipeline_problem(meshes: Mapping[str, Mesh]) -> str | None:
+    """The message when a mesh has a pipeline axis of several ranks and no stages say
+    what each holds (every rank would be counted holding the whole model), else ``None``."""
+    for role, mesh in meshes.items():
+        if PIPELINE_AXIS in mesh.names and mesh[PIPELINE_AXIS] > 1:
+            n = mesh[PIPELINE_AXIS]
+            return (
+                f"mesh {role!r} has a pipeline axis {PIPELINE_AXIS!r} of {n} ranks but no "
+                "stages say what each rank holds, so every rank is counted holding the "
+                f"whole model; give stages=Stages({PIPELINE_AXIS!r}, [[...], ...]) (or "
+                f"Stages.balanced({PIPELINE_AXIS!r}, layers=..., pp={n})), or leave "
+                f"{PIPELINE_AXIS!r} out of the mesh"
+            )
+    return None
+
+
+@attrs.frozen
+class Placed:
+    """The stages on the world: each parameter's stage (by table position), the pipeline
+    axis's size and every global rank's coordinate on it."""
+
+    stages: Stages
+    assignment: StageAssignment
+    pp: int
+    pp_index: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.stages.stages)
+
+    def rank_of(self, stage: int) -> int:
+        return self.stages.rank_of(stage, self.pp)
+
+    def mask(self, stage: int) -> Factor:
+        """1 on the ranks whose pipeline coordinate runs ``stage``, 0 elsewhere."""
+        at = self.rank_of(stage)
+        return ((self.stages.axis,), [int(k == at) for k in range(self.pp)])
+
+    def on_stage(self, row: Sequence[int], stage: int) -> list[int]:
+        """``row`` kept on the ranks running ``stage``, 0 elsewhere."""
+        at = self.rank_of(stage)
+        return [b if p == at else 0 for b, p in zip(row, self.pp_index, strict=True)]
+
+
+def place(
+    stages: Stages, fqns: Iterable[str], meshes: Mapping[str, Mesh], owned: frozenset[str]
+) -> Placed:
+    """``stages`` checked against the meshes, and each of ``fqns`` given its stage.
+
+    Raises:
+        LayoutError: naming ``stages``: its axis is not owned, a role's mesh lacks it,
+            the roles' meshes give a rank different pipeline coordinates, or the number of
+            stages does not fit the axis and schedule.
+    """
+    raw: object = stages
+    if not isinstance(raw, Stages):
+        msg = f"stages must be a Stages such as Stages('pp', [['layers.0']]), got {raw!r:.200}"
+        raise LayoutError(msg)
+    axis = stages.axis
+    if axis not in owned:
+        msg = (
+            f"stages: axis {axis!r} is not an owned axis, so layouts may shard over it; "
+            "pipelining owns its axis: add it to owned="
+        )
+        raise LayoutError(msg, axis=axis)
+    index: list[int] | None = None
+    pp = 1
+    for role, mesh in meshes.items():
+        if axis not in mesh.names:
+            msg = (
+                f"stages: mesh {role!r} ({mesh}) has no axis {axis!r}; every role's mesh "
+                "holds the pipeline axis, or give Stages the axis the meshes name"
+            )
+            raise LayoutError(msg, axis=axis)
+        mine = index_vector(mesh, (axis,))
+        if index is None:
+            index, pp = mine, mesh[axis]
+        elif mine != index:
+            msg = (
+                f"stages: the meshes give some rank different coordinates on {axis!r} "
+                f"(mesh {role!r}: {mesh}); lay the pipeline axis alike in every role's mesh "
+                "(first, as torchtitan does)"
+            )
+            raise LayoutError(msg, axis=axis)
+    assert index is not None  # lint refuses meshes with no role
+    stages.check_size(pp)
+    return Placed(stages, assign_stages(stages, fqns), pp, tuple(index))
+
+
+def _per_stage(training: Training, stage_fqns: Sequence[Sequence[str]]) -> list[Training]:
+    """``training`` for each stage: its units and frozen patterns that name something in
+    the stage. A pattern naming nothing in any stage stays in the first stage's, whose
+    cost refuses it as the whole model's would."""
+    patterns = [
+        *(p for u in training.units for p in (u.modules if isinstance(u, FSDPUnit) else (u,))),
+        *training.frozen,
+    ]
+    used: list[set[str]] = []
+    for fqns in stage_fqns:
+        matcher = Matcher(Rule(p, p) for p in patterns)
+        for fqn in fqns:
+            matcher.prefixes(fqn)
+        unused = {r.key for r in matcher.unused()}
+        used.append({p for p in patterns if p not in unused})
+    nowhere = set(patterns).difference(*used)
+    out = []
+    for s, named in enumerate(used):
+        keep = named | nowhere if s == 0 else named
+        units: list[str | FSDPUnit] = []
+        for u in training.units:
+            if isinstance(u, str):
+                if u in keep:
+                    units.append(u)
+                continue
+            modules = [m for m in u.modules if m in keep]
+            if modules:
+                units.append(attrs.evolve(u, modules=modules))
+        frozen = [p for p in training.frozen if p in keep]
+        out.append(attrs.evolve(training, units=units, frozen=frozen))
+    return out
+
+
+@attrs.frozen
+class StagedCost:
+    """The step's cost with stages: rows per rank by kind and collective, the
+    assumptions, and the budget's excess as ``(message, ranks)``."""
+
+    by_kind: dict[str, list[int]]
+    traffic: dict[str, list[int]]
+    assumptions: list[str]
+    over_budget: tuple[str, tuple[int, ...]] | None
+
+
+def staged_cost(
+    placed: Placed,
+    layouts: Mapping[str, SourceLayout],
+    shapes: Mapping[str, ParamShape],
+    meshes: Mapping[str, Mesh],
+    training: Training,
+    *,
+    stage_by_fqn: Mapping[str, int | None],
+    tied: Iterable[frozenset[str]],
+    owned: frozenset[str],
+    budget: int | None,
+) -> StagedCost:
+    """Each stage's step (``training_cost`` of its parameters), on the ranks running it.
+
+    Raises:
+        LayoutError: what ``training_cost`` raises for a stage.
+    """
+    world = len(placed.pp_index)
+    n = placed.count
+    fqns: list[list[str]] = [[] for _ in range(n)]
+    for fqn in layouts:
+        s = stage_by_fqn.get(fqn)
+        if s is not None:
+            fqns[s].append(fqn)
+    trainings = _per_stage(training, fqns)
+    groups = list(tied)
+    by_kind = {k: [0] * world for k in KINDS}
+    traffic = {t: [0] * world for t in TRAFFIC}
+    said: list[list[str]] = []
+    for s in range(n):
+        mine = set(fqns[s])
+        cost = training_cost(
+            {f: layouts[f] for f in fqns[s]},
+            {f: shapes[f] for f in fqns[s] if f in shapes},
+            meshes,
+            trainings[s],
+            tied=[g & mine for g in groups if len(g & mine) > 1],
+            owned=owned,
+        )
+        for rows, got in ((by_kind, cost.by_kind), (traffic, cost.traffic)):
+            for name, row in got.items():
+                rows[name] = [
+                    a + b for a, b in zip(rows[name], placed.on_stage(row, s), strict=True)
+                ]
+        said.append(list(cost.assumptions))
+    excess = None if budget is None else _over_budget(placed, by_kind, budget)
+    return StagedCost(by_kind, traffic, _assumptions(placed, said), excess)
+
+
+def _assumptions(placed: Placed, said: Sequence[Sequence[str]]) -> list[str]:
+    """The stages' assumptions: what every stage says once, the rest by stage."""
+    everywhere = set(said[0]).intersection(*said[1:])
+    out = [
+        f"stages: {placed.count} on {placed.stages.axis!r} of {placed.pp} ranks "
+        f"({placed.stages.schedule}), stage i on rank i % {placed.pp} of it; a rank holds, "
+        "trains and gathers only its stages' parameters, each stage its own FSDP root (as "
+        "torchtitan applies fully_shard to each model part)"
+    ]
+    if placed.count > placed.pp:
+        out.append(
+            "stages: the FSDP buffers of a rank's stages are counted as held at once (the "
+            "sum of their peaks), an upper bound when the schedule runs them apart"
+        )
+    out.append(
+        "stages: traffic is one pass over each stage's parameters; FSDP2's gathers again "
+        "per microbatch, the activations in flight and the pipeline's send/recv are not "
+        "counted"
+    )
+    out.extend(line for line in said[0] if line in everywhere)
+    for s, lines in enumerate(said):
+        out.extend(f"stage {s}: {line}" for line in lines if line not in everywhere)
+    return out
+
+
+def _over_budget(
+    placed: Placed, by_kind: Mapping[str, Sequence[int]], limit: int
+) -> tuple[str, tuple[int, ...]] | None:
+    total = [sum(kinds) for kinds in zip(*by_kind.values(), strict=True)]
+    ranks = tuple(r for r, b in enumerate(total) if b > limit)
+    if not ranks:
+        return None
+    worst = max(ranks, key=total.__getitem__)
+    kinds = sorted(((row[worst], k) for k, row in by_kind.items()), reverse=True)
+    shown = ", ".join(f"{k} {human_bytes(b)}" for b, k in kinds if b)
+    at = placed.pp_index[worst]
+    held = [s for s in range(placed.count) if placed.rank_of(s) == at]
+    rest = [r for r in ranks if r != worst]
+    others = f" (and {ranks_text(rest)})" if rest else ""
+    msg = (
+        f"rank {worst}{others} needs {exact_bytes(total[worst])}, above the budget of "
+        f"{exact_bytes(limit)}: {shown}; it runs stage{'s' if len(held) > 1 else ''} "
+        f"{', '.join(map(str, held))}; shard more (a larger FSDP or TP axis), split the model "
+        "into more stages, or lighten the optimizer or the units"
+    )
+    return msg, ranks
