@@ -7,6 +7,7 @@ make of it, and (in ``layout_algebra.torch_bridge``) maps it onto a live model.
 
 __version__ = "0.1.0"
 
+from layout_algebra.activations import Activations
 from layout_algebra.algebra import (
     TableDiff,
     build_table,
@@ -52,6 +53,7 @@ from layout_algebra.training import FSDPUnit, Optimizer, Training
 
 __all__ = [
     "FSDP_OWNED_AXES",
+    "Activations",
     "AxisName",
     "BindError",
     "Chunk",

@@ -76,6 +76,7 @@ from layout_algebra._json_write import (
     table_text,
 )
 from layout_algebra._text import clip, quote
+from layout_algebra.activations import Activations, activations_from_obj, activations_to_obj
 from layout_algebra.axes import AxisName
 from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
@@ -254,7 +255,7 @@ def configure_converter(converter: _C) -> _C:
     ``converter.structure(obj, ParamLayoutTable)`` reads one back strictly (the same for
     ``ShardingPlan``, ``ModulePlan``, ``SourceLayout``, ``ParamShape``, ``Mesh``,
     ``Training`` (with its ``FSDPUnit`` and ``Optimizer`` values), ``Stages``, ``Part``,
-    ``Packed``,
+    ``Packed``, ``Activations``,
     ``AxisName``, ``Placement`` and every placement
     kind), also where they sit inside the user's own attrs classes
     (``dict[str, ParamShape]`` is a ``shapes.json``'s ``params``). A ``Part`` is
@@ -296,6 +297,8 @@ def configure_converter(converter: _C) -> _C:
     converter.register_unstructure_hook(Stages, stages_to_obj)
     converter.register_structure_hook(Stages, lambda v, _: stages_from_obj(v))
     converter.register_structure_hook(Optimizer, lambda v, _: optimizer_from_obj(v))
+    converter.register_unstructure_hook(Activations, activations_to_obj)
+    converter.register_structure_hook(Activations, lambda v, _: activations_from_obj(v))
     return converter
 
 

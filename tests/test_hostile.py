@@ -302,6 +302,17 @@ def _shapes() -> dict[str, Case]:
             },
         ),
         "FSDPUnit": Case(layout_algebra.FSDPUnit, ("norm",), {"reshard_after_forward": 2}),
+        "Activations": Case(
+            layout_algebra.Activations,
+            (),
+            {
+                "units": {"": {"fixed": 8}, "layers.0": {"heads": 64}},
+                "batch": 2,
+                "seq_len": 4,
+                "checkpointing": "full",
+                "recompute": {"layers.0": 32},
+            },
+        ),
         "Stages": Case(
             layout_algebra.Stages,
             ("pp", [["emb", "layers.0"], ["head"]]),

@@ -246,6 +246,10 @@ SAMPLES: Final[dict[type, tuple[Call, Call]]] = {
     StridedShard: (_call(0, split_factor=2), _call(1, split_factor=4)),
     TableDiff: (_call({}, {}, {}), _call({"w": W}, {}, {})),
     Training: (_call(), _call(optimizer="sgd", units=["layers.*"])),
+    layout_algebra.Activations: (
+        _call(units={"layers.0": {"heads": 64}}, batch=1, seq_len=2),
+        _call(units={"": {"fixed": 8}}, batch=2, seq_len=4, checkpointing="full"),
+    ),
     layout_algebra.FSDPUnit: (
         _call("layers.*"),
         _call(["norm", "lm_head"], reshard_after_forward=False),

@@ -30,6 +30,7 @@ TOP_LEVEL = frozenset(
         "Part",
         "Packed",
         "Training",
+        "Activations",
         "FSDPUnit",
         "Optimizer",
         "Stages",

@@ -850,6 +850,7 @@ def test_the_bridge_surface() -> None:
         "DcpLayouts",
         "ParamBindings",
         "TorchPlacement",
+        "activations_from_module",
         "bind",
         "default_binding",
         "distribute",
@@ -931,6 +932,12 @@ class Calls:
             "shapes_from_module": lambda: {"module": self.model},
             "tied_pairs_from_module": lambda: {"module": self.model},
             "training_from_module": lambda: {"model": self.model},
+            "activations_from_module": lambda: {
+                "model": nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 4)),
+                "batch": 1,
+                "seq_len": 2,
+                "checkpointing": "none",
+            },
             "plan_from_parallelize": lambda: {
                 "module": self.linear,
                 "plan": {"0": ColwiseParallel()},
@@ -1084,6 +1091,7 @@ IMPORTERS: Final = frozenset(
         "state_dict_fqn",
         "shapes_from_checkpoint",
         "table_from_dcp",
+        "activations_from_module",
     }
 )
 """The importers: their arguments are checked by their own tests (test_tables too)."""
@@ -1182,6 +1190,7 @@ MODULE_ARGS: Final = [
     ("table_from_torchtitan", "model"),
     ("shapes_from_checkpoint", "model"),
     ("training_from_module", "model"),
+    ("activations_from_module", "model"),
 ]
 
 

@@ -31,7 +31,9 @@ This package is the only part of layout_algebra that imports torch (install it w
 - ``tables``: ``table_from_hf``, ``table_from_parallelize`` and ``table_from_torchtitan``,
   a model's complete table from those plans in one call;
 - ``training``: ``training_from_module``, the ``Training`` a model implies (its frozen
-  parameters, the units transformers or torchtitan would shard it by).
+  parameters, the units transformers or torchtitan would shard it by);
+- ``activations``: ``activations_from_module``, the bytes autograd saves per unit for one
+  microbatch, traced on fake tensors.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from layout_algebra._extras import require
 
 require("torch", "torch", "layout_algebra.torch_bridge")  # first: a clear message without it
 
+from layout_algebra.torch_bridge.activations import activations_from_module
 from layout_algebra.torch_bridge.binding import bind, default_binding, managed_bindings
 from layout_algebra.torch_bridge.checkpoints import shapes_from_checkpoint
 from layout_algebra.torch_bridge.convert import TorchPlacement, from_torch, to_torch
@@ -70,6 +73,7 @@ __all__ = [
     "DcpLayouts",
     "ParamBindings",
     "TorchPlacement",
+    "activations_from_module",
     "bind",
     "default_binding",
     "distribute",

@@ -1,0 +1,307 @@
+"""What autograd keeps for one microbatch: the bytes each ``fully_shard`` unit saves for
+its backward, and how the run's parallelism divides them.
+
+``Activations`` holds, per unit (in forward order, the root as ``""``), the bytes of the
+distinct tensor storages autograd saves while that unit's forward runs, split by how a
+rank's share of them shrinks under the run's parallelism (``KINDS``):
+
+- ``"sequence"``: tensors with a token dim that every tensor-parallel rank holds whole
+  (the residual stream, the norms, the inputs of column-wise projections): divided by
+  ``cp``, and by ``tp`` only under sequence parallelism;
+- ``"heads"``: tensors with a token dim inside a tensor-parallel region (query, key and
+  value heads, attention's outputs, an MLP's intermediate, a row-wise projection's
+  input): divided by ``cp`` and ``tp``;
+- ``"experts"``: tokens routed to experts: divided by ``cp``; expert parallelism moves
+  them between ranks but, routing balanced, leaves each rank as many as it sent;
+- ``"fixed"``: tensors without a token dim (rotary tables, masks): not divided.
+
+``torch_bridge.activations_from_module`` traces them from a live model; the value needs
+no torch. ``held`` is a rank's share; ``recompute`` what a checkpointed unit's backward
+saves again on top of what the step holds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Final, TypeVar
+
+import attrs
+
+from layout_algebra._args import mapping_items, plain_str
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call
+from layout_algebra._json_read import at_field, at_key, fail, shown
+from layout_algebra._text import clip, human_bytes, quote
+from layout_algebra.errors import LayoutError, SerializationError
+
+__all__ = [
+    "CHECKPOINTING",
+    "KINDS",
+    "Activations",
+    "activations_from_obj",
+    "activations_to_obj",
+]
+
+KINDS: Final = ("sequence", "heads", "experts", "fixed")
+"""How saved bytes divide under the run's parallelism, in the order a unit lists them."""
+
+CHECKPOINTING: Final = ("none", "full", "selective")
+"""The activation checkpointing policies a trace follows: none, torchtitan's full
+(each block recomputed whole) and its selective per-op policy."""
+
+MAX_UNITS: Final = 1 << 16
+"""The most units one ``Activations`` names (as many as ``Training`` takes)."""
+
+MAX_BYTES: Final = 2**63 - 1
+"""The most bytes one figure holds (torch counts bytes in int64)."""
+
+MAX_TOKENS: Final = 2**31 - 1
+"""The largest batch or sequence length (torch indexes a dim in int64; this is ample)."""
+
+
+def _count(value: object, arg: str, *, low: int = 0, high: int = MAX_BYTES) -> int:
+    if type(value) is not int or not low <= value <= high:
+        msg = f"{arg} must be an int from {low} to {high:,}, got {quote(value)}"
+        raise LayoutError(msg)
+    return value
+
+
+def _unit_key(value: object, arg: str) -> str:
+    if not isinstance(value, str):
+        msg = (
+            f"{arg} is keyed by unit names such as 'layers.0' ('' is the root), got {quote(value)}"
+        )
+        raise LayoutError(msg)
+    return plain_str(value)
+
+
+def _kinds(value: object, arg: str) -> FrozenMap[str, int]:
+    if not isinstance(value, Mapping):
+        msg = f"{arg} must map kinds ({', '.join(KINDS)}) to bytes, got {quote(value)}"
+        raise LayoutError(msg)
+    given: dict[str, int] = {}
+    for kind, count in mapping_items(value, arg, "{'sequence': 1024}", limit=len(KINDS)):
+        if kind not in KINDS:
+            msg = f"{arg} has the kind {quote(kind)}; the kinds are {', '.join(KINDS)}"
+            raise LayoutError(msg)
+        given[kind] = _count(count, f"{arg}[{kind!r}]")
+    return FrozenMap({kind: given.get(kind, 0) for kind in KINDS})
+
+
+def _as_units(value: Mapping[str, Mapping[str, int]]) -> FrozenMap[str, FrozenMap[str, int]]:
+    arg = "Activations(units=...)"
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"{arg} must map unit names to bytes by kind, got {quote(raw)}"
+        raise LayoutError(msg)
+    items = mapping_items(value, arg, "{'layers.0': {'sequence': 1024}}", limit=MAX_UNITS)
+    if len(items) > MAX_UNITS:
+        msg = f"{arg} holds more than {MAX_UNITS:,} units, the most it takes; check it"
+        raise LayoutError(msg)
+    out: dict[str, FrozenMap[str, int]] = {}
+    for key, kinds in items:
+        name = _unit_key(key, arg)
+        out[name] = _kinds(kinds, f"{arg}[{name!r}]")
+    return FrozenMap(out)
+
+
+def _as_recompute(value: Mapping[str, int]) -> FrozenMap[str, int]:
+    arg = "Activations(recompute=...)"
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"{arg} must map unit names to bytes, got {quote(raw)}"
+        raise LayoutError(msg)
+    items = mapping_items(value, arg, "{'layers.0': 4096}", limit=MAX_UNITS)
+    out = {_unit_key(k, arg): _count(v, f"{arg}[{k!r}]") for k, v in items}
+    return FrozenMap(out)
+
+
+def _check_tokens(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    _count(value, f"Activations({attribute.name}=...)", low=1, high=MAX_TOKENS)
+
+
+def _check_policy(_: object, __: attrs.Attribute[str], value: object) -> None:
+    if value not in CHECKPOINTING:
+        names = ", ".join(repr(p) for p in CHECKPOINTING)
+        msg = f"Activations(checkpointing=...) must be one of {names}, got {quote(value)}"
+        raise LayoutError(msg)
+
+
+@checked_call
+@attrs.frozen(kw_only=True)
+class Activations:
+    """The bytes autograd keeps for one microbatch of ``batch`` sequences of ``seq_len``
+    tokens, per ``fully_shard`` unit, under an activation checkpointing policy.
+
+    >>> acts = Activations(units={"": {"sequence": 64}, "layers.0": {"heads": 512}},
+    ...     batch=2, seq_len=8, recompute={"layers.0": 0})
+    >>> acts.units["layers.0"]["heads"], acts.total
+    (512, 576)
+    >>> acts.held(tp=2, cp=2)  # heads over tp and cp, the sequence over cp alone
+    160
+
+    Attributes:
+        units: unit name (the modules of one ``fully_shard`` call, comma-joined, as
+            ``"layers.0"`` or ``"norm,lm_head"``; ``""`` the root) to bytes by kind
+            (``KINDS``), in forward order: what the step holds from the unit's forward
+            to its backward. A storage saved by several units counts once, at the first.
+        batch: the microbatch's sequences.
+        seq_len: the tokens of each.
+        checkpointing: the policy traced (``CHECKPOINTING``): ``"none"``; ``"full"``
+            (each checkpointed unit keeps only its inputs); ``"selective"`` (its inputs
+            and the outputs of the ops torchtitan's selective policy saves).
+        recompute: for each checkpointed unit, the bytes its backward saves again while
+            it recomputes its forward, beyond what ``units`` already holds: the extra of
+            that unit's backward (one at a time).
+    """
+
+    units: FrozenMap[str, FrozenMap[str, int]] = attrs.field(converter=_as_units, **REQUIRED)
+    batch: int = attrs.field(validator=_check_tokens, **REQUIRED)
+    seq_len: int = attrs.field(validator=_check_tokens, **REQUIRED)
+    checkpointing: str = attrs.field(default="none", validator=_check_policy)
+    recompute: FrozenMap[str, int] = attrs.field(factory=dict, converter=_as_recompute)
+
+    def __attrs_pre_init__(
+        self,
+        units: Mapping[str, Mapping[str, int]],
+        batch: int,
+        seq_len: int,
+        checkpointing: str,
+        recompute: Mapping[str, int],
+    ) -> None:
+        check_init(self, "units", (units, batch, seq_len, checkpointing, recompute))
+
+    def __attrs_post_init__(self) -> None:
+        stray = next((name for name in self.recompute if name not in self.units), None)
+        if stray is not None:
+            msg = (
+                f"Activations(recompute=...) names the unit {stray!r}, which units does not; "
+                "name only the traced units"
+            )
+            raise LayoutError(msg)
+
+    @property
+    def total(self) -> int:
+        """Bytes held across the step, every unit and kind, undivided."""
+        return sum(sum(kinds.values()) for kinds in self.units.values())
+
+    @property
+    def recompute_peak(self) -> int:
+        """The largest extra of one checkpointed unit's backward (0 without checkpointing)."""
+        return max(self.recompute.values(), default=0)
+
+    def held(self, *, tp: int = 1, cp: int = 1, sequence_parallel: bool = False) -> int:
+        """The bytes one rank holds across the step under ``tp``-way tensor parallelism,
+        ``cp``-way context parallelism and, with ``sequence_parallel``, the sequence
+        split over ``tp`` outside its regions; each unit's kinds rounded up.
+
+        Expert parallelism is left out: with balanced routing a rank keeps as many
+        routed tokens as it sends (``"experts"`` divide by ``cp`` alone).
+
+        Raises:
+            LayoutError: a degree that is no positive int, or a flag that is no bool.
+        """
+        tp = _count(tp, "held(tp=...)", low=1, high=MAX_TOKENS)
+        cp = _count(cp, "held(cp=...)", low=1, high=MAX_TOKENS)
+        flag: object = sequence_parallel
+        if not isinstance(flag, bool):
+            msg = f"held(sequence_parallel=...) must be True or False, got {quote(flag)}"
+            raise LayoutError(msg)
+        by = {
+            "sequence": cp * (tp if sequence_parallel else 1),
+            "heads": cp * tp,
+            "experts": cp,
+            "fixed": 1,
+        }
+        return sum(-(-n // by[kind]) for kinds in self.units.values() for kind, n in kinds.items())
+
+    def __str__(self) -> str:
+        lines = [
+            f"activations of one microbatch ({self.batch} x {self.seq_len} tokens, "
+            f"checkpointing {self.checkpointing!r}): {human_bytes(self.total)} held"
+            + (
+                f", {human_bytes(self.recompute_peak)} more in one unit's backward"
+                if self.recompute
+                else ""
+            )
+        ]
+        for name, kinds in self.units.items():
+            parts = ", ".join(f"{k} {human_bytes(n)}" for k, n in kinds.items() if n)
+            lines.append(f"  {name or '(root)'}: {parts or '0 B'}")
+        return "\n".join(lines)
+
+
+_V = TypeVar("_V")
+
+_FIELDS: Final = ("units", "batch", "seq_len", "checkpointing", "recompute")
+"""An ``Activations``' fields, in the order its JSON object writes them."""
+
+
+def activations_to_obj(activations: Activations) -> dict[str, object]:
+    """``activations`` as plain JSON data: ``{"units": {"layers.0": {"sequence": 1024,
+    "heads": 4096, "experts": 0, "fixed": 0}}, "batch": 2, "seq_len": 8,
+    "checkpointing": "none", "recompute": {}}``.
+
+    Raises:
+        LayoutError: ``activations`` is no ``Activations``.
+    """
+    raw: object = activations
+    if not isinstance(raw, Activations):
+        msg = f"activations must be an Activations, got {quote(raw)}"
+        raise LayoutError(msg)
+    return {
+        "units": {name: dict(kinds.items()) for name, kinds in activations.units.items()},
+        "batch": activations.batch,
+        "seq_len": activations.seq_len,
+        "checkpointing": activations.checkpointing,
+        "recompute": dict(activations.recompute.items()),
+    }
+
+
+def activations_from_obj(value: object, path: str = "") -> Activations:
+    """The ``Activations`` a JSON object spells (what ``activations_to_obj`` writes; a
+    kind or ``checkpointing`` and ``recompute`` left out take their defaults).
+
+    Raises:
+        SerializationError: with the JSON path of the first bad value.
+    """
+    if not isinstance(value, dict):
+        raise fail(path, "expected a JSON object of activations", value)
+    for key in value:
+        if key not in _FIELDS:
+            allowed = f"unknown field (allowed: {', '.join(_FIELDS)})"
+            raise fail(at_field(path, clip(str(key))), allowed, key)
+    for name in ("units", "batch", "seq_len"):
+        if name not in value:
+            raise fail(at_field(path, name), f"missing field {name!r}", value)
+    units = value["units"]
+    if not isinstance(units, dict):
+        raise fail(at_field(path, "units"), "expected a JSON object of units", units)
+    for name, kinds in units.items():
+        where = at_key(at_field(path, "units"), str(name))
+        if not isinstance(kinds, dict):
+            raise fail(where, "expected a JSON object of bytes by kind", kinds)
+        _at(where, functools.partial(_kinds, kinds, f"units[{name!r}]"))
+    recompute = value.get("recompute", {})
+    if not isinstance(recompute, dict):
+        raise fail(at_field(path, "recompute"), "expected a JSON object of bytes", recompute)
+    for name in ("batch", "seq_len", "checkpointing"):
+        if name in value:
+            _at(at_field(path, name), functools.partial(_one, name, value[name]))
+    _at(at_field(path, "recompute"), lambda: _as_recompute(recompute))
+    return _at(path, lambda: Activations(**value))
+
+
+def _one(name: str, value: object) -> Activations:
+    fields: dict[str, object] = {"units": {}, "batch": 1, "seq_len": 1, name: value}
+    return Activations(**fields)  # type: ignore[arg-type]  # checked by Activations itself
+
+
+def _at(path: str, read: Callable[[], _V]) -> _V:
+    """``read()``, its ``LayoutError`` (whose message shows the value) a
+    ``SerializationError`` at ``path``."""
+    try:
+        return read()
+    except LayoutError as e:
+        where = shown(path)
+        raise SerializationError(f"{where}: {e.message}", path=where) from None

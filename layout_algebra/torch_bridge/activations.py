@@ -1,0 +1,425 @@
+"""The activations a live model saves for one microbatch, traced without real memory.
+
+``activations_from_module`` runs the model's forward once on fake tensors (torch's
+``FakeTensorMode``: CPU tensors as far as every kernel choice goes, backed by meta storage,
+so nothing is allocated) under ``torch.autograd.graph.saved_tensors_hooks``, and counts
+the bytes of each distinct storage autograd saves, as ``Activations`` holds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.func import functional_call
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from layout_algebra._patterns import WILDCARD, Matcher, Rule
+from layout_algebra._text import quote
+from layout_algebra.activations import CHECKPOINTING, KINDS, MAX_TOKENS, Activations
+from layout_algebra.errors import LayoutError
+from layout_algebra.torch_bridge._checks import check_module
+from layout_algebra.torch_bridge._walk import named_modules
+from layout_algebra.torch_bridge.training import training_from_module
+from layout_algebra.training import FSDPUnit
+
+__all__ = ["activations_from_module"]
+
+_CALLER: Final = "activations_from_module"
+
+_EXPERTS: Final = frozenset({"experts", "routed_experts"})
+"""Module names under which tokens are the ones routed to experts (a shared expert, run
+on every token, is a dense MLP)."""
+
+_MATMULS: Final = frozenset({"mm", "addmm", "linear"})
+"""The ops torchtitan's selective policy counts as matmuls (every second one recomputed)."""
+
+_SAVED_OPS: Final = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "linear",
+        "convolution",
+        "_scaled_mm",
+        "max",
+        "topk",
+        "upsample_bilinear2d",
+        "reduce_scatter_tensor",
+        "all_to_all_single",
+    }
+)
+"""The ops whose outputs torchtitan's selective policy saves (its list: the partitioner's
+compute-intensive ops, attention, ``max``, ``linear``, ``topk``, the collectives)."""
+
+_ATTENTION: Final = ("scaled_dot_product", "flash_attention", "efficient_attention", "flex")
+"""Name parts of attention kernels: every one is saved by the selective policy."""
+
+_ROUTER: Final = "moe.router.gate"
+"""Modules whose matmul shape torchtitan's selective policy always recomputes."""
+
+
+@attrs.define
+class _Call:
+    """One ``fully_shard`` call: its name, and whether a policy checkpoints it."""
+
+    name: str
+    checkpointed: bool
+    forced: frozenset[tuple[int, int]] = frozenset()
+    """Matmul right-hand shapes the selective policy recomputes (the router's)."""
+
+
+@attrs.define
+class _Event:
+    """One storage kept: by whom, of what kind, and how (``saved`` by autograd, the
+    ``input`` of a call, or the output of an op the selective policy ``kept``)."""
+
+    key: int
+    nbytes: int
+    call: str
+    kind: str
+    how: str
+
+
+def _check_count(value: object, arg: str) -> int:
+    if type(value) is not int or not 1 <= value <= MAX_TOKENS:
+        msg = f"{_CALLER}({arg}=...) must be an int from 1 to {MAX_TOKENS:,}, got {quote(value)}"
+        raise LayoutError(msg)
+    return value
+
+
+def activations_from_module(
+    model: nn.Module, *, batch: int, seq_len: int, checkpointing: str = "none"
+) -> Activations:
+    """The bytes autograd saves for one microbatch of ``batch`` sequences of ``seq_len``
+    token ids, per unit, as ``training_from_module`` infers the units.
+
+    The forward runs once on fake tensors (no memory, CPU kernels chosen: attention as
+    torch's CPU flash kernel saves it); a storage saved twice, or by two units, counts
+    once, at the first; parameters, buffers and views of them are not activations. A
+    torchtitan decoder is given its own attention masks (``get_attention_masks``). The
+    loss is outside the model's forward and not traced.
+
+    ``checkpointing`` applies to the repeated blocks (the units given as patterns,
+    ``layers.*``), as torchtitan and transformers apply it; other units keep what they save:
+
+    - ``"none"``: everything autograd saves.
+    - ``"full"``: a block keeps its positional tensor inputs (what
+      ``torch.utils.checkpoint`` saves); ``recompute`` is what its backward saves again.
+    - ``"selective"``: approximately torchtitan's per-op policy: a block keeps its inputs
+      and the outputs of the ops the policy saves (matmuls but every second one, the
+      router's always recomputed; attention; ``max``, ``topk``; the collectives), read
+      at the dispatcher as the policy reads them. The kernels are those chosen on CPU,
+      and the recomputed ops' own saved tensors are counted in ``recompute`` only.
+
+    Args:
+        model: the model (meta device welcome); it is not changed.
+        batch: the microbatch's sequences.
+        seq_len: the tokens of each.
+        checkpointing: ``"none"``, ``"full"`` or ``"selective"``.
+
+    Returns:
+        The saved bytes per unit, by kind (see ``Activations``).
+
+    Raises:
+        BindError: ``model`` is not an ``nn.Module``.
+        LayoutError: a bad argument, or the forward failed on fake tensors (naming why).
+    """
+    check_module(model, f"{_CALLER}(model=...)")
+    batch = _check_count(batch, "batch")
+    seq_len = _check_count(seq_len, "seq_len")
+    if checkpointing not in CHECKPOINTING:
+        names = ", ".join(repr(p) for p in CHECKPOINTING)
+        msg = f"{_CALLER}(checkpointing=...) must be one of {names}, got {quote(checkpointing)}"
+        raise LayoutError(msg)
+    calls = calls_of(model, checkpointing)
+    selective = checkpointing == "selective"
+    events = trace(model, calls, batch=batch, seq_len=seq_len, selective=selective)
+    return compose(events, calls, batch=batch, seq_len=seq_len, checkpointing=checkpointing)
+
+
+def calls_of(model: nn.Module, checkpointing: str) -> dict[str, _Call]:
+    """Each module that starts a ``fully_shard`` call, and its call (the root: ``""``)."""
+    units = training_from_module(model).units
+    rules: list[Rule[int]] = []
+    for u, unit in enumerate(units):
+        patterns = unit.modules if isinstance(unit, FSDPUnit) else (unit,)
+        rules.extend(Rule(p, u) for p in patterns)
+    matcher = Matcher(rules)
+    members: dict[tuple[int, tuple[str, ...]], list[tuple[str, nn.Module]]] = {}
+    for fqn, module in named_modules(model):
+        if not fqn:
+            continue
+        found = matcher.every(fqn)
+        if found:
+            rule = matcher.rule(found[0])
+            wild = zip(fqn.split("."), rule.segments, strict=True)
+            binding = tuple(s for s, p in wild if p == WILDCARD)
+            members.setdefault((rule.value, binding), []).append((fqn, module))
+    out: dict[str, _Call] = {}
+    for (u, _), modules in members.items():
+        unit = units[u]
+        block = isinstance(unit, str) and WILDCARD in unit.split(".")
+        name = ",".join(fqn for fqn, _ in modules)
+        forced = frozenset(
+            (m.in_features, m.out_features)
+            for fqn, module in modules
+            for sub, m in named_modules(module, fqn)
+            if _ROUTER in sub and isinstance(m, nn.Linear)
+        )
+        call = _Call(name, block and checkpointing != "none", forced)
+        for fqn, _ in modules:
+            out[fqn] = call
+    return out
+
+
+@attrs.define
+class _Tracer:
+    """What one traced forward keeps, as it runs."""
+
+    calls: Mapping[str, _Call]
+    hidden: int | None
+    tokens: frozenset[int]
+    params: set[int]
+    events: list[_Event] = attrs.field(factory=list)
+    stack: list[tuple[str, nn.Module]] = attrs.field(factory=list)
+    keep: list[object] = attrs.field(factory=list)  # storages alive: no key reused
+    matmuls: dict[str, int] = attrs.field(factory=dict)
+    linears: dict[nn.Module, int] = attrs.field(factory=dict)  # modules hash by identity
+
+    def call(self) -> _Call | None:
+        """The innermost running call (``None``: the root)."""
+        for fqn, _ in reversed(self.stack):
+            found = self.calls.get(fqn)
+            if found is not None:
+                return found
+        return None
+
+    def kind(self, shape: Sequence[int]) -> str:
+        """How a tensor of ``shape``, saved where the forward is now, divides."""
+        if any(set(fqn.split(".")) & _EXPERTS for fqn, _ in self.stack):
+            return "experts"  # routed: top-k rows a token, no token dim to find
+        if not self.tokens.intersection(shape):
+            return "fixed"
+        for fqn, module in reversed(self.stack):
+            if fqn in self.calls:
+                break
+            if isinstance(module, nn.Linear):  # its input: a row-wise one's is sharded
+                return "heads" if module.out_features == self.hidden else "sequence"
+            own = list(module.parameters(recurse=False))
+            if own:  # a norm, an embedding, a router: over the hidden size or per head
+                return "sequence" if own[0].shape[-1] == self.hidden else "heads"
+            if self.projections(module) >= 2:
+                return "heads"  # between the projections of attention or an MLP
+        return "sequence"
+
+    def projections(self, module: nn.Module) -> int:
+        """How many ``nn.Linear`` sit at or below ``module`` (worked out once each)."""
+        found = self.linears.get(module)
+        if found is None:
+            found = self.linears[module] = sum(isinstance(m, nn.Linear) for m in module.modules())
+        return found
+
+    def add(self, tensor: torch.Tensor, how: str) -> None:
+        storage = tensor.untyped_storage()
+        key = storage._cdata
+        if key in self.params:
+            return
+        self.keep.append(storage)
+        call = self.call()
+        name = "" if call is None else call.name
+        self.events.append(_Event(key, storage.nbytes(), name, self.kind(tensor.shape), how))
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.add(tensor, "saved")
+        return tensor
+
+    def pre(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            self.stack.append((fqn, module))
+            call = self.calls.get(fqn)
+            if call is not None and call.checkpointed:
+                self.matmuls[call.name] = 0
+                for arg in args:
+                    if isinstance(arg, torch.Tensor):
+                        self.add(arg, "input")
+
+        return hook
+
+    def post(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            while self.stack and self.stack[-1][0] != fqn:
+                self.stack.pop()
+            if self.stack:
+                self.stack.pop()
+
+        return hook
+
+    def op(self, func: Any, args: Sequence[Any], outputs: Any) -> None:
+        """torchtitan's selective policy, for an op run inside a checkpointed call."""
+        call = self.call()
+        if call is None or not call.checkpointed:
+            return
+        name = func.__name__.split(".")[0] if hasattr(func, "__name__") else str(func)
+        attention = any(part in name for part in _ATTENTION)
+        if name in _MATMULS:
+            rhs = tuple(args[1].shape) if len(args) > 1 else ()
+            if name == "linear":
+                rhs = rhs[::-1]
+            if rhs in call.forced:
+                return
+            self.matmuls[call.name] = count = self.matmuls.get(call.name, 0) + 1
+            if count % 2 == 0:
+                return
+        if name in _SAVED_OPS or attention:
+            for out in tree_leaves(outputs):
+                if isinstance(out, torch.Tensor):
+                    self.add(out, "kept")
+
+
+class _Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    """Hands every op that runs to the tracer's selective policy."""
+
+    def __init__(self, tracer: _Tracer) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        self.tracer = tracer
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.tracer.op(func, args, out)
+        return out
+
+
+def _hidden(model: nn.Module) -> int | None:
+    """The model's hidden size: its first embedding's width."""
+    return next(
+        (m.embedding_dim for _, m in named_modules(model) if isinstance(m, nn.Embedding)), None
+    )
+
+
+def trace(
+    model: nn.Module,
+    calls: Mapping[str, _Call],
+    *,
+    batch: int,
+    seq_len: int,
+    selective: bool = False,
+    fake: bool = True,
+) -> list[_Event]:
+    """The storages one forward keeps, in the order it keeps them; ``fake=False`` runs
+    it on the model's own tensors (a model on the CPU), as the tests' oracle does."""
+    mode: contextlib.AbstractContextManager[object]
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    fakes: dict[torch.Tensor, torch.Tensor] = {}  # a tensor hashes by identity: held here
+    state: dict[str, torch.Tensor] = {}
+    tensors = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
+    with mode:
+        for name, tensor in tensors:
+            if not fake:
+                fakes[tensor] = state[name] = tensor
+                continue
+            made = fakes.get(tensor)
+            if made is None:  # one fake per tensor object: tied ones stay tied
+                made = torch.empty_strided(
+                    tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu"
+                ).requires_grad_(tensor.requires_grad)
+                fakes[tensor] = made
+            state[name] = made
+        ids = torch.zeros((batch, seq_len), dtype=torch.long, device="cpu")
+    tracer = _Tracer(
+        calls,
+        _hidden(model),
+        frozenset({seq_len, batch * seq_len}),
+        {t.untyped_storage()._cdata for t in fakes.values()},
+    )
+    tracer.keep.extend(fakes.values())
+    handles = []
+    for fqn, module in named_modules(model):
+        handles.append(module.register_forward_pre_hook(tracer.pre(fqn)))
+        handles.append(module.register_forward_hook(tracer.post(fqn), always_call=True))
+    try:
+        kwargs = _masks(model, batch, seq_len)  # data, made for real: see _masks
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mode)
+            if selective:
+                stack.enter_context(_Ops(tracer))
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(tracer.pack, _same))
+            functional_call(model, state, (ids,), kwargs, tie_weights=False, strict=False)
+    except LayoutError:
+        raise
+    except Exception as e:
+        msg = (
+            f"{_CALLER}: the model's forward failed on fake tensors of {batch} x {seq_len} "
+            f"token ids: {quote(e)}; check that its forward takes token ids alone"
+        )
+        raise LayoutError(msg) from e
+    finally:
+        for handle in handles:
+            handle.remove()
+    return tracer.events
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _masks(model: nn.Module, batch: int, seq_len: int) -> dict[str, Any]:
+    """A torchtitan decoder's attention masks, made by its own ``get_attention_masks``
+    (it needs them; transformers' models make their own)."""
+    get = getattr(type(model), "get_attention_masks", None)
+    if not callable(get):
+        return {}
+    positions = torch.arange(seq_len, device="cpu").expand(batch, seq_len)
+    try:
+        masks = get(model, positions)
+    except TypeError:  # torchtitan's answer for an attention that takes none (SDPA)
+        return {}
+    return {"positions": positions, "attention_masks": masks}
+
+
+def compose(
+    events: Sequence[_Event],
+    calls: Mapping[str, _Call],
+    *,
+    batch: int,
+    seq_len: int,
+    checkpointing: str,
+) -> Activations:
+    """``Activations`` from a trace: what each call holds under the policy, every storage
+    counted once at its first holder, and what a checkpointed call recomputes."""
+    checkpointed = {c.name for c in calls.values() if c.checkpointed}
+    order = ["", *dict.fromkeys(c.name for c in calls.values())]
+    units: dict[str, dict[str, int]] = {name: dict.fromkeys(KINDS, 0) for name in order}
+    held: set[int] = set()
+    for e in events:
+        keeps = (e.how != "saved") if e.call in checkpointed else (e.how == "saved")
+        if keeps and e.key not in held:
+            held.add(e.key)
+            units[e.call][e.kind] += e.nbytes
+    recompute: dict[str, int] = dict.fromkeys(sorted(checkpointed, key=order.index), 0)
+    for e in events:
+        if e.call in checkpointed and e.how == "saved" and e.key not in held:
+            held.add(e.key)  # counted once: a storage saved twice is one
+            recompute[e.call] += e.nbytes
+    return Activations(
+        units=units,
+        batch=batch,
+        seq_len=seq_len,
+        checkpointing=checkpointing,
+        recompute=recompute,
+    )

@@ -1,0 +1,239 @@
+"""``Activations`` and ``torch_bridge.activations_from_module``: the bytes autograd saves
+per unit, traced on fake tensors, equal to what the same forward saves on real CPU
+tensors under the same saved-tensor hooks, and, with ``checkpointing="full"``, to what
+torch's own ``checkpoint_wrapper`` around each block leaves saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+from layout_algebra import Activations, LayoutError, SerializationError
+from layout_algebra.activations import KINDS
+from layout_algebra.serialization import converter
+from layout_algebra.torch_bridge import activations_from_module
+from layout_algebra.torch_bridge.activations import calls_of, compose, trace
+from tests.models import hf_llama, hf_moe
+
+BATCH, SEQ = 2, 6
+
+
+def value() -> Activations:
+    return Activations(
+        units={"": {"fixed": 8}, "layers.0": {"sequence": 64, "heads": 512, "experts": 96}},
+        batch=2,
+        seq_len=8,
+        checkpointing="full",
+        recompute={"layers.0": 1024},
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# the value
+
+
+def test_every_unit_lists_every_kind_in_order() -> None:
+    acts = value()
+    assert list(acts.units["layers.0"]) == list(KINDS)
+    assert acts.units[""] == {"sequence": 0, "heads": 0, "experts": 0, "fixed": 8}
+    assert acts.total == 8 + 64 + 512 + 96
+    assert acts.recompute_peak == 1024
+
+
+def test_held_divides_each_kind_as_its_sharding_does() -> None:
+    acts = value()
+    # tp=2, cp=2: heads 512 / 4 = 128, sequence 64 / 2 = 32 (whole on each tp rank),
+    # experts 96 / 2 = 48 (ep leaves a rank as many routed tokens), fixed 8
+    assert acts.held(tp=2, cp=2) == 128 + 32 + 48 + 8
+    # under sequence parallelism the sequence is cut over tp too: 64 / 4 = 16
+    assert acts.held(tp=2, cp=2, sequence_parallel=True) == 128 + 16 + 48 + 8
+    assert acts.held() == acts.total
+    # rounded up per unit and kind: 64 / 3 -> 22, 512 / 3 -> 171, 96 -> 96
+    assert acts.held(tp=3) == 171 + 64 + 96 + 8
+
+
+def test_json_round_trip_through_the_converter() -> None:
+    acts = value()
+    obj = converter.unstructure(acts)
+    assert obj == {
+        "units": {
+            "": {"sequence": 0, "heads": 0, "experts": 0, "fixed": 8},
+            "layers.0": {"sequence": 64, "heads": 512, "experts": 96, "fixed": 0},
+        },
+        "batch": 2,
+        "seq_len": 8,
+        "checkpointing": "full",
+        "recompute": {"layers.0": 1024},
+    }
+    back = converter.structure(obj, Activations)
+    assert back == acts
+    assert hash(back) == hash(acts)
+
+
+@pytest.mark.parametrize(
+    ("obj", "where"),
+    [
+        ({"units": {"a": {"tokens": 1}}, "batch": 1, "seq_len": 1}, 'units["a"]'),
+        ({"units": {"a": {"heads": -1}}, "batch": 1, "seq_len": 1}, 'units["a"]'),
+        ({"units": {}, "batch": 0, "seq_len": 1}, "batch"),
+        ({"units": {}, "batch": 1, "seq_len": 1, "checkpointing": "some"}, "checkpointing"),
+        ({"units": {}, "batch": 1, "seq_len": 1, "recompute": {"x": 1}}, "$"),
+        ({"units": {}, "batch": 1}, "seq_len"),
+        ({"units": {}, "batch": 1, "seq_len": 1, "extra": 1}, "extra"),
+        ([], "$"),
+    ],
+)
+def test_bad_json_names_its_path(obj: object, where: str) -> None:
+    with pytest.raises(SerializationError) as info:
+        converter.structure(obj, Activations)
+    assert info.value.message.startswith(where)
+
+
+def test_bad_values_are_layout_errors_naming_the_argument() -> None:
+    with pytest.raises(LayoutError, match="needs the argument 'seq_len'"):
+        Activations(units={}, batch=1)  # type: ignore[call-arg]  # what is tested
+    with pytest.raises(LayoutError, match=r"checkpointing=\.\.\.\) must be one of"):
+        Activations(units={}, batch=1, seq_len=1, checkpointing="half")
+    with pytest.raises(LayoutError, match="has the kind 'tokens'"):
+        Activations(units={"a": {"tokens": 1}}, batch=1, seq_len=1)
+    with pytest.raises(LayoutError, match="names the unit 'b'"):
+        Activations(units={"a": {}}, batch=1, seq_len=1, recompute={"b": 0})
+    with pytest.raises(LayoutError, match=r"held\(tp=\.\.\.\)"):
+        value().held(tp=0)
+
+
+def test_str_lists_the_units() -> None:
+    text = str(value())
+    assert text.splitlines()[0] == (
+        "activations of one microbatch (2 x 8 tokens, checkpointing 'full'): 680 B held, "
+        "1.00 KiB more in one unit's backward"
+    )
+    assert "  layers.0: sequence 64 B, heads 512 B, experts 96 B" in text
+
+
+# ---------------------------------------------------------------------------------------
+# traced, against torch on the CPU
+
+
+def titan_llama() -> nn.Module:
+    """torchtitan's llama3 debug model, two layers, on the meta device, with torchtitan's
+    own SDPA inner attention: its flex attention refuses a backward on the CPU."""
+    llama3 = pytest.importorskip("torchtitan.models.llama3")
+    attention = pytest.importorskip("torchtitan.models.common.attention")
+    cfg = llama3.llama3_configs["debugmodel"](attn_backend="flex")
+    object.__setattr__(cfg, "layers", cfg.layers[:2])  # slotted dataclass
+    for layer in cfg.layers:
+        inner = attention.ScaledDotProductAttention.Config()
+        object.__setattr__(layer.attention, "inner_attention", inner)
+    with torch.device("meta"):
+        built = cfg.build()
+    assert isinstance(built, nn.Module)
+    return built
+
+
+def moe_bf16() -> nn.Module:
+    """transformers' Qwen3-MoE in bfloat16: torch's grouped matmul takes no other dtype
+    on the meta device."""
+    model: nn.Module = hf_moe()
+    return model.to(torch.bfloat16)
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "hf-llama": hf_llama,
+    "hf-qwen3-moe": moe_bf16,
+    "titan-llama3": titan_llama,
+}
+
+pytestmark = [
+    # torchtitan compiles its flex attention when imported, which imports torch's inductor
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
+
+
+def on_cpu(make: Callable[[], nn.Module]) -> nn.Module:
+    """The model of ``make`` with real CPU tensors (small values: the bytes saved do not
+    depend on them), tied weights tied again."""
+    model = make()
+    model.to_empty(device="cpu")
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.02)
+        for b in model.buffers():
+            b.fill_(0.5)
+    return model
+
+
+def real(model: nn.Module, calls_from: nn.Module) -> Activations:
+    """What ``model``'s forward saves on the CPU under the tracer's hooks, per unit of
+    ``calls_from`` (its module names)."""
+    calls = calls_of(calls_from, "none")
+    events = trace(model, calls, batch=BATCH, seq_len=SEQ, fake=False)
+    return compose(events, calls, batch=BATCH, seq_len=SEQ, checkpointing="none")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_traced_bytes_equal_the_real_forward(name: str) -> None:
+    make = MODELS[name]
+    traced = activations_from_module(make(), batch=BATCH, seq_len=SEQ)
+    model = on_cpu(make)
+    assert real(model, model).units == traced.units
+    assert traced.total > 0
+    assert any(kinds["heads"] for kinds in traced.units.values())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_full_checkpointing_equals_torch_checkpoint_per_block(name: str) -> None:
+    make = MODELS[name]
+    traced = activations_from_module(make(), batch=BATCH, seq_len=SEQ, checkpointing="full")
+    none = activations_from_module(make(), batch=BATCH, seq_len=SEQ)
+    model = on_cpu(make)
+    plain = on_cpu(make)
+    blocks = [fqn for fqn, call in calls_of(model, "full").items() if call.checkpointed]
+    assert len(blocks) == 2
+    for fqn in blocks:
+        parent, _, child = fqn.rpartition(".")
+        owner = model.get_submodule(parent)
+        owner.register_module(child, checkpoint_wrapper(owner.get_submodule(child)))
+    assert real(model, plain).units == traced.units
+    assert set(traced.recompute) == set(blocks)
+    # a block's backward saves again what it saved without checkpointing (its input aside)
+    for fqn in blocks:
+        assert 0 < traced.recompute[fqn] <= sum(none.units[fqn].values())
+    assert traced.total < none.total
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_selective_lies_between_full_and_none(name: str) -> None:
+    make = MODELS[name]
+    totals = {
+        policy: activations_from_module(make(), batch=BATCH, seq_len=SEQ, checkpointing=policy)
+        for policy in ("none", "selective", "full")
+    }
+    assert totals["full"].total < totals["selective"].total < totals["none"].total
+    assert totals["selective"].recompute_peak > 0
+
+
+def test_the_model_is_left_as_it_was() -> None:
+    model = hf_llama()
+    before = {n: (p.device, p.shape) for n, p in model.named_parameters()}
+    activations_from_module(model, batch=1, seq_len=4, checkpointing="selective")
+    assert {n: (p.device, p.shape) for n, p in model.named_parameters()} == before
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
+
+def test_bad_arguments_are_refused() -> None:
+    model = hf_llama()
+    with pytest.raises(LayoutError, match=r"batch=\.\.\.\) must be an int"):
+        activations_from_module(model, batch=0, seq_len=4)
+    with pytest.raises(LayoutError, match=r"checkpointing=\.\.\.\) must be one of"):
+        activations_from_module(model, batch=1, seq_len=4, checkpointing="some")
+    with pytest.raises(LayoutError, match="forward failed on fake tensors"):
+        activations_from_module(nn.Linear(3, 3), batch=1, seq_len=4)
