@@ -52,6 +52,7 @@ __all__ = [
     "read_layout",
     "read_mesh",
     "read_module",
+    "read_object",
     "read_packed",
     "read_param_shape",
     "read_part",
@@ -176,6 +177,15 @@ def _object(
         where = at_field(path, clip(name))
         raise fail(where, f"unknown field {clip(name)!r} (allowed: {allowed})", doc[name])
     return doc
+
+
+def read_object(
+    value: object, path: str, required: frozenset[str], optional: frozenset[str] = frozenset()
+) -> dict[str, object]:
+    """A JSON object's fields (``load``'s pairs or a dict), each of ``required`` given and
+    none outside ``optional`` besides, a key given twice refused; else the error at its
+    path. For the readers of values kept in their own modules."""
+    return _object(value, path, required, optional)
 
 
 def _mapping(value: object, path: str, what: str) -> dict[str, object]:

@@ -12,13 +12,13 @@ holding it. Stage ``i`` runs on the rank ``i % pp`` of the pipeline axis (torcht
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
 from layout_algebra._args import as_items, as_sequence, plain_str
 from layout_algebra._frozen import REQUIRED, check_init, checked_call
-from layout_algebra._json_read import at_field, at_index, fail
+from layout_algebra._json_read import at_field, at_index, fail, read_object
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._text import quote
 from layout_algebra.axes import AxisLike, as_axis
@@ -365,31 +365,25 @@ def stages_from_obj(value: object, path: str = "") -> Stages:
     Raises:
         SerializationError: with the JSON path of the first bad value.
     """
-    if not isinstance(value, dict):
-        raise fail(path, "expected a JSON object of pipeline stages", value)
-    for key in value:
-        if key not in _FIELDS:
-            raise fail(
-                at_field(path, str(key)), f"unknown field (allowed: {', '.join(_FIELDS)})", key
-            )
-    for name in ("axis", "stages"):
-        if name not in value:
-            raise fail(at_field(path, name), f"missing field {name!r}", value)
-    listed = value["stages"]
+    # a dict, or the pairs of the package's strict JSON reader (a key given twice refused)
+    fields: dict[str, Any] = read_object(
+        value, path, frozenset(_FIELDS[:2]), frozenset(_FIELDS[2:])
+    )
+    listed = fields["stages"]
     if not isinstance(listed, list):
         raise fail(at_field(path, "stages"), "expected a JSON array of stages", listed)
     for i, stage in enumerate(listed):
         if not isinstance(stage, list) or not all(isinstance(m, str) for m in stage):
             where = at_index(at_field(path, "stages"), i)
             raise fail(where, "expected a JSON array of module patterns", stage)
-    microbatches = value.get("microbatches")
+    microbatches = fields.get("microbatches")
     if isinstance(microbatches, bool):  # JSON true is no count
         raise fail(at_field(path, "microbatches"), "expected an int or null", microbatches)
     try:
         return Stages(
-            value["axis"],
+            fields["axis"],
             listed,
-            schedule=value.get("schedule", "1f1b"),
+            schedule=fields.get("schedule", "1f1b"),
             microbatches=microbatches,
         )
     except SerializationError:

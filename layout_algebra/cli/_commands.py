@@ -24,6 +24,7 @@ from layout_algebra.cli._inputs import (
     load_fqns,
     load_plan,
     load_shapes,
+    load_stages,
     load_table,
     read,
     read_checkpoint,
@@ -51,6 +52,7 @@ from layout_algebra.placements import Shard, format_placement
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import to_json
 from layout_algebra.shapes import ParamShape
+from layout_algebra.stages import Stages
 from layout_algebra.training import Training
 
 __all__ = ["COMMANDS"]
@@ -632,7 +634,10 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     meshes = _roles(args.mesh, expert)
     fsdp, found, source, reading = _lint_reading(args, table, owned, from_plan=from_plan)
     assumptions = [a for a in (reading, read_structure) if a is not None]
-    training = _lint_training(args, shapes, assumptions)
+    training, stages = (  # the step, then its stages: their assumptions in that order
+        _lint_training(args, shapes, assumptions),
+        _lint_stages(args, table, meshes, assumptions),
+    )
 
     def run(expert_dim: int | None) -> LintReport:
         shard_dim: int | dict[str, int] = args.shard_dim
@@ -649,6 +654,7 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
             owned=owned,
             training=training,
             budget=args.budget,
+            stages=stages,
         )
 
     report = run(args.expert_shard_dim)
@@ -757,6 +763,63 @@ def _lint_training(
         reduce_dtype=args.reduce_dtype,
         units=units,
     )
+
+
+def _lint_stages(
+    args: argparse.Namespace,
+    table: ParamLayoutTable,
+    meshes: Mapping[str, Mesh],
+    assumptions: list[str],
+) -> Stages | None:
+    """The stages ``--stages`` reads or ``--pp-layers`` deals (said in ``assumptions``)."""
+    if args.stages is not None:
+        return load_stages(args.stages)
+    if args.pp_layers is None:
+        return None
+    pp = meshes["dense"]["pp"] if "pp" in meshes["dense"].names else None
+    if pp is None:
+        raise Usage("--pp-layers deals layers over the mesh's 'pp' axis; give --mesh pp=N,...")
+    fqns = list(table)
+    blocks = repeated_blocks(fqns)
+    if len(blocks) != 1:
+        found = ", ".join(map(clip, blocks)) or "none"
+        msg = (
+            f"--pp-layers needs one list of numbered blocks in the FQNs (found: {found}); "
+            "give --stages FILE"
+        )
+        raise Usage(msg)
+    prefix = blocks[0].removesuffix(".*")
+    inside = [f.startswith(prefix + ".") for f in fqns]
+    start, end = inside.index(True), len(inside) - inside[::-1].index(True)
+    layers = len(
+        {f[len(prefix) + 1 :].split(".")[0] for f in fqns[start:end] if f.startswith(prefix + ".")}
+    )
+    first = list(dict.fromkeys(f.rpartition(".")[0] or f for f in fqns[:start]))
+    last = list(dict.fromkeys(f.rpartition(".")[0] or f for f in fqns[end:]))
+    units = layers + bool(first) + bool(last)
+    count = -(-units // args.pp_layers)
+    if count % pp:
+        msg = (
+            f"--pp-layers {args.pp_layers}: {units} layers (the blocks, and one each for the "
+            f"modules before and after them) make {count} stages, not a multiple of pp={pp}; "
+            "choose N so that they are, or give --stages FILE"
+        )
+        raise Usage(msg)
+    per_rank = count // pp
+    stages = Stages.balanced(
+        "pp",
+        layers=layers,
+        pp=pp,
+        schedule="1f1b" if per_rank == 1 else "interleaved-1f1b",
+        stages_per_rank=per_rank,
+        prefix=prefix,
+        first=first,
+        last=last,
+        first_weight=int(bool(first)),
+        last_weight=int(bool(last)),
+    )
+    assumptions.append(f"stages: --pp-layers {args.pp_layers} deals them so: {stages}")
+    return stages
 
 
 def _inferred_units(units: tuple[str, ...]) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final, TextIO
 
 from layout_algebra._files import open_regular
+from layout_algebra._json_read import load
 from layout_algebra._text import clip, escape, some_of
 from layout_algebra.cli._output import PROG, Problem, Reported, Usage, say, say_problems
 from layout_algebra.dcp import table_from_dcp
@@ -19,6 +20,7 @@ from layout_algebra.mesh import Mesh
 from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
+from layout_algebra.stages import Stages, stages_from_obj
 
 if TYPE_CHECKING:
     from layout_algebra.dcp import DcpLayouts
@@ -120,6 +122,18 @@ def load_table(path: str, text: bytes | None = None) -> ParamLayoutTable:
                 f"`{PROG} table {path} --mesh AXIS=N,...`"
             )
             raise Problem(msg) from None
+        raise Problem(f"{path}: {e.message}") from None
+
+
+def load_stages(path: str) -> Stages:
+    """The pipeline stages in the JSON file ``path``.
+
+    Raises:
+        Problem: not such a document, naming the file and the bad value's path.
+    """
+    try:
+        return stages_from_obj(load(read(path)))
+    except LayoutError as e:
         raise Problem(f"{path}: {e.message}") from None
 
 

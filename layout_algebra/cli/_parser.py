@@ -452,5 +452,28 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
             "up): a rank whose training state exceeds it is a problem"
         ),
     )
+    pipeline = lnt.add_mutually_exclusive_group()
+    pipeline.add_argument(
+        "--stages",
+        default=None,
+        metavar="FILE",
+        help=(
+            'the pipeline stages, a JSON object {"axis": "pp", "stages": [[module '
+            'patterns of stage 0], ...], "schedule": "1f1b"}: each rank holds only '
+            "its stages' parameters"
+        ),
+    )
+    pipeline.add_argument(
+        "--pp-layers",
+        type=lambda text: bounded_int(text, 1 << 16, "--pp-layers"),
+        default=None,
+        metavar="N",
+        help=(
+            "layers per pipeline stage over the mesh's 'pp' axis, as torchtitan's "
+            "pipeline_parallel_layers_per_stage: the shapes' numbered blocks, with the "
+            "modules before them and after them counting one layer each, dealt N to a "
+            "stage (more stages than pp ranks: interleaved 1F1B)"
+        ),
+    )
     lnt.add_argument("--json", action="store_true", help="print the report as JSON")
     add_owned_arguments(lnt)
