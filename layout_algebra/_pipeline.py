@@ -56,6 +56,7 @@ class Placed:
     assignment: StageAssignment
     pp: int
     pp_index: tuple[int, ...]
+    sub: tuple[int, ...]
 
     @property
     def count(self) -> int:
@@ -69,10 +70,21 @@ class Placed:
         at = self.rank_of(stage)
         return ((self.stages.axis,), [int(k == at) for k in range(self.pp)])
 
-    def on_stage(self, row: Sequence[int], stage: int) -> list[int]:
-        """``row`` kept on the ranks running ``stage``, 0 elsewhere."""
-        at = self.rank_of(stage)
-        return [b if p == at else 0 for b, p in zip(row, self.pp_index, strict=True)]
+    def collapsed(self, meshes: Mapping[str, Mesh]) -> dict[str, Mesh]:
+        """The meshes with the pipeline axis of size 1: the world of one pipeline rank,
+        every other coordinate kept (no layout shards over the pipeline axis)."""
+        axis = self.stages.axis
+        return {
+            role: Mesh({name: 1 if name == axis else size for name, size in mesh.items()})
+            for role, mesh in meshes.items()
+        }
+
+    def spread(self, rows: Sequence[Sequence[int]]) -> list[int]:
+        """Every global rank's figure: ``rows[k]`` holds pipeline rank ``k``'s on the
+        collapsed world, and a global rank reads its own pipeline rank's row at its rank
+        with the pipeline digit removed (``sub``: the pipeline axis has one stride in every
+        role's mesh, as ``place`` checked)."""
+        return [rows[p][i] for p, i in zip(self.pp_index, self.sub, strict=True)]
 
 
 def place(
@@ -117,7 +129,15 @@ def place(
             raise LayoutError(msg, axis=axis)
     assert index is not None  # lint refuses meshes with no role
     stages.check_size(pp)
-    return Placed(stages, assign_stages(stages, fqns), pp, tuple(index))
+    mesh = next(iter(meshes.values()))
+    stride = 1
+    for name, size in reversed(list(mesh.items())):
+        if name == axis:
+            break
+        stride *= size
+    # a rank with its pipeline digit removed: 8 ranks of (pp=2, dp=4) put rank 5 at 1
+    sub = tuple((r // (stride * pp)) * stride + r % stride for r in range(mesh.size))
+    return Placed(stages, assign_stages(stages, fqns), pp, tuple(index), sub)
 
 
 def _per_stage(training: Training, stage_fqns: Sequence[Sequence[str]]) -> list[Training]:
@@ -129,10 +149,12 @@ def _per_stage(training: Training, stage_fqns: Sequence[Sequence[str]]) -> list[
         *training.frozen,
     ]
     used: list[set[str]] = []
+    # what a pattern names depends on an FQN's first segments, as many as it has
+    depth = max((len(p.split(".")) for p in patterns), default=0)
     for fqns in stage_fqns:
         matcher = Matcher(Rule(p, p) for p in patterns)
-        for fqn in fqns:
-            matcher.prefixes(fqn)
+        for head in dict.fromkeys(".".join(f.split(".", depth)[:depth]) for f in fqns):
+            matcher.prefixes(head)
         unused = {r.key for r in matcher.unused()}
         used.append({p for p in patterns if p not in unused})
     nowhere = set(patterns).difference(*used)
@@ -181,7 +203,6 @@ def staged_cost(
     Raises:
         LayoutError: what ``training_cost`` raises for a stage.
     """
-    world = len(placed.pp_index)
     n = placed.count
     fqns: list[list[str]] = [[] for _ in range(n)]
     for fqn in layouts:
@@ -190,25 +211,28 @@ def staged_cost(
             fqns[s].append(fqn)
     trainings = _per_stage(training, fqns)
     groups = list(tied)
-    by_kind = {k: [0] * world for k in KINDS}
-    traffic = {t: [0] * world for t in TRAFFIC}
+    # each stage costed on the world of one pipeline rank, summed per pipeline rank
+    small = placed.collapsed(meshes)
+    width = len(placed.pp_index) // placed.pp
+    by_rank = {name: [[0] * width for _ in range(placed.pp)] for name in (*KINDS, *TRAFFIC)}
     said: list[list[str]] = []
     for s in range(n):
         mine = set(fqns[s])
         cost = training_cost(
             {f: layouts[f] for f in fqns[s]},
             {f: shapes[f] for f in fqns[s] if f in shapes},
-            meshes,
+            small,
             trainings[s],
             tied=[g & mine for g in groups if len(g & mine) > 1],
             owned=owned,
         )
-        for rows, got in ((by_kind, cost.by_kind), (traffic, cost.traffic)):
-            for name, row in got.items():
-                rows[name] = [
-                    a + b for a, b in zip(rows[name], placed.on_stage(row, s), strict=True)
-                ]
+        held = placed.rank_of(s)
+        for name, row in (*cost.by_kind.items(), *cost.traffic.items()):
+            rows = by_rank[name]
+            rows[held] = [a + b for a, b in zip(rows[held], row, strict=True)]
         said.append(list(cost.assumptions))
+    by_kind = {k: placed.spread(by_rank[k]) for k in KINDS}
+    traffic = {t: placed.spread(by_rank[t]) for t in TRAFFIC}
     excess = None if budget is None else _over_budget(placed, by_kind, budget)
     return StagedCost(by_kind, traffic, _assumptions(placed, said), excess)
 

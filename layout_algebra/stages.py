@@ -315,12 +315,16 @@ def assign_stages(stages: Stages, fqns: Iterable[str]) -> StageAssignment:
     of: list[int | None] = []
     unplaced: list[str] = []
     doubled: list[tuple[str, tuple[int, ...]]] = []
-    answers: dict[tuple[int, ...], tuple[int, ...]] = {}
+    # No pattern is longer than ``depth`` segments, so an FQN's stages depend on its first
+    # ``depth`` only: a model's thousands of parameters are a few dozen such heads.
+    depth = max(len(p.split(".")) for stage in stages.stages for p in stage)
+    answers: dict[str, tuple[int, ...]] = {}
     for fqn in names:
-        found = tuple(i for _, hits in matcher.prefixes(fqn) for i in hits)
-        holders = answers.get(found)
+        head = ".".join(fqn.split(".", depth)[:depth])
+        holders = answers.get(head)
         if holders is None:
-            holders = answers[found] = tuple(sorted({matcher.rule(i).value for i in found}))
+            found = {matcher.rule(i).value for _, hits in matcher.prefixes(head) for i in hits}
+            holders = answers[head] = tuple(sorted(found))
         if len(holders) == 1:
             of.append(holders[0])
             continue

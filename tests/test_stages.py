@@ -218,15 +218,28 @@ def sub(table: ParamLayoutTable, keep: set[str]) -> ParamLayoutTable:
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
-def test_each_stage_costs_what_its_parameters_alone_cost_on_its_ranks(schedule: str) -> None:
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        MESH["dense"],
+        Mesh({"dp_shard": 2, "pp": 2, "tp": 2}),
+        Mesh({"tp": 2, "dp_shard": 2, "pp": 2}),
+    ],
+    ids=str,
+)
+def test_each_stage_costs_what_its_parameters_alone_cost_on_its_ranks(
+    schedule: str, mesh: Mesh
+) -> None:
     """The law of a staged lint: the lint of each stage's parameters alone (every rank
     holding them), kept on the ranks running that stage, summed over the stages."""
     table, shapes = model(6)
     stages = Stages.balanced("pp", layers=6, pp=2, schedule=schedule)
     training = Training(units=["layers.*"], param_dtype="bfloat16", frozen=["tok_embeddings"])
-    report = lint(table, shapes, mesh_sizes=MESH, fsdp=FSDP, stages=stages, training=training)
+    report = lint(
+        table, shapes, mesh_sizes={"dense": mesh}, fsdp=FSDP, stages=stages, training=training
+    )
     assert report.ok, report.problems
-    pp_of = index_vector(MESH["dense"], ("pp",))
+    pp_of = index_vector(mesh, ("pp",))
     found = assign_stages(stages, table)
     memory = [0] * 8
     kinds = {k: [0] * 8 for k in report.memory.by_kind}
@@ -238,7 +251,7 @@ def test_each_stage_costs_what_its_parameters_alone_cost_on_its_ranks(schedule: 
         alone = lint(
             sub(table, keep),
             {f: shapes[f] for f in keep},
-            mesh_sizes=MESH,
+            mesh_sizes={"dense": mesh},
             fsdp=FSDP,
             training=Training(units=units, param_dtype="bfloat16", frozen=frozen),
         )
