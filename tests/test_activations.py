@@ -7,11 +7,13 @@ torch's own ``checkpoint_wrapper`` around each block leaves saved.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils._pytree import tree_leaves
 
 from layout_algebra import Activations, LayoutError, SerializationError
 from layout_algebra.activations import KINDS
@@ -208,6 +210,67 @@ def test_full_checkpointing_equals_torch_checkpoint_per_block(name: str) -> None
     for fqn in blocks:
         assert 0 < traced.recompute[fqn] <= sum(none.units[fqn].values())
     assert traced.total < none.total
+
+
+def kept_by_torchtitan(
+    make: Callable[[], nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, int]:
+    """Per block, the bytes torchtitan's own ``SelectiveAC`` keeps on the CPU: the
+    block's inputs (saved by torch's checkpoint, seen by the hooks) and the op outputs
+    its selective-checkpoint cache holds, each storage once.
+
+    Its save list is torchtitan's with the CPU's flash attention added (the extension
+    point it offers, ``get_save_ops``): the GPU's flash attention is on it, and the CPU
+    runs its own instead."""
+    ac = pytest.importorskip("torchtitan.distributed.activation_checkpoint")
+    caches: list[dict[object, dict[int, object]]] = []
+    make_contexts = ac.create_selective_checkpoint_contexts
+
+    def recording(policy: object) -> tuple[object, object]:
+        contexts: tuple[Any, Any] = make_contexts(policy)
+        caches.append(contexts[0].storage)  # one per block's forward, in order
+        return contexts
+
+    monkeypatch.setattr(ac, "create_selective_checkpoint_contexts", recording)
+
+    selective: Any = ac.SelectiveAC
+
+    class CpuFlash(selective):  # type: ignore[misc]  # torchtitan is untyped here
+        def get_save_ops(self) -> set[object]:
+            cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+            return {*super().get_save_ops(), cpu}
+
+    policy = CpuFlash(CpuFlash.Config())
+    model, plain = on_cpu(make), on_cpu(make)
+    blocks = [fqn for fqn, call in calls_of(plain, "selective").items() if call.checkpointed]
+    for fqn in blocks:
+        parent, _, child = fqn.rpartition(".")
+        owner = model.get_submodule(parent)
+        owner.register_module(child, policy._wrap_block(owner.get_submodule(child), base_fqn=fqn))
+    events = trace(model, calls_of(plain, "none"), batch=BATCH, seq_len=SEQ, fake=False)
+    assert len(caches) == len(blocks)
+    kept: dict[str, int] = {}
+    for fqn, cache in zip(blocks, caches, strict=True):
+        found = {e.key: e.nbytes for e in events if e.call == fqn}
+        for entries in cache.values():
+            for entry in entries.values():
+                for leaf in tree_leaves(entry):
+                    tensor = getattr(leaf, "val", None)  # torch's _VersionWrapper
+                    if isinstance(tensor, torch.Tensor):
+                        storage = tensor.untyped_storage()
+                        found[storage._cdata] = storage.nbytes()
+        kept[fqn] = sum(found.values())
+    return kept
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_selective_equals_torchtitans_policy_per_block(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make = MODELS[name]
+    traced = activations_from_module(make(), batch=BATCH, seq_len=SEQ, checkpointing="selective")
+    kept = kept_by_torchtitan(make, monkeypatch)
+    assert {fqn: sum(traced.units[fqn].values()) for fqn in kept} == kept
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -37,29 +37,37 @@ _EXPERTS: Final = frozenset({"experts", "routed_experts"})
 """Module names under which tokens are the ones routed to experts (a shared expert, run
 on every token, is a dense MLP)."""
 
-_MATMULS: Final = frozenset({"mm", "addmm", "linear"})
+_MATMULS: Final = frozenset({"mm.default", "linear.default"})
 """The ops torchtitan's selective policy counts as matmuls (every second one recomputed)."""
 
 _SAVED_OPS: Final = frozenset(
     {
-        "mm",
-        "addmm",
-        "bmm",
-        "linear",
-        "convolution",
-        "_scaled_mm",
-        "max",
-        "topk",
-        "upsample_bilinear2d",
-        "reduce_scatter_tensor",
-        "all_to_all_single",
+        # the partitioner's compute-intensive ops (``get_default_op_list``)
+        "mm.default",
+        "addmm.default",
+        "bmm.default",
+        "convolution.default",
+        "convolution_backward.default",
+        "_scaled_mm.default",
+        "upsample_bilinear2d.default",
+        "_scaled_dot_product_flash_attention.default",
+        "_scaled_dot_product_efficient_attention.default",
+        "_flash_attention_forward.default",
+        "_efficient_attention_forward.default",
+        # torchtitan's own additions
+        "_scaled_dot_product_cudnn_attention.default",
+        "_scaled_dot_product_attention_math.default",
+        "_scaled_dot_product_fused_attention_overrideable.default",
+        "max.default",
+        "linear.default",
+        "topk.default",
+        "reduce_scatter_tensor.default",
+        "all_to_all_single.default",
+        # the CPU's flash attention, which the trace runs where a GPU runs the one above
+        "_scaled_dot_product_flash_attention_for_cpu.default",
     }
 )
-"""The ops whose outputs torchtitan's selective policy saves (its list: the partitioner's
-compute-intensive ops, attention, ``max``, ``linear``, ``topk``, the collectives)."""
-
-_ATTENTION: Final = ("scaled_dot_product", "flash_attention", "efficient_attention", "flex")
-"""Name parts of attention kernels: every one is saved by the selective policy."""
+"""The ops whose outputs torchtitan's selective policy saves, by ``name.overload``."""
 
 _ROUTER: Final = "moe.router.gate"
 """Modules whose matmul shape torchtitan's selective policy always recomputes."""
@@ -112,11 +120,14 @@ def activations_from_module(
     - ``"none"``: everything autograd saves.
     - ``"full"``: a block keeps its positional tensor inputs (what
       ``torch.utils.checkpoint`` saves); ``recompute`` is what its backward saves again.
-    - ``"selective"``: approximately torchtitan's per-op policy: a block keeps its inputs
-      and the outputs of the ops the policy saves (matmuls but every second one, the
-      router's always recomputed; attention; ``max``, ``topk``; the collectives), read
-      at the dispatcher as the policy reads them. The kernels are those chosen on CPU,
-      and the recomputed ops' own saved tensors are counted in ``recompute`` only.
+    - ``"selective"``: torchtitan's per-op policy (``SelectiveAC``), approximated: a
+      block keeps its inputs and the outputs of the ops the policy saves (matmuls but
+      every second one, the router's always recomputed; attention; ``max``, ``topk``;
+      the collectives), read at the dispatcher as the policy reads them. The
+      approximation: the kernels are those chosen on the CPU (its flash attention stands
+      for the GPU's, which the policy saves), flex attention and compiled regions are
+      not seen, and the policy's rule for device-to-host copies does not arise.
+      ``recompute`` is what the block's backward saves again beyond what it keeps.
 
     Args:
         model: the model (meta device welcome); it is not changed.
@@ -266,18 +277,17 @@ class _Tracer:
         call = self.call()
         if call is None or not call.checkpointed:
             return
-        name = func.__name__.split(".")[0] if hasattr(func, "__name__") else str(func)
-        attention = any(part in name for part in _ATTENTION)
+        name = str(getattr(func, "__name__", ""))
         if name in _MATMULS:
             rhs = tuple(args[1].shape) if len(args) > 1 else ()
-            if name == "linear":
+            if name == "linear.default":  # its weight is (out, in), an mm's right (in, out)
                 rhs = rhs[::-1]
             if rhs in call.forced:
                 return
             self.matmuls[call.name] = count = self.matmuls.get(call.name, 0) + 1
             if count % 2 == 0:
                 return
-        if name in _SAVED_OPS or attention:
+        if name in _SAVED_OPS:
             for out in tree_leaves(outputs):
                 if isinstance(out, torch.Tensor):
                     self.add(out, "kept")
