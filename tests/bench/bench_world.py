@@ -21,7 +21,15 @@ import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeVar
 
-from layout_algebra import ModulePlan, ParamLayoutTable, Shard, ShardingPlan, build_table
+from layout_algebra import (
+    ModulePlan,
+    ParamLayoutTable,
+    Shard,
+    ShardingPlan,
+    Stages,
+    Training,
+    build_table,
+)
 from layout_algebra.checkpoint import ReshardPlan, reshard_plan
 from layout_algebra.lint import LintReport, lint
 from layout_algebra.mesh import Mesh
@@ -84,6 +92,8 @@ LINT_GROWTH_TARGET: Final = 2.0
 RESHARD_TARGET: Final = 30.0
 RESHARD_GROWTH_TARGET: Final = 3.0
 MEMORY_TARGET: Final = 2.0
+STAGES_TARGET: Final = 3.0
+"""Lint with pipeline stages and training against the same lint without stages."""
 
 
 def deepseek_plan(layers: int = LAYERS) -> tuple[ShardingPlan, dict[str, ParamShape]]:
@@ -277,6 +287,37 @@ def run_torch(*, layers: int, worlds: tuple[str, str]) -> None:
     print(f"  torch / reshard_plan               {seconds / ours:8.1f}")
 
 
+def _staged(
+    table: ParamLayoutTable, shapes: Mapping[str, ParamShape], layers: int, repeats: int
+) -> tuple[float, float]:
+    """Seconds of lint with training on 16,384 ranks with pipeline stages over ``pp``
+    (16, or 4 for a few layers), and without: the same world's other axes, no ``pp``."""
+    pp = 16 if layers >= 2 * 16 else 4
+    stages = Stages.balanced(
+        "pp",
+        layers=layers,
+        pp=pp,
+        prefix="model.layers",
+        first=["model.embed_tokens"],
+        last=["model.norm", "lm_head"],
+    )
+    training = Training(units=["model.layers.*"], param_dtype="bfloat16")
+    world = WORLDS["16384"]
+    piped = {role: {"pp": pp, **sizes} for role, sizes in world.items()}
+    for sizes in piped.values():
+        sizes["dp_shard"] //= pp
+    seconds, _ = _best(
+        lambda: lint(table, shapes, mesh_sizes=piped, fsdp=FSDP, training=training, stages=stages),
+        repeats,
+    )
+    alone, _ = _best(
+        lambda: lint(table, shapes, mesh_sizes=world, fsdp=FSDP, training=training), repeats
+    )
+    print(f"  lint + {pp} stages + training, 16k   {seconds:8.3f} s")
+    print(f"  lint + training, 16,384 ranks      {alone:8.3f} s")
+    return seconds, alone
+
+
 def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
     """Measure and print the report; how many targets were met, of how many."""
     layers = 8 if quick else LAYERS
@@ -308,6 +349,7 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
     memory_large = _peak(
         lambda: lint(*deepseek_table(layers), mesh_sizes=WORLDS["16384"], fsdp=FSDP)
     )
+    staged, plain = _staged(table, shapes, layers, repeats)
     n = len(table)
     kinds = len(report.coverage)
     print(f"world scale: DeepSeek-V3-shaped table, {layers} layers, {n:,} tensors, {kinds} kinds")
@@ -331,6 +373,7 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
             RESHARD_GROWTH_TARGET,
         ),
         ("table + lint peak memory, 16,384 / 16 ranks", memory_large / memory_small, MEMORY_TARGET),
+        ("lint with stages / without, 16,384 ranks", staged / plain, STAGES_TARGET),
     ]
     met = 0
     for measure, value, target in checks:
