@@ -230,11 +230,27 @@ def staged_cost(
         for name, row in (*cost.by_kind.items(), *cost.traffic.items()):
             rows = by_rank[name]
             rows[held] = [a + b for a, b in zip(rows[held], row, strict=True)]
-        said.append(list(cost.assumptions))
+        said.append(_in_stage(cost.assumptions, training, trainings[s]))
     by_kind = {k: placed.spread(by_rank[k]) for k in KINDS}
     traffic = {t: placed.spread(by_rank[t]) for t in TRAFFIC}
     excess = None if budget is None else _over_budget(placed, by_kind, budget)
     return StagedCost(by_kind, traffic, _assumptions(placed, said), excess)
+
+
+def _in_stage(lines: Sequence[str], whole: Training, stage: Training) -> list[str]:
+    """A stage's assumptions, where the run's units or frozen patterns name nothing of
+    it said so (not as if none were given)."""
+    out = []
+    for line in lines:
+        if whole.units and not stage.units and line.startswith("units: none given"):
+            line = (  # noqa: PLW2901 -- the line, said of the stage
+                "units: none of the run's units names a module of this stage, so it is one "
+                "unit, its root, all-gathered at once"
+            )
+        elif whole.frozen and not stage.frozen and line.startswith("frozen: none"):
+            line = "frozen: no frozen pattern names a parameter of this stage"  # noqa: PLW2901
+        out.append(line)
+    return out
 
 
 def _assumptions(placed: Placed, said: Sequence[Sequence[str]]) -> list[str]:

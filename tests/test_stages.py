@@ -343,3 +343,17 @@ def test_the_budget_with_stages_names_the_rank_and_its_stage() -> None:
     (problem,) = [p for p in report.problems if p.kind == "budget"]
     assert "runs stage 1" in problem.message
     assert problem.ranks == (4, 5)
+
+
+def test_units_and_frozen_patterns_apply_where_they_name_something() -> None:
+    table, shapes = model(4)
+    stages = Stages("pp", [["tok_embeddings"], ["layers", "norm", "lm_head"]])
+    training = Training(units=["layers.*"], frozen=["tok_embeddings"])
+    report = lint(table, shapes, mesh_sizes=MESH, fsdp=FSDP, stages=stages, training=training)
+    assert report.ok, report.problems
+    said = report.assumptions
+    assert "stage 0: units: none of the run's units names a module of this stage" in " ".join(said)
+    assert "stage 1: frozen: no frozen pattern names a parameter of this stage" in said
+    for typo in (Training(units=["layer.*"]), Training(frozen=["tok_embedding"])):
+        with pytest.raises(LayoutError, match="names no"):
+            lint(table, shapes, mesh_sizes=MESH, fsdp=FSDP, stages=stages, training=typo)
