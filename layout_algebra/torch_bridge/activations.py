@@ -73,7 +73,7 @@ _ROUTER: Final = "moe.router.gate"
 """Modules whose matmul shape torchtitan's selective policy always recomputes."""
 
 
-@attrs.define
+@attrs.frozen
 class _Call:
     """One ``fully_shard`` call: its name, and whether a policy checkpoints it."""
 
@@ -83,7 +83,7 @@ class _Call:
     """Matmul right-hand shapes the selective policy recomputes (the router's)."""
 
 
-@attrs.define
+@attrs.frozen
 class _Event:
     """One storage kept: by whom, of what kind, and how (``saved`` by autograd, the
     ``input`` of a call, or the output of an op the selective policy ``kept``)."""
@@ -156,7 +156,9 @@ def activations_from_module(
 
 
 def calls_of(model: nn.Module, checkpointing: str) -> dict[str, _Call]:
-    """Each module that starts a ``fully_shard`` call, and its call (the root: ``""``)."""
+    """Each module FQN that starts a ``fully_shard`` call, and that call: its name (the
+    FQNs of its modules, comma-joined) and whether ``checkpointing`` applies to it (the
+    units given as patterns, the repeated blocks). The root, ``""``, is not listed."""
     units = training_from_module(model).units
     rules: list[Rule[int]] = []
     for u, unit in enumerate(units):
