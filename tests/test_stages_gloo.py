@@ -6,7 +6,8 @@ stages ``Stages.balanced`` gives; each rank builds its pipeline coordinate's sta
 each layer and the stage's root in ``fully_shard`` over ``dp_shard``, and runs one step of
 torch's ``ScheduleGPipe`` and of its ``Schedule1F1B`` (2 microbatches) with AdamW. On
 every rank: the parameter FQNs its stage module holds, the bytes its parameters keep
-(``to_local()``) and the bytes of the optimizer's state equal what the staged lint gives
+(``to_local()``), the storage FSDP2 allocates for them and their gradients (its padded
+shards) and the bytes of the optimizer's state equal what the staged lint gives
 that rank.
 """
 
@@ -27,6 +28,7 @@ from torch.distributed.tensor import DTensor
 from layout_algebra import Mesh, ParamLayoutTable, SourceLayout, Stages, Training, lint
 from layout_algebra.stages import assign_stages
 from layout_algebra.torch_bridge import shapes_from_module
+from tests.test_training_gloo import _storage_bytes
 from tests.torch_oracle import MeshFactory, on_gloo
 from tests.torchtitan_runs import function
 
@@ -106,6 +108,8 @@ def _step(rank: int, meshes: MeshFactory, schedule: str) -> dict[str, Any]:
     return {
         "fqns": fqns,
         "params": sum(_nbytes(p) for p in chunk.parameters()),
+        "allocated": _storage_bytes(chunk.parameters()),
+        "grads": _storage_bytes(p.grad for p in chunk.parameters() if p.grad is not None),
         "optimizer": states,
     }
 
@@ -141,4 +145,6 @@ def test_a_pipeline_step_keeps_what_the_staged_lint_says_on_every_rank() -> None
             )
             assert got["params"] == report.memory.bytes_per_rank[rank], (name, rank)
             assert got["optimizer"] == report.memory.by_kind["optimizer"][rank], (name, rank)
+            assert got["allocated"] == report.memory.by_kind["params"][rank], (name, rank)
+            assert got["grads"] == report.memory.by_kind["grads"][rank], (name, rank)
             assert got["optimizer"] > 0  # the step reached every parameter of the stage
