@@ -170,5 +170,15 @@ def the_step(report: layout_algebra.LintReport) -> None:
     assert_type(report.assumptions, tuple[str, ...])
 
 
+def pipeline_stages(report: layout_algebra.LintReport) -> None:
+    stages = layout_algebra.Stages("pp", [["tok_embeddings", "layers.0"], ["layers.1"]])
+    assert_type(stages.axis, str)
+    assert_type(stages.stages, tuple[tuple[str, ...], ...])
+    assert_type(stages.schedule, str)
+    assert_type(stages.microbatches, int | None)
+    assert_type(layout_algebra.Stages.balanced("pp", layers=4, pp=2), layout_algebra.Stages)
+    assert_type(report.memory.by_stage[0], tuple[int, ...])
+
+
 def exports() -> None:
     assert_type(layout_algebra.__all__, list[str])
