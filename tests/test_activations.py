@@ -6,21 +6,29 @@ torch's own ``checkpoint_wrapper`` around each block leaves saved.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
 from torch.utils._pytree import tree_leaves
 
 from layout_algebra import Activations, LayoutError, SerializationError
 from layout_algebra.activations import KINDS
 from layout_algebra.serialization import converter
 from layout_algebra.torch_bridge import activations_from_module
-from layout_algebra.torch_bridge.activations import calls_of, compose, trace
+from layout_algebra.torch_bridge.activations import _Call, calls_of, compose, trace
 from tests.models import hf_llama, hf_moe
+from tests.torch_oracle import MeshFactory
 
 BATCH, SEQ = 2, 6
 
@@ -282,6 +290,74 @@ def test_selective_lies_between_full_and_none(name: str) -> None:
     }
     assert totals["full"].total < totals["selective"].total < totals["none"].total
     assert totals["selective"].recompute_peak > 0
+
+
+def saved_per_rank(model: nn.Module, calls: Mapping[str, _Call]) -> dict[str, int]:
+    """Per unit, the bytes of the distinct storages autograd saves on this rank in one
+    forward of ``model`` (its parameters DTensors): a DTensor counted by its local
+    shard, parameters left out. Hooks of its own: an oracle beside the tracer."""
+    params = {
+        (p._local_tensor if isinstance(p, DTensor) else p).untyped_storage()._cdata
+        for p in [*model.parameters(), *model.buffers()]
+    }
+    running = [""]
+
+    def enter(name: str) -> Callable[[nn.Module, object], None]:
+        return lambda module, args: running.append(name)
+
+    def leave(module: nn.Module, args: object, output: object) -> None:
+        running.pop()  # a forward hook's None keeps the module's output
+
+    for fqn, module in model.named_modules():
+        if fqn in calls:
+            module.register_forward_pre_hook(enter(calls[fqn].name))
+            module.register_forward_hook(leave)
+    saved: dict[int, tuple[str, int]] = {}
+    kept: list[object] = []  # storages alive until counted: no key reused
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+        storage = local.untyped_storage()
+        if storage._cdata not in params and storage._cdata not in saved:
+            saved[storage._cdata] = (running[-1], storage.nbytes())
+            kept.append(storage)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.zeros((BATCH, SEQ), dtype=torch.long))
+    out: dict[str, int] = {}
+    for unit, nbytes in saved.values():
+        out[unit] = out.get(unit, 0) + nbytes
+    return out
+
+
+def test_held_under_tensor_parallelism_equals_a_real_tp_run(world_mesh: MeshFactory) -> None:
+    """transformers' Llama under torch's own Megatron-style plan (q, k, v, gate and up
+    column-wise; o and down row-wise) on two TP ranks of the fake world: what one rank
+    saves equals ``held(tp=2)``, unit by unit."""
+
+    def make() -> nn.Module:
+        return hf_llama(num_key_value_heads=2)  # one query and one KV head a TP rank
+
+    traced = activations_from_module(make(), batch=BATCH, seq_len=SEQ)
+    model = on_cpu(make)
+    layers = "model.layers.*"
+    plan: dict[str, ParallelStyle] = {
+        **{f"{layers}.self_attn.{p}_proj": ColwiseParallel() for p in "qkv"},
+        f"{layers}.self_attn.o_proj": RowwiseParallel(),
+        f"{layers}.mlp.gate_proj": ColwiseParallel(),
+        f"{layers}.mlp.up_proj": ColwiseParallel(),
+        f"{layers}.mlp.down_proj": RowwiseParallel(),
+    }
+    parallelize_module(model, world_mesh({"dp_shard": 4, "tp": 2})["tp"], plan)
+    real = saved_per_rank(model, calls_of(make(), "none"))
+    predicted = {
+        unit: Activations(units={unit: kinds}, batch=BATCH, seq_len=SEQ).held(tp=2)
+        for unit, kinds in traced.units.items()
+        if any(kinds.values())
+    }
+    assert real == predicted
+    assert traced.held(tp=2) < traced.total
 
 
 def test_the_model_is_left_as_it_was() -> None:

@@ -205,6 +205,13 @@ class _Tracer:
     keep: list[object] = attrs.field(factory=list)  # storages alive: no key reused
     matmuls: dict[str, int] = attrs.field(factory=dict)
     linears: dict[nn.Module, int] = attrs.field(factory=dict)  # modules hash by identity
+    fed: dict[str, int] = attrs.field(factory=dict)
+    """Per region (a module over two projections or more, by FQN), the storage its first
+    projection read in the region's current forward."""
+    wise: dict[str, str] = attrs.field(factory=dict)
+    """Per ``nn.Linear`` (by FQN), the kind of its input in its current forward."""
+    given: dict[str, set[int]] = attrs.field(factory=dict)
+    """Per region, the storages of the tensors its current forward was given."""
 
     def call(self) -> _Call | None:
         """The innermost running call (``None``: the root)."""
@@ -214,8 +221,9 @@ class _Tracer:
                 return found
         return None
 
-    def kind(self, shape: Sequence[int]) -> str:
-        """How a tensor of ``shape``, saved where the forward is now, divides."""
+    def kind(self, shape: Sequence[int], key: int) -> str:
+        """How a tensor of ``shape`` on the storage ``key``, saved where the forward is
+        now, divides."""
         if any(set(fqn.split(".")) & _EXPERTS for fqn, _ in self.stack):
             return "experts"  # routed: top-k rows a token, no token dim to find
         if not self.tokens.intersection(shape):
@@ -223,13 +231,14 @@ class _Tracer:
         for fqn, module in reversed(self.stack):
             if fqn in self.calls:
                 break
-            if isinstance(module, nn.Linear):  # its input: a row-wise one's is sharded
-                return "heads" if module.out_features == self.hidden else "sequence"
+            if isinstance(module, nn.Linear):
+                return self.wise.get(fqn, "sequence")
             own = list(module.parameters(recurse=False))
             if own:  # a norm, an embedding, a router: over the hidden size or per head
                 return "sequence" if own[0].shape[-1] == self.hidden else "heads"
-            if self.projections(module) >= 2:
-                return "heads"  # between the projections of attention or an MLP
+            if self.projections(module) >= 2:  # between attention's or an MLP's projections
+                # what the region was given (rotary tables) is whole on every TP rank
+                return "sequence" if key in self.given.get(fqn, ()) else "heads"
         return "sequence"
 
     def projections(self, module: nn.Module) -> int:
@@ -247,14 +256,41 @@ class _Tracer:
         self.keep.append(storage)
         call = self.call()
         name = "" if call is None else call.name
-        self.events.append(_Event(key, storage.nbytes(), name, self.kind(tensor.shape), how))
+        self.events.append(_Event(key, storage.nbytes(), name, self.kind(tensor.shape, key), how))
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         self.add(tensor, "saved")
         return tensor
 
-    def pre(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+    def projection(self, fqn: str, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """Whether the ``nn.Linear`` at ``fqn``, about to run on ``args``, is column-wise
+        (it reads what its region's first projection read: the region's input, held
+        whole on every TP rank) or row-wise (it reads what the region made: sharded).
+        q, k and v (or a fused qkv), gate and up read the input; o and down do not."""
+        if not args or not isinstance(args[0], torch.Tensor):
+            return
+        key = args[0].untyped_storage()._cdata
+        region = next(
+            (f for f, m in reversed(self.stack) if m is not module and self.projections(m) >= 2),
+            None,
+        )
+        if region is None or region in self.calls:
+            self.wise[fqn] = "sequence"
+            return
+        first = self.fed.setdefault(region, key)
+        self.wise[fqn] = "sequence" if key == first else "heads"
+
+    def pre(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self.fed.pop(fqn, None)  # a region's new forward
+            if isinstance(module, nn.Linear):
+                self.projection(fqn, module, args)
+            elif self.projections(module) >= 2:
+                self.given[fqn] = {
+                    t.untyped_storage()._cdata
+                    for t in tree_leaves((args, kwargs))
+                    if isinstance(t, torch.Tensor)
+                }
             self.stack.append((fqn, module))
             call = self.calls.get(fqn)
             if call is not None and call.checkpointed:
@@ -362,7 +398,7 @@ def trace(
     tracer.keep.extend(fakes.values())
     handles = []
     for fqn, module in named_modules(model):
-        handles.append(module.register_forward_pre_hook(tracer.pre(fqn)))
+        handles.append(module.register_forward_pre_hook(tracer.pre(fqn), with_kwargs=True))
         handles.append(module.register_forward_hook(tracer.post(fqn), always_call=True))
     try:
         kwargs = _masks(model, batch, seq_len)  # data, made for real: see _masks
