@@ -331,24 +331,47 @@ def saved_per_rank(model: nn.Module, calls: Mapping[str, _Call]) -> dict[str, in
     return out
 
 
-def test_held_under_tensor_parallelism_equals_a_real_tp_run(world_mesh: MeshFactory) -> None:
-    """transformers' Llama under torch's own Megatron-style plan (q, k, v, gate and up
+def llama_two_kv() -> nn.Module:
+    """transformers' Llama with two KV heads: one query and one KV head a TP rank."""
+    return hf_llama(num_key_value_heads=2)
+
+
+def moe_two_kv() -> nn.Module:
+    """transformers' Qwen3-MoE in bfloat16 with two KV heads."""
+    model: nn.Module = hf_moe(num_key_value_heads=2)
+    return model.to(torch.bfloat16)
+
+
+LAYERS = "model.layers.*"
+ATTENTION: dict[str, ParallelStyle] = {
+    **{f"{LAYERS}.self_attn.{p}_proj": ColwiseParallel() for p in "qkv"},
+    f"{LAYERS}.self_attn.o_proj": RowwiseParallel(),
+}
+TP_RUNS: dict[str, tuple[Callable[[], nn.Module], dict[str, ParallelStyle]]] = {
+    "hf-llama": (
+        llama_two_kv,
+        {
+            **ATTENTION,
+            f"{LAYERS}.mlp.gate_proj": ColwiseParallel(),
+            f"{LAYERS}.mlp.up_proj": ColwiseParallel(),
+            f"{LAYERS}.mlp.down_proj": RowwiseParallel(),
+        },
+    ),
+    # attention over tp, the experts left whole: their routed tokens are not divided
+    "hf-qwen3-moe": (moe_two_kv, ATTENTION),
+}
+
+
+@pytest.mark.parametrize("name", TP_RUNS)
+def test_held_under_tensor_parallelism_equals_a_real_tp_run(
+    name: str, world_mesh: MeshFactory
+) -> None:
+    """The model under torch's own Megatron-style plan (q, k, v, gate and up
     column-wise; o and down row-wise) on two TP ranks of the fake world: what one rank
     saves equals ``held(tp=2)``, unit by unit."""
-
-    def make() -> nn.Module:
-        return hf_llama(num_key_value_heads=2)  # one query and one KV head a TP rank
-
+    make, plan = TP_RUNS[name]
     traced = activations_from_module(make(), batch=BATCH, seq_len=SEQ)
     model = on_cpu(make)
-    layers = "model.layers.*"
-    plan: dict[str, ParallelStyle] = {
-        **{f"{layers}.self_attn.{p}_proj": ColwiseParallel() for p in "qkv"},
-        f"{layers}.self_attn.o_proj": RowwiseParallel(),
-        f"{layers}.mlp.gate_proj": ColwiseParallel(),
-        f"{layers}.mlp.up_proj": ColwiseParallel(),
-        f"{layers}.mlp.down_proj": RowwiseParallel(),
-    }
     parallelize_module(model, world_mesh({"dp_shard": 4, "tp": 2})["tp"], plan)
     real = saved_per_rank(model, calls_of(make(), "none"))
     predicted = {
