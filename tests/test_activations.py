@@ -146,6 +146,23 @@ def titan_llama() -> nn.Module:
     return built
 
 
+def titan_moe() -> nn.Module:
+    """torchtitan's Qwen3-MoE debug model, two layers, in bfloat16 (as FSDP2's mixed
+    precision gathers it: its experts cast their weights to bfloat16, and would save
+    float32 weights' copies), with the SDPA inner attention as above."""
+    qwen3 = pytest.importorskip("torchtitan.models.qwen3")
+    attention = pytest.importorskip("torchtitan.models.common.attention")
+    cfg = qwen3.qwen3_configs["debugmodel_moe"](attn_backend="flex")
+    object.__setattr__(cfg, "layers", cfg.layers[:2])  # slotted dataclass
+    for layer in cfg.layers:
+        inner = attention.ScaledDotProductAttention.Config()
+        object.__setattr__(layer.attention, "inner_attention", inner)
+    with torch.device("meta"):
+        built = cfg.build()
+    assert isinstance(built, nn.Module)
+    return built.to(torch.bfloat16)
+
+
 def moe_bf16() -> nn.Module:
     """transformers' Qwen3-MoE in bfloat16: torch's grouped matmul takes no other dtype
     on the meta device."""
@@ -157,11 +174,14 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "hf-llama": hf_llama,
     "hf-qwen3-moe": moe_bf16,
     "titan-llama3": titan_llama,
+    "titan-qwen3-moe": titan_moe,
 }
 
 pytestmark = [
     # torchtitan compiles its flex attention when imported, which imports torch's inductor
     pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+    # torchtitan's router asks CPU autocast for float32, which it declines (and so runs as is)
+    pytest.mark.filterwarnings("ignore:In CPU autocast, but the target dtype is not supported"),
 ]
 
 

@@ -112,7 +112,9 @@ def activations_from_module(
     torch's CPU flash kernel saves it); a storage saved twice, or by two units, counts
     once, at the first; parameters, buffers and views of them are not activations. A
     torchtitan decoder is given its own attention masks (``get_attention_masks``). The
-    loss is outside the model's forward and not traced.
+    loss is outside the model's forward and not traced. The model runs in its own dtype:
+    give it the dtype FSDP2 computes in (``param_dtype``), or a parameter the forward
+    casts (torchtitan's experts cast theirs to bfloat16) is saved as a copy.
 
     ``checkpointing`` applies to the repeated blocks (the units given as patterns,
     ``layers.*``), as torchtitan and transformers apply it; other units keep what they save:
