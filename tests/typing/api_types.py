@@ -180,5 +180,14 @@ def pipeline_stages(report: layout_algebra.LintReport) -> None:
     assert_type(report.memory.by_stage[0], tuple[int, ...])
 
 
+def activations() -> None:
+    acts = layout_algebra.Activations(units={"layers.0": {"heads": 64}}, batch=1, seq_len=8)
+    assert_type(acts.units["layers.0"]["heads"], int)
+    assert_type(acts.recompute.get("layers.0", 0), int)
+    assert_type(acts.checkpointing, str)
+    assert_type(acts.held(tp=2, cp=2, sequence_parallel=True), int)
+    assert_type(acts.total, int)
+
+
 def exports() -> None:
     assert_type(layout_algebra.__all__, list[str])
