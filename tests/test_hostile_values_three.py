@@ -255,6 +255,10 @@ SAMPLES: Final[dict[type, tuple[Call, Call]]] = {
         _call(["norm", "lm_head"], reshard_after_forward=False),
     ),
     layout_algebra.Optimizer: (_call(states=2, scalars=1), _call(states=1)),
+    layout_algebra.Stages: (
+        _call("pp", [["embed", "layers.0"], ["layers.1", "head"]]),
+        _call("pp", [["a"], ["b"], ["c"], ["d"]], schedule="interleaved-1f1b", microbatches=8),
+    ),
     # values inside the reports, and the package's own frozen mapping
     Coverage: (
         _call(W, ParamShape((4, 4), "float32"), 1),
