@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
 from torch import nn
@@ -175,9 +175,13 @@ def _alias_conflict(
 
 def _matched(
     table: ParamLayoutTable, module: nn.Module, binder: _Binder
-) -> list[tuple[str, nn.Parameter, Binding]]:
+) -> Iterator[tuple[str, nn.Parameter, Binding]]:
     """Each ``(fqn, param, binding)`` of the walk of ``module`` whose FQN ``table``
     mentions, in walk order; raises ``bind``'s errors of a walk against a table.
+
+    They are kept in three lists, not as a tuple each: every object kept until the map
+    is filled brings the collector's next pass over the whole heap (the model's modules
+    and tensors) nearer, and a parameter's weak entry is the one object it needs.
 
     A table built from the model lists its FQNs in the walk's order, so they are met one
     after the other with no lookup; from the first FQN met out of that order on, the rest
@@ -188,7 +192,9 @@ def _matched(
     at = 0  # fqns[:at] have been met; while unfound is None, the walk meets fqns[at] next
     unfound: dict[str, SourceLayout] | None = None  # the rest, once met out of order
     prepared = binder.prepared
-    matched: list[tuple[str, nn.Parameter, Binding]] = []
+    met_fqns: list[str] = []
+    met_params: list[nn.Parameter] = []
+    met_bindings: list[Binding] = []
     try:  # torch's walk itself, named as _walk.named_parameters names it
         for walked, param in module.named_parameters(remove_duplicate=False):
             name = walked if WRAPPER_SEGMENT not in walked else state_dict_fqn(walked)
@@ -212,7 +218,9 @@ def _matched(
             binding, min_ndim = ready
             if min_ndim and param.dim() < min_ndim:  # a layout sharding no dim fits any
                 raise _too_few_dims(fqn, layout, param)
-            matched.append((fqn, param, binding))
+            met_fqns.append(fqn)
+            met_params.append(param)
+            met_bindings.append(binding)
     except RecursionError:  # a cycle of submodules, or a tree that deep
         raise walk_error(module) from None
 
@@ -220,7 +228,7 @@ def _matched(
     if missing:
         names = [fqn for fqn, _ in named_parameters(module)]
         raise _unknown_fqn(missing[0], module, names)
-    return matched
+    return zip(met_fqns, met_params, met_bindings, strict=True)
 
 
 def bind(
