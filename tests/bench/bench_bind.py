@@ -9,21 +9,35 @@ shuffled order is timed beside it, and so is the floor any weakly held map pays 
 walk and one weak reference per parameter). The module lives on the meta device, so its
 values take no memory; the mesh comes from a fake 8-rank process group started in this
 process. Each timing collects garbage first and runs with the collector off, as the
-other benchmarks do. Run alone with ``python -m tests.bench.bench_bind [--quick]``.
+other benchmarks do.
+
+Then one model as users build it: a ``ModuleList`` of 25,000 modules of four parameters
+(4x4, 4x4, 4 and 4x4: 1e5 parameters, on the meta device), bound to the fake ``(2, 4)``
+mesh against ``dict(model.named_parameters())``, the call a user makes, with its table in
+the model's order and shuffled. Targets: at most 2.0x the listing in either order, and
+the model's order no slower than shuffled. The same calls are also timed with the
+collector on, as a program runs them: each side called several times in a row, so the
+collections the objects it keeps set off fall among its own calls, and the figure is
+the mean per call. Those collections are counted: what ``bind`` keeps per parameter
+(its weak entry) is what any weakly held map keeps, so it sets off no more young
+collections than the floor does (target: at most 1.1x the floor's). Run alone with
+``python -m tests.bench.bench_bind [--quick]``.
 """
 
 from __future__ import annotations
 
+import gc
 import random
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import attrs
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from layout_algebra import ParamLayoutTable, Replicate, Shard, SourceLayout
@@ -32,13 +46,21 @@ from tests.bench import alone
 from tests.bench.bench_build import timed, verdict
 from tests.bench.targets import record
 
-__all__ = ["Scale", "main", "measure", "run"]
+__all__ = ["Blocks", "Scale", "main", "measure", "measure_blocks", "run"]
 
 RATIO_TARGET: Final = 2.0
 SCALES: Final = (5_000, 50_000, 500_000)
 """Tiny linear layers of two parameters each: 1e4, 1e5 and 1e6 parameters."""
 QUICK_SCALES: Final = (500, 5_000, 50_000)
 REPEATS: Final = 5
+BLOCKS: Final = 25_000
+"""Modules of four parameters each in one ``ModuleList``: 1e5 parameters."""
+QUICK_BLOCKS: Final = 2_500
+YOUNG_TARGET: Final = 1.1
+"""Young collections per ``bind`` over the floor's: one kept object per parameter."""
+CALLS_IN_A_ROW: Final = 6
+"""Calls per side with the collector on: enough for the full collections that the objects
+kept by one call set off (about one every third call) to fall among them."""
 
 
 def _ignore(_: object) -> None:
@@ -56,11 +78,16 @@ class Scale:
     floor: float
 
 
-def measure(modules: int, repeats: int = REPEATS) -> Scale:
-    """Every side on ``modules`` tiny linear layers (two parameters each)."""
+def _fake_mesh() -> DeviceMesh:
+    """The ``(2, 4)`` mesh ``("dp_shard", "tp")`` of a fake 8-rank process group."""
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_shard", "tp"))
+    return init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp_shard", "tp"))
+
+
+def measure(modules: int, repeats: int = REPEATS) -> Scale:
+    """Every side on ``modules`` tiny linear layers (two parameters each)."""
+    mesh = _fake_mesh()
     with torch.device("meta"):
         module = nn.ModuleList(nn.Linear(4, 4) for _ in range(modules))
     column = SourceLayout("dense", ("tp",), (Shard(0),))
@@ -88,6 +115,136 @@ def measure(modules: int, repeats: int = REPEATS) -> Scale:
         best["shuffled"] = min(best["shuffled"], timed(lambda: bind(shuffled, module, meshes)))
         best["floor"] = min(best["floor"], timed(floor))
     return Scale(len(table), **best)
+
+
+class _Block(nn.Module):
+    """Four parameters: two 4x4 weights, a 4-vector and another 4x4 weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq = nn.Parameter(torch.empty(4, 4))
+        self.wk = nn.Parameter(torch.empty(4, 4))
+        self.norm = nn.Parameter(torch.empty(4))
+        self.wo = nn.Parameter(torch.empty(4, 4))
+
+
+@attrs.frozen
+class Blocks:
+    """The block model's figures: best times in seconds with the collector off, mean
+    seconds per call with it on (``*_on``), and young and full collections per call."""
+
+    params: int
+    named: float
+    named_all: float
+    bind: float
+    shuffled: float
+    floor: float
+    named_on: float
+    bind_on: float
+    shuffled_on: float
+    floor_on: float
+    bind_collections: tuple[float, float]
+    floor_collections: tuple[float, float]
+
+
+def _in_a_row(fn: Callable[[], object], calls: int) -> tuple[float, tuple[float, float]]:
+    """Mean seconds per call of ``calls`` calls of ``fn`` in a row with the collector on,
+    and the young and full collections per call they set off (from a collected heap)."""
+    gc.collect()
+    before = [generation["collections"] for generation in gc.get_stats()]
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    after = [generation["collections"] for generation in gc.get_stats()]
+    return elapsed / calls, ((after[0] - before[0]) / calls, (after[-1] - before[-1]) / calls)
+
+
+def measure_blocks(blocks: int, repeats: int = REPEATS) -> Blocks:
+    """Every side on a ``ModuleList`` of ``blocks`` modules of four parameters."""
+    mesh = _fake_mesh()
+    with torch.device("meta"):
+        model = nn.ModuleList(_Block() for _ in range(blocks))
+    column = SourceLayout("dense", ("tp",), (Shard(0),))
+    row = SourceLayout("dense", ("tp",), (Shard(1),))
+    replicate = SourceLayout("dense", ("tp",), (Replicate(),))
+    by_name = {"wq": column, "wk": column, "norm": replicate, "wo": row}
+    names = [name for name, _ in model.named_parameters()]
+    table = ParamLayoutTable({n: by_name[n.rpartition(".")[2]] for n in names})
+    random.Random(0).shuffle(names)
+    shuffled = ParamLayoutTable({n: table[n] for n in names})
+    del names
+    meshes = {"dense": mesh}
+    assert dict(bind(table, model, meshes)) == dict(bind(shuffled, model, meshes))
+    assert len(bind(table, model, meshes)) == len(table)
+
+    def floor() -> list[weakref.ref[nn.Parameter]]:
+        walk = model.named_parameters(remove_duplicate=False)
+        return [weakref.ref(p, _ignore) for _, p in walk]
+
+    sides: dict[str, Callable[[], object]] = {
+        "named": lambda: dict(model.named_parameters()),
+        "named_all": lambda: dict(model.named_parameters(remove_duplicate=False)),
+        "bind": lambda: bind(table, model, meshes),
+        "shuffled": lambda: bind(shuffled, model, meshes),
+        "floor": floor,
+    }
+    best = dict.fromkeys(sides, float("inf"))
+    for _ in range(repeats):  # interleaved, so every side sees the same machine
+        for side, fn in sides.items():
+            best[side] = min(best[side], timed(fn))
+    on = dict.fromkeys(("named", "bind", "shuffled", "floor"), float("inf"))
+    collections: dict[str, tuple[float, float]] = {}
+    for _ in range(2):
+        for side in on:
+            seconds, collections[side] = _in_a_row(sides[side], CALLS_IN_A_ROW)
+            on[side] = min(on[side], seconds)
+    return Blocks(
+        len(table),
+        **best,
+        named_on=on["named"],
+        bind_on=on["bind"],
+        shuffled_on=on["shuffled"],
+        floor_on=on["floor"],
+        bind_collections=collections["bind"],
+        floor_collections=collections["floor"],
+    )
+
+
+def _report_blocks(b: Blocks) -> None:
+    """Record the block model's targets and print its figures."""
+    order, shuffled = b.bind / b.named, b.shuffled / b.named
+    model = f"{b.params:,} params in blocks of four"
+    floor = f"floor {b.floor / b.named:.2f} (the walk, a weak reference each)"
+    record(f"bind / dict(named_parameters()), {model}", order, RATIO_TARGET, floor)
+    record(f"bind shuffled / dict(named_parameters()), {model}", shuffled, RATIO_TARGET, floor)
+    record(f"bind in the model's order / shuffled, {model}", b.bind / b.shuffled, 1.0)
+    young = b.bind_collections[0] / b.floor_collections[0]
+    record(
+        f"young collections per bind / the floor's, {model}",
+        young,
+        YOUNG_TARGET,
+        "collector on: what bind keeps per parameter, against one weak reference",
+    )
+    print(
+        f"bind {b.params:,} parameters in {b.params // 4:,} modules of four: "
+        f"{b.bind * 1e3:.0f} ms vs dict(named_parameters()) {b.named * 1e3:.0f} ms, ratio "
+        f"{order:.2f} (target <= {RATIO_TARGET}) {verdict(order, RATIO_TARGET)}; shuffled "
+        f"{shuffled:.2f} {verdict(shuffled, RATIO_TARGET)}; floor {b.floor / b.named:.2f}"
+    )
+    print(
+        f"  against named_parameters(remove_duplicate=False), the walk bind takes: "
+        f"{b.bind / b.named_all:.2f} in order, {b.shuffled / b.named_all:.2f} shuffled, "
+        f"floor {b.floor / b.named_all:.2f}"
+    )
+    print(
+        f"  collector on, mean of {CALLS_IN_A_ROW} calls in a row: {b.bind_on / b.named_on:.2f} "
+        f"in order, {b.shuffled_on / b.named_on:.2f} shuffled, floor "
+        f"{b.floor_on / b.named_on:.2f}; collections per call (young, full): bind "
+        f"{b.bind_collections[0]:.0f}, {b.bind_collections[1]:.2f}; floor "
+        f"{b.floor_collections[0]:.0f}, {b.floor_collections[1]:.2f}; young ratio "
+        f"{young:.2f} (target <= {YOUNG_TARGET}) {verdict(young, YOUNG_TARGET)}"
+    )
 
 
 def run(*, quick: bool = False) -> None:
@@ -120,6 +277,7 @@ def run(*, quick: bool = False) -> None:
         f"growth {small.params:,} -> {large.params:,}: bind {mine:.2f}, "
         f"dict(named_parameters) {theirs:.2f} {verdict(mine, theirs)}"
     )
+    _report_blocks(measure_blocks(QUICK_BLOCKS if quick else BLOCKS))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
