@@ -336,9 +336,9 @@ def _entries(value: object, path: str) -> CheckedEntries:
     values: a bad key is the error even where a value before it is bad too.
 
     Equal layouts are spelled alike: each spelling is read once and its value shared. A
-    spelling is the layout object's keys in order, its mesh, and its axes and placements
-    as tuples; it is remembered only once read in full, so it then holds strings only
-    and equals no spelling of anything else.
+    spelling is one tuple of the layout object's keys in order, its mesh, the number of
+    its axes, its axes and its placements; it is remembered only once read in full, so
+    it then holds strings and that count only and equals no spelling of anything else.
     """
     items: Collection[tuple[str, object]]
     if type(value) is tuple:  # load's pairs (a Python tuple that holds none is refused)
@@ -358,11 +358,12 @@ def _entries(value: object, path: str) -> CheckedEntries:
             pairs = raw
             if type(raw) is dict and raw.keys() == _LAYOUT_KEYS:  # spelled as load's would be
                 pairs = tuple(raw.items())
-            if type(pairs) is tuple and len(pairs) == len(_LAYOUT_ORDER):
-                try:
+            if type(pairs) is tuple:
+                try:  # three pairs (the count is checked by unpacking them)
                     (k1, mesh), (k2, axes), (k3, placements) = pairs
                     if type(axes) is list and type(placements) is list:
-                        spelling = (k1, k2, k3, mesh, tuple(axes), tuple(placements))
+                        # one tuple, not one per list: the count marks where placements begin
+                        spelling = (k1, k2, k3, mesh, len(axes), *axes, *placements)
                         layout = read.get(spelling)
                 except (TypeError, ValueError):  # no pairs, or arrays or objects inside
                     spelling = None  # the full read reports it
