@@ -17,7 +17,7 @@ import attrs
 
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._ranks import Factor, index_vector
-from layout_algebra._text import exact_bytes, human_bytes, ranks_text
+from layout_algebra._step import over_limit
 from layout_algebra.errors import LayoutError
 from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh
@@ -281,20 +281,14 @@ def _assumptions(placed: Placed, said: Sequence[Sequence[str]]) -> list[str]:
 def _over_budget(
     placed: Placed, by_kind: Mapping[str, Sequence[int]], limit: int
 ) -> tuple[str, tuple[int, ...]] | None:
-    total = [sum(kinds) for kinds in zip(*by_kind.values(), strict=True)]
-    ranks = tuple(r for r, b in enumerate(total) if b > limit)
-    if not ranks:
+    found = over_limit(by_kind, limit)
+    if found is None:
         return None
-    worst = max(ranks, key=total.__getitem__)
-    kinds = sorted(((row[worst], k) for k, row in by_kind.items()), reverse=True)
-    shown = ", ".join(f"{k} {human_bytes(b)}" for b, k in kinds if b)
+    ranks, worst, opening = found
     at = placed.pp_index[worst]
     held = [s for s in range(placed.count) if placed.rank_of(s) == at]
-    rest = [r for r in ranks if r != worst]
-    others = f" (and {ranks_text(rest)})" if rest else ""
     msg = (
-        f"rank {worst}{others} needs {exact_bytes(total[worst])}, above the budget of "
-        f"{exact_bytes(limit)}: {shown}; it runs stage{'s' if len(held) > 1 else ''} "
+        f"{opening}; it runs stage{'s' if len(held) > 1 else ''} "
         f"{', '.join(map(str, held))}; shard more (a larger FSDP or TP axis), split the model "
         "into more stages, or lighten the optimizer or the units"
     )

@@ -886,13 +886,10 @@ class _Step:
     ) -> tuple[str, str, tuple[int, ...]] | None:
         """The ranks above ``limit`` bytes, the worst one's bytes by kind and heaviest
         parameters (``None`` when every rank fits)."""
-        total = [sum(kinds) for kinds in zip(*by_kind.values(), strict=True)]
-        ranks = tuple(r for r, b in enumerate(total) if b > limit)
-        if not ranks:
+        found = over_limit(by_kind, limit)
+        if found is None:
             return None
-        worst = max(ranks, key=total.__getitem__)
-        kinds = sorted(((row[worst], k) for k, row in by_kind.items()), reverse=True)
-        shown = ", ".join(f"{k} {human_bytes(b)}" for b, k in kinds if b)
+        ranks, worst, opening = found
         heavy = []
         states = self.optimizer.states
         for held, n in self.counts.items():
@@ -909,12 +906,30 @@ class _Step:
             f"{clip(fqn, 80)}{f' and {n - 1} alike' if n > 1 else ''} {human_bytes(b)}"
             for b, fqn, n in heavy[:_TOP]
         ]
-        rest = [r for r in ranks if r != worst]
-        others = f" (and {ranks_text(rest)})" if rest else ""
         msg = (
-            f"rank {worst}{others} needs {exact_bytes(total[worst])}, above the budget of "
-            f"{exact_bytes(limit)}: {shown}; heaviest parameters there with their grads and "
-            f"states: {'; '.join(top)}; shard more (a larger FSDP or TP axis), or lighten the "
+            f"{opening}; heaviest parameters there with their grads and states: "
+            f"{'; '.join(top)}; shard more (a larger FSDP or TP axis), or lighten the "
             "optimizer or the units"
         )
         return msg, heavy[0][1] if heavy else "<model>", ranks
+
+
+def over_limit(
+    by_kind: Mapping[str, Sequence[int]], limit: int
+) -> tuple[tuple[int, ...], int, str] | None:
+    """The ranks above ``limit`` bytes, the worst of them, and a budget message's opening:
+    the worst rank's need and its bytes by kind (``None`` when every rank fits)."""
+    total = [sum(kinds) for kinds in zip(*by_kind.values(), strict=True)]
+    ranks = tuple(r for r, b in enumerate(total) if b > limit)
+    if not ranks:
+        return None
+    worst = max(ranks, key=total.__getitem__)
+    kinds = sorted(((row[worst], k) for k, row in by_kind.items()), reverse=True)
+    shown = ", ".join(f"{k} {human_bytes(b)}" for b, k in kinds if b)
+    rest = [r for r in ranks if r != worst]
+    others = f" (and {ranks_text(rest)})" if rest else ""
+    opening = (
+        f"rank {worst}{others} needs {exact_bytes(total[worst])}, above the budget of "
+        f"{exact_bytes(limit)}: {shown}"
+    )
+    return ranks, worst, opening
