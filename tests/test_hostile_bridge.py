@@ -28,6 +28,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel
 from layout_algebra import (
     BindError,
     LayoutError,
+    Mesh,
     OwnedAxisError,
     ParamLayoutTable,
     PlanError,
@@ -37,6 +38,7 @@ from layout_algebra import (
     compose_table,
 )
 from layout_algebra.torch_bridge import (
+    activations_from_module,
     bind,
     distribute,
     plan_from_hf,
@@ -45,6 +47,7 @@ from layout_algebra.torch_bridge import (
     table_from_hf,
     table_from_module,
     table_from_parallelize,
+    table_from_torchtitan,
     tied_pairs_from_module,
     to_torch,
     training_from_module,
@@ -645,3 +648,46 @@ def test_two_parameters_under_one_fqn_are_refused(mesh: DeviceMesh) -> None:
     with pytest.raises(BindError, match=r"^a\.b: two parameters of Module have this FQN") as info:
         bind(ParamLayoutTable({"a.b": TP}), model, {"dense": mesh})
     assert info.value.fqn == "a.b"
+
+
+NEW_READERS: Final[dict[str, Callable[[], object]]] = {
+    "training_from_module-None": lambda: training_from_module(None),  # type: ignore[arg-type]
+    "training_from_module-str": lambda: training_from_module("model"),  # type: ignore[arg-type]
+    "training_from_module-units-str": lambda: training_from_module(
+        nn.Sequential(nn.Linear(2, 2)), units="layers.*"
+    ),
+    "activations_from_module-None": lambda: activations_from_module(
+        None,  # type: ignore[arg-type]
+        batch=1,
+        seq_len=2,
+    ),
+    "activations_from_module-huge": lambda: activations_from_module(
+        nn.Sequential(nn.Linear(2, 2)), batch=2**70, seq_len=2
+    ),
+    "activations_from_module-str": lambda: activations_from_module(
+        nn.Sequential(nn.Linear(2, 2)),
+        batch="1",  # type: ignore[arg-type]
+        seq_len=2,
+    ),
+    "activations_from_module-empty": lambda: activations_from_module(
+        nn.Module(), batch=1, seq_len=2
+    ),
+    "table_from_torchtitan-None": lambda: table_from_torchtitan(
+        None,  # type: ignore[arg-type]
+        {"dense": Mesh({"tp": 2})},
+    ),
+    "table_from_torchtitan-str": lambda: table_from_torchtitan(
+        nn.Linear(2, 2),
+        "tp=2",
+    ),
+    "table_from_torchtitan-empty": lambda: table_from_torchtitan(nn.Linear(2, 2), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(NEW_READERS))
+def test_the_new_readers_refuse_wrong_types_huge_and_empty_input(case: str) -> None:
+    """A wrong type, a bare string, a huge number or an empty model: one LayoutError that
+    names the argument or the model, never a bare TypeError."""
+    with pytest.raises(LayoutError) as info:
+        NEW_READERS[case]()
+    assert len(str(info.value)) < 1000

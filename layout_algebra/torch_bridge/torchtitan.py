@@ -422,6 +422,12 @@ def meshes_from_parallel_dims(
         LayoutError: ``parallel_dims`` lacks a degree, or reading it raised (naming it),
             or ``ep`` does not divide ``dp_shard * cp * tp`` (torchtitan refuses it).
     """
+    if isinstance(parallel_dims, str | bytes | int | float | type(None)):
+        msg = (
+            f"{caller}({arg}=...) must be torchtitan's ParallelDims or {{role: Mesh}}, got "
+            f"{quote(parallel_dims)}"
+        )
+        raise LayoutError(msg)
     pp, replicate, shard, cp, tp, ep = (
         _size(parallel_dims, n, caller, arg)
         for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
