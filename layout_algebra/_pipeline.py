@@ -18,12 +18,21 @@ import attrs
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._ranks import Factor, index_vector
 from layout_algebra._step import over_limit
+from layout_algebra.activations import Activations, divisors
 from layout_algebra.errors import LayoutError
 from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh
 from layout_algebra.shapes import ParamShape
 from layout_algebra.stages import StageAssignment, Stages, assign_stages
-from layout_algebra.training import KINDS, TRAFFIC, FSDPUnit, Training, training_cost
+from layout_algebra.training import (
+    ACTIVATIONS,
+    KINDS,
+    PARALLEL_TRAFFIC,
+    TRAFFIC,
+    FSDPUnit,
+    Training,
+    pipelined_cost,
+)
 
 __all__ = ["PIPELINE_AXIS", "Placed", "pipeline_problem", "place", "staged_cost"]
 
@@ -184,6 +193,67 @@ class StagedCost:
     traffic: dict[str, list[int]]
     assumptions: list[str]
     over_budget: tuple[str, tuple[int, ...]] | None
+    peak: list[int]
+
+
+def microbatches(placed: Placed) -> int:
+    """The microbatches of a step: as ``Stages`` gives them, else one per pipeline rank
+    (the fewest torch's schedules keep every rank busy with)."""
+    return placed.stages.microbatches or placed.pp
+
+
+def in_flight(placed: Placed, stage: int) -> int:
+    """How many microbatches' activations ``stage`` holds at its rank's highest point:
+    the forwards its rank runs before its first backward, as torch's schedules order
+    them (GPipe: all; 1F1B: ``pp - rank``; interleaved 1F1B: ``_get_warmup_ops`` + 1
+    forwards, a round of ``pp`` microbatches per local stage in turn)."""
+    m, pp = microbatches(placed), placed.pp
+    rank = placed.rank_of(stage)
+    schedule = placed.stages.schedule
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(m, pp - rank)
+    local = placed.count // pp
+    first = min((local - 1) * pp + 2 * (pp - 1 - rank), m * local) + 1
+    mine = stage // pp
+    return sum(1 for k in range(min(first, m * local)) if (k // pp) % local == mine)
+
+
+def _stage_activations(
+    given: Activations, stage_of: Mapping[str, int], count: int
+) -> list[Activations]:
+    """``given`` split by stage: each unit, projection and experts module on the stage
+    holding its module's parameters; the root's (what no unit saved) on the last."""
+    out: list[dict[str, dict[str, object]]] = [
+        {"units": {}, "recompute": {}, "modules": {}, "routed": {}} for _ in range(count)
+    ]
+    for field, values in (
+        ("units", given.units),
+        ("recompute", given.recompute),
+        ("modules", given.modules),
+        ("routed", given.routed),
+    ):
+        for name, value in values.items():
+            s = stage_of.get(name.split(",")[0], count - 1)
+            out[s][field][name] = value
+    return [attrs.evolve(given, **parts) for parts in out]  # type: ignore[arg-type]
+
+
+def _stage_of_modules(stage_by_fqn: Mapping[str, int | None]) -> dict[str, int]:
+    """Each module's stage: that of its first parameter (a module of two stages is
+    refused by lint already)."""
+    out: dict[str, int] = {}
+    for fqn, s in stage_by_fqn.items():
+        if s is None:
+            continue
+        parts = fqn.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            module = ".".join(parts[:i])
+            if module in out:
+                break
+            out[module] = s
+    return out
 
 
 def staged_cost(
@@ -210,31 +280,64 @@ def staged_cost(
         if s is not None:
             fqns[s].append(fqn)
     trainings = _per_stage(training, fqns)
+    acts = training.activations
+    if acts is not None:
+        split = _stage_activations(acts, _stage_of_modules(stage_by_fqn), n)
+        trainings = [attrs.evolve(t, activations=a) for t, a in zip(trainings, split, strict=True)]
     groups = list(tied)
     # each stage costed on the world of one pipeline rank, summed per pipeline rank
     small = placed.collapsed(meshes)
     width = len(placed.pp_index) // placed.pp
-    by_rank = {name: [[0] * width for _ in range(placed.pp)] for name in (*KINDS, *TRAFFIC)}
+    names: tuple[str, ...] = (*KINDS, *TRAFFIC, "peak")
+    if acts is not None:
+        names = (*names, ACTIVATIONS, *PARALLEL_TRAFFIC)
+    by_rank = {name: [[0] * width for _ in range(placed.pp)] for name in names}
     said: list[list[str]] = []
+    sends = _sends(placed, training, small) if acts is not None else [0] * n
     for s in range(n):
         mine = set(fqns[s])
-        cost = training_cost(
-            {f: layouts[f] for f in fqns[s]},
+        cost = pipelined_cost(
+            [(f, layouts[f]) for f in fqns[s]],
             {f: shapes[f] for f in fqns[s] if f in shapes},
             small,
             trainings[s],
             tied=[g & mine for g in groups if len(g & mine) > 1],
             owned=owned,
+            budget=None,
+            in_flight=in_flight(placed, s),
+            microbatches=microbatches(placed),
         )
         held = placed.rank_of(s)
-        for name, row in (*cost.by_kind.items(), *cost.traffic.items()):
+        sent = {name: list(row) for name, row in cost.traffic.items()}
+        if acts is not None:
+            sent["pp_send_recv"] = [b + sends[s] for b in sent["pp_send_recv"]]
+        for name, row in (*cost.by_kind.items(), *sent.items(), ("peak", cost.peak)):
             rows = by_rank[name]
             rows[held] = [a + b for a, b in zip(rows[held], row, strict=True)]
         said.append(_in_stage(cost.assumptions, training, trainings[s]))
-    by_kind = {k: placed.spread(by_rank[k]) for k in KINDS}
-    traffic = {t: placed.spread(by_rank[t]) for t in TRAFFIC}
-    excess = None if budget is None else _over_budget(placed, by_kind, budget)
-    return StagedCost(by_kind, traffic, _assumptions(placed, said), excess)
+    kinds = (*KINDS, ACTIVATIONS) if acts is not None else KINDS
+    collectives = (*TRAFFIC, *PARALLEL_TRAFFIC) if acts is not None else TRAFFIC
+    by_kind = {k: placed.spread(by_rank[k]) for k in kinds}
+    traffic = {t: placed.spread(by_rank[t]) for t in collectives}
+    peak = placed.spread(by_rank["peak"])
+    excess = None if budget is None else _over_budget(placed, by_kind, peak, budget)
+    return StagedCost(by_kind, traffic, _assumptions(placed, said, training), excess, peak)
+
+
+def _sends(placed: Placed, training: Training, meshes: Mapping[str, Mesh]) -> list[int]:
+    """What each stage sends per step: every microbatch's hidden state to the next stage
+    in forward (but the last stage) and its gradient to the previous in backward (but
+    the first); a rank sends its share (a ``cp``-th, and a ``tp``-th under sequence
+    parallelism)."""
+    acts = training.activations
+    assert acts is not None  # only called with activations
+    mesh = meshes.get("dense") or next(iter(meshes.values()))
+    by = divisors(
+        tp=mesh.get("tp", 1), cp=mesh.get("cp", 1), sequence_parallel=training.sequence_parallel
+    )
+    share = -(-acts.boundary // by["sequence"]) * microbatches(placed)
+    n = placed.count
+    return [share * ((s < n - 1) + (s > 0)) for s in range(n)]
 
 
 def _in_stage(lines: Sequence[str], whole: Training, stage: Training) -> list[str]:
@@ -253,7 +356,7 @@ def _in_stage(lines: Sequence[str], whole: Training, stage: Training) -> list[st
     return out
 
 
-def _assumptions(placed: Placed, said: Sequence[Sequence[str]]) -> list[str]:
+def _assumptions(placed: Placed, said: Sequence[Sequence[str]], training: Training) -> list[str]:
     """The stages' assumptions: what every stage says once, the rest by stage."""
     everywhere = set(said[0]).intersection(*said[1:])
     out = [
@@ -267,11 +370,27 @@ def _assumptions(placed: Placed, said: Sequence[Sequence[str]]) -> list[str]:
             "stages: the FSDP buffers of a rank's stages are counted as held at once (the "
             "sum of their peaks), an upper bound when the schedule runs them apart"
         )
-    out.append(
-        "stages: traffic is one pass over each stage's parameters; FSDP2's gathers again "
-        "per microbatch, the activations in flight and the pipeline's send/recv are not "
-        "counted"
-    )
+    m = microbatches(placed)
+    given = "" if placed.stages.microbatches else " (not given: one per pipeline rank)"
+    if training.activations is None:
+        out.append(
+            "stages: traffic is one pass over each stage's parameters; FSDP2's gathers "
+            "again per microbatch, the activations in flight and the pipeline's sends are "
+            "not counted (Training(activations=...) counts the last two)"
+        )
+    else:
+        flights = ", ".join(
+            f"stage {s}: {in_flight(placed, s)}" for s in range(min(placed.count, 8))
+        )
+        more = ", ..." if placed.count > 8 else ""
+        out.append(
+            f"stages: {m} microbatches a step{given}; activations of the microbatches a "
+            f"stage runs forward before its first backward held at once ({flights}{more}); "
+            "the root's activations (outside every unit) on the last stage; a stage sends "
+            "each microbatch's hidden state on and its gradient back; FSDP traffic is one "
+            "pass over each stage's parameters (its gathers again per microbatch, if it "
+            "reshards, are not counted)"
+        )
     out.extend(line for line in said[0] if line in everywhere)
     for s, lines in enumerate(said):
         out.extend(f"stage {s}: {line}" for line in lines if line not in everywhere)
@@ -279,9 +398,9 @@ def _assumptions(placed: Placed, said: Sequence[Sequence[str]]) -> list[str]:
 
 
 def _over_budget(
-    placed: Placed, by_kind: Mapping[str, Sequence[int]], limit: int
+    placed: Placed, by_kind: Mapping[str, Sequence[int]], peak: Sequence[int], limit: int
 ) -> tuple[str, tuple[int, ...]] | None:
-    found = over_limit(by_kind, limit)
+    found = over_limit(by_kind, peak, limit)
     if found is None:
         return None
     ranks, worst, opening = found

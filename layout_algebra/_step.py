@@ -31,11 +31,12 @@ from layout_algebra._args import as_items
 from layout_algebra._patterns import WILDCARD, Matcher, Rule
 from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, chunk_bounds, size_of
-from layout_algebra._text import clip, exact_bytes, human_bytes, quote, ranks_text
+from layout_algebra._text import clip, exact_bytes, human_bytes, quote, ranks_text, some_of
 from layout_algebra.errors import LayoutError
 from layout_algebra.fsdp import split_fsdp
 from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh, world_size
+from layout_algebra.placements import Shard, StridedShard
 from layout_algebra.shapes import DTYPE_BYTES, ParamShape
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ default dtype), kept on the host unless ``fused`` or ``capturable``."""
 
 _TOP: Final = 3
 """How many parameters a budget problem names."""
+
+TP_AXIS, CP_AXIS, EP_AXIS = "tp", "cp", "ep"
+"""The mesh axes tensor, context and expert parallelism run over (torchtitan's names)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -207,6 +211,7 @@ class _Units:
             self.reshard.append(reshard)
         self.matcher = Matcher(rules)
         self.modules: dict[_Instance, str] = {}  # each call's first module, for messages
+        self.members: dict[_Instance, list[str]] = {}  # each call's modules, as met
         self._by_module: dict[str, tuple[_Instance, ...]] = {"": ()}
 
     def holding(self, fqn: str) -> tuple[_Instance, ...]:
@@ -236,6 +241,7 @@ class _Units:
         if outer and outer[-1] == instance:  # a module and its child in one call
             return outer
         self.modules.setdefault(instance, module)
+        self.members.setdefault(instance, []).append(module)
         return (*outer, instance)
 
     def check_used(self) -> None:
@@ -263,6 +269,22 @@ _FLAT, _UNSHARDED, _POST_FORWARD = 0, 1, 2
 """The buffers of a unit: its flat all-gather output, its unsharded parameters (the
 copy-out's per-parameter outputs), and the copy an int ``reshard_after_forward`` keeps."""
 
+_GRAD, _UNSHARDED_GRAD, _SCATTER = 3, 4, 5
+"""A unit's gradients: its sharded gradients (made by its reduce-scatter, then kept),
+the unsharded ones autograd makes in its backward, and the reduce-scatter input they
+are copied into."""
+
+_ACTS, _RECOMPUTE = 6, 7
+"""What autograd keeps for a unit, from its forward to its backward, and what a
+checkpointed unit saves again while its backward recomputes it: keyed by a class of
+equal bytes rather than a signature."""
+
+_HSDP: Final = -1
+"""Not a buffer the timeline follows: the bytes HSDP all-reduces (``buffers``)."""
+
+_FSDP_BUFFERS: Final = frozenset({_FLAT, _UNSHARDED, _POST_FORWARD})
+"""The buffers ``"transient"`` counts: FSDP2's own."""
+
 _SHARDED: Final = -1
 """A unit holding nothing but its sharded parameters."""
 
@@ -282,6 +304,10 @@ class _Call:
     end: int
     reshard: bool | int
     fires: bool
+    acts: int = -1
+    """Its activations' class (``-1``: none)."""
+    recompute: int = -1
+    """What its backward saves again, by class (``-1``: none)."""
 
     def holds(self, other: _Call) -> bool:
         return self.start <= other.start and other.end <= self.end
@@ -317,10 +343,18 @@ class _Live:
             del self.counts[key]
 
 
-def _timeline(calls: Sequence[_Call]) -> tuple[Counter[int], list[dict[_Buffer, int]]]:
-    """The all-gathers of each signature in one step, and the states of FSDP2's buffers
-    (``_forward``, then ``_backward``)."""
+def _timeline(
+    calls: Sequence[_Call], kept: Sequence[int] = ()
+) -> tuple[Counter[int], list[dict[_Buffer, int]]]:
+    """The all-gathers of each signature in one step, and the states of what it holds
+    besides the model state (``_forward``, then ``_backward``); ``kept``: activation
+    classes held through the whole step.
+
+    Gradients are made in backward: the step is a steady one after
+    ``zero_grad(set_to_none=True)`` (torch's default), which drops them."""
     live = _Live()
+    for a in kept:
+        live.alloc(a, _ACTS)
     gathers: Counter[int] = Counter()
     held = [_UNSHARDED] * len(calls)
     closed = _forward(calls, live, gathers, held)
@@ -361,6 +395,8 @@ def _forward(
         live.alloc(call.signature, _FLAT)
         gathers[call.signature] += 1
         live.alloc(call.signature, _UNSHARDED)
+        if call.acts >= 0:  # saved while the unit's forward runs, its parameters unsharded
+            live.alloc(call.acts, _ACTS)
         # wait_for_unshard drops the previous flat output, but its local name for it
         # keeps it until the copy-out is done
         if pending is not None:
@@ -386,8 +422,13 @@ def _backward(
     freed at once; then the unit before it in the post-forward order is prefetched
     (all-gathered, held until its own pre-backward); after backward (``post_backward``,
     once the units inside it are done) its parameters are freed. A unit backward never
-    reaches (nothing trainable at or before it) is not gathered, unless prefetched."""
+    reaches (nothing trainable at or before it) is not gathered, unless prefetched.
+
+    A unit's backward makes its unsharded gradients (recomputing its forward first when
+    checkpointed); its post-backward copies them into the reduce-scatter input, drops
+    them, and keeps the sharded gradients; autograd frees the unit's activations."""
     prefetched: set[int] = set()
+    fired: set[int] = set()
 
     def gather(i: int) -> None:
         if held[i] != _UNSHARDED and i not in prefetched:
@@ -405,6 +446,7 @@ def _backward(
         elif held[i] == _POST_FORWARD:
             live.free(signature, _POST_FORWARD)
         held[i] = _SHARDED
+        _post_backward(calls[i], live, fired=i in fired)
 
     stack: list[int] = []
     for at in range(len(closed) - 1, -1, -1):
@@ -421,6 +463,10 @@ def _backward(
                 if held[i] == _POST_FORWARD:
                     live.free(call.signature, _POST_FORWARD)
                 held[i] = _UNSHARDED
+            if call.recompute >= 0:
+                live.alloc(call.recompute, _RECOMPUTE)
+            live.alloc(call.signature, _UNSHARDED_GRAD)
+            fired.add(i)
             if at > 0:
                 gather(closed[at - 1])
         stack.append(i)
@@ -428,12 +474,28 @@ def _backward(
         post(stack.pop())
 
 
+def _post_backward(call: _Call, live: _Live, *, fired: bool) -> None:
+    """After a unit's backward: its unsharded gradients copied into the reduce-scatter
+    input and dropped, the sharded ones kept; its activations (and what its recompute
+    saved) freed."""
+    signature = call.signature
+    if fired:
+        live.alloc(signature, _SCATTER)
+        live.free(signature, _UNSHARDED_GRAD)
+        live.free(signature, _SCATTER)
+        live.alloc(signature, _GRAD)
+        if call.recompute >= 0:
+            live.free(call.recompute, _RECOMPUTE)
+    if call.acts >= 0:
+        live.free(call.acts, _ACTS)
+
+
 def _peak(
     states: Sequence[Mapping[_Buffer, int]], bytes_of: Mapping[_Buffer, Sequence[int]], world: int
 ) -> list[int]:
     """Per rank, the most bytes any state holds: ranks whose buffers are alike in every
     kind form one class, and each state is summed once per class."""
-    keys = sorted({k for state in states for k in state})
+    keys = sorted({k for state in states for k in state} & bytes_of.keys())
     if not keys:
         return [0] * world
     index = {k: i for i, k in enumerate(keys)}
@@ -444,9 +506,9 @@ def _peak(
     ]
     best = [0] * len(classes)
     for state in states:
-        items = [(index[k], n) for k, n in state.items()]
+        items = [(index.get(k, -1), n) for k, n in state.items()]
         for c, values in enumerate(classes):
-            total = sum(values[i] * n for i, n in items)
+            total = sum(values[i] * n for i, n in items if i >= 0)
             best[c] = max(best[c], total)
     return [best[c] for c in class_of]
 
@@ -465,6 +527,21 @@ class StepCost:
     largest: list[int]
     assumptions: list[str]
     over_budget: tuple[str, str, tuple[int, ...]] | None
+    peak: list[int]
+
+
+@attrs.frozen
+class _Acts:
+    """The calls with their activations' classes, each class's bytes held and
+    recomputed on a rank, the classes held through the step, a rank's total, and what
+    was assumed."""
+
+    calls: list[_Call]
+    held: list[int]
+    again: list[int]
+    kept: list[int]
+    total: int
+    said: list[str]
 
 
 def _aliases(fqns: Sequence[str], tied: Iterable[Iterable[str]]) -> dict[str, str]:
@@ -502,15 +579,20 @@ def cost(
     tied: Iterable[Iterable[str]],
     owned: frozenset[str],
     budget: int | None,
+    in_flight: int = 1,
+    microbatches: int = 1,
 ) -> StepCost:
     """One step of ``training`` over the parameters ``items`` (FQN and composed layout,
     in module order) on the world ``sizes`` lays out; ``budget`` bytes per rank or none.
+    With activations: ``in_flight`` microbatches' held at once, ``microbatches`` run.
 
     Raises:
         LayoutError: see ``training_cost``.
     """
     aliases = _aliases([f for f, _ in items], tied)
     step = _Step(training, sizes, owned, frozenset((*aliases, *aliases.values())))
+    step.in_flight, step.microbatches = in_flight, microbatches
+    step.layouts = dict(items)
     for position, (fqn, layout) in enumerate(items):
         step.add(position, fqn, layout, shapes.get(fqn), aliases.get(fqn))
     step.check(aliases)
@@ -548,6 +630,9 @@ class _Step:
         self.tied = tied
         self.owner: dict[str, _Instance] = {}  # of every tied FQN
         self.first_trainable: int | None = None
+        self.instances: list[_Instance] = []
+        self.in_flight = self.microbatches = 1
+        self.layouts: dict[str, SourceLayout] = {}
 
     def decode(self, held: int) -> tuple[_Key, Sharded, bool]:
         """A counted storage's signature, what it is on the ranks, whether trainable."""
@@ -658,27 +743,156 @@ class _Step:
 
     def result(self, positions: int, budget: int | None) -> StepCost:
         calls, signatures, names = self.calls(positions)
-        gathers, states = _timeline(calls)
+        acts = self.activations(calls)
+        gathers, states = _timeline(acts.calls, acts.kept)
         world = self.world
         rows: dict[_Buffer, list[int]] = {}
         traffic = {name: [0] * world for name in ("all_gather", "reduce_scatter", "all_reduce")}
         largest = [0] * world
         uses = Counter(call.signature for call in calls)
         for s, (own, reshard) in enumerate(signatures):
-            flat, unsharded, post, scatter, reduce = self.buffers(own, reshard)
-            rows[s, _FLAT], rows[s, _UNSHARDED], rows[s, _POST_FORWARD] = flat, unsharded, post
+            made = self.buffers(own, reshard)
+            rows.update(((s, kind), row) for kind, row in made.items() if kind != _HSDP)
             for name, row, times in (
-                ("all_gather", flat, gathers[s]),
-                ("reduce_scatter", scatter, uses[s]),
-                ("all_reduce", reduce, uses[s]),
+                ("all_gather", made[_FLAT], gathers[s]),
+                ("reduce_scatter", made[_SCATTER], uses[s]),
+                ("all_reduce", made[_HSDP], uses[s]),
             ):
                 if times and any(row):
                     traffic[name] = [a + times * b for a, b in zip(traffic[name], row, strict=True)]
-            largest = [max(a, b) for a, b in zip(largest, flat, strict=True)]
-        by_kind = {**self.state(), "transient": _peak(states, rows, world)}
-        excess = None if budget is None else self.over_budget(by_kind, budget)
-        return StepCost(
-            by_kind, traffic, largest, self.assumptions(names, calls, rows, largest), excess
+            largest = [max(a, b) for a, b in zip(largest, made[_FLAT], strict=True)]
+        buffers = {key: row for key, row in rows.items() if key[1] in _FSDP_BUFFERS}
+        rows.update(((c, _ACTS), [n] * world) for c, n in enumerate(acts.held))
+        rows.update(((c, _RECOMPUTE), [n] * world) for c, n in enumerate(acts.again))
+        state = self.state()
+        by_kind = {**state, "transient": _peak(states, buffers, world)}
+        kept = [
+            sum(t) for t in zip(state["params"], state["optimizer"], state["master"], strict=True)
+        ]
+        peak = [a + b for a, b in zip(kept, _peak(states, rows, world), strict=True)]
+        if self.training.activations is not None:
+            by_kind["activations"] = [acts.total] * world
+            traffic.update(self.parallel_traffic())
+        excess = None if budget is None else self.over_budget(by_kind, peak, budget)
+        said = self.assumptions(names, calls, rows, largest)
+        said.extend(acts.said)
+        return StepCost(by_kind, traffic, largest, said, excess, peak)
+
+    def parallel_traffic(self) -> dict[str, list[int]]:
+        """What tensor and expert parallelism move per rank in a step, from the traced
+        projections and experts modules: one rank's tokens (a ``cp``-th of the
+        microbatch's), ``microbatches`` times.
+
+        - ``"tp"``: a projection whose weight shards over ``tp`` (DTensor's column- and
+          row-wise styles on a replicated input): a column-wise ``nn.Linear`` (``S(0)``)
+          all-reduces its input's gradient in backward, a row-wise one (``S(1)``) its
+          output in forward; a sharded embedding all-reduces or gathers its output.
+        - ``"ep_all_to_all"``: an experts module whose parameters shard over ``ep``
+          dispatches the token rows routed to it and combines them back, in forward and
+          again in backward (four exchanges of those bytes, routing balanced).
+        """
+        acts = self.training.activations
+        if acts is None:
+            return {}
+        _, cp = self.degrees()
+        dims: dict[SourceLayout, frozenset[int]] = {}
+
+        def sharded(fqn: str, axis: str) -> frozenset[int]:
+            layout = self.layouts.get(fqn)
+            if layout is None:
+                return frozenset()
+            found = dims.get(layout)
+            if found is None:
+                mesh = self.sizes.get(layout.mesh)
+                split = mesh is not None and mesh.get(axis, 1) > 1
+                found = dims[layout] = frozenset(
+                    p.dim
+                    for a, p in zip(layout.axes, layout.placements, strict=True)
+                    if split and a.name == axis and isinstance(p, (Shard, StridedShard))
+                )
+            return found
+
+        tp = 0
+        for name, (kind, given, made) in acts.modules.items():
+            on = sharded(f"{name}.weight", TP_AXIS)
+            if on:
+                tp += -(-(made if kind == "embedding" or 0 not in on else given) // cp)
+                tp += -(-made // cp) if kind == "linear" and {0, 1} <= on else 0
+        experts: set[str] = set()
+        for fqn in self.layouts:
+            if sharded(fqn, EP_AXIS):
+                parts = fqn.split(".")
+                experts.update(".".join(parts[:i]) for i in range(1, len(parts)))
+        ep = sum(4 * -(-n // cp) for name, n in acts.routed.items() if name in experts)
+        world, times = self.world, self.microbatches
+        return {
+            "tp": [tp * times] * world,
+            "ep_all_to_all": [ep * times] * world,
+            "pp_send_recv": [0] * world,
+        }
+
+    def degrees(self) -> tuple[int, int]:
+        """The run's tensor- and context-parallel degrees (the ``tp`` and ``cp`` axes of
+        its dense mesh, or its first)."""
+        mesh = self.sizes.get("dense") or next(iter(self.sizes.values()))
+        return mesh.get(TP_AXIS, 1), mesh.get(CP_AXIS, 1)
+
+    def activations(self, calls: Sequence[_Call]) -> _Acts:
+        """The calls with their activations' classes: each call holds what the traced
+        unit naming one of its modules saved (the root ``""``), a rank's share of it,
+        times the microbatches in flight; a traced unit no call matches is held through
+        the step."""
+        given = self.training.activations
+        if given is None:
+            return _Acts(list(calls), [], [], [], 0, [])
+        tp, cp = self.degrees()
+        sp = self.training.sequence_parallel
+        shares = given.shares(tp=tp, cp=cp, sequence_parallel=sp)
+        by_module = {module: name for name in given.units for module in name.split(",")}
+        classes: dict[int, int] = {}
+        again: dict[int, int] = {}
+        out: list[_Call] = []
+        met: set[str] = set()
+        for call, instance in zip(calls, self.instances, strict=True):
+            members = [""] if instance == _ROOT else self.units.members.get(instance, [])
+            name = next((by_module[m] for m in members if m in by_module), None)
+            if name is None:
+                out.append(call)
+                continue
+            met.add(name)
+            held = shares[name] * self.in_flight
+            whole = sum(given.units[name].values())
+            redo = -(-given.recompute.get(name, 0) * shares[name] // whole) if whole else 0
+            out.append(
+                attrs.evolve(
+                    call,
+                    acts=classes.setdefault(held, len(classes)) if held else -1,
+                    recompute=again.setdefault(redo, len(again)) if redo else -1,
+                )
+            )
+        left = [name for name in given.units if name not in met and shares[name]]
+        kept = [classes.setdefault(shares[n] * self.in_flight, len(classes)) for n in left]
+        total = sum(shares.values()) * self.in_flight
+        said = [
+            f"activations: {given.batch} x {given.seq_len} tokens a microbatch, checkpointing "
+            f"{given.checkpointing!r}, {self.in_flight} microbatch"
+            f"{'es' if self.in_flight != 1 else ''} held at once; a rank keeps its share under "
+            f"tp={tp}, cp={cp}{', sequence parallel' if sp else ' (sequence parallelism off)'}: "
+            "a unit's activations are saved during its forward and freed after its backward"
+        ]
+        if left:
+            said.append(
+                "activations: no unit of this run holds those of "
+                f"{some_of([n or '(the root)' for n in left], show=quote)} (traced as units "
+                "of their own): counted as held through the step"
+            )
+        return _Acts(
+            out,
+            sorted(classes, key=classes.__getitem__),
+            sorted(again, key=again.__getitem__),
+            kept,
+            total,
+            said,
         )
 
     def calls(
@@ -705,6 +919,7 @@ class _Step:
             fires = self.first_trainable is not None and self.first_trainable <= end
             calls.append(_Call(signature, start, end, reshard, fires))
             per_unit[instance[0]] += 1
+        self.instances = list(self.own)
         return calls, list(numbered), dict(per_unit)
 
     def resharding(
@@ -738,39 +953,36 @@ class _Step:
 
     def buffers(
         self, own: frozenset[tuple[_Held, int]], reshard: bool | int
-    ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
-        """One call's buffers per rank: its flat all-gather output, its unsharded
-        parameters, the smaller group's copy, its reduce-scatter input and its HSDP
-        all-reduce, from its parameters' padded shards.
+    ) -> dict[int, list[int]]:
+        """One call's buffers per rank, by kind: its flat all-gather output, its
+        unsharded parameters, the smaller group's copy, its gradients (sharded, unsharded
+        and the reduce-scatter input), and ``"all_reduce"``'s HSDP buffer (kind ``-1``),
+        from its parameters' padded shards.
 
         FSDP2 skips both collectives on a world of one rank (the unsharded parameters
         are copied from the shard); HSDP all-reduces the reduce-scatter's output over
         the replicate axis.
         """
         sizes = self.sizes
-        flat, unsharded, post, scatter, reduce = (RankSum(sizes) for _ in range(5))
+        kinds = (_FLAT, _UNSHARDED, _POST_FORWARD, _GRAD, _UNSHARDED_GRAD, _SCATTER, _HSDP)
+        sums = {kind: RankSum(sizes) for kind in kinds}
         for held, n in own:
             (_, shape), s, trainable = self.decode(held)
             gathered = n * s.world * DTYPE_BYTES[self.compute(shape)]
-            unsharded.add(s.role, s.padded, gathered)
+            sums[_UNSHARDED].add(s.role, s.padded, gathered)
             if s.world > 1:
-                flat.add(s.role, s.padded, gathered)
+                sums[_FLAT].add(s.role, s.padded, gathered)
             if type(reshard) is int:
-                post.add(s.role, s.padded, gathered // reshard)
+                sums[_POST_FORWARD].add(s.role, s.padded, gathered // reshard)
             if trainable:
                 grad = DTYPE_BYTES[self.reduce(shape)]
+                sums[_GRAD].add(s.role, s.padded, n * shape.itemsize)
+                sums[_UNSHARDED_GRAD].add(s.role, s.padded, gathered)
                 if s.world > 1:
-                    scatter.add(s.role, s.padded, n * s.world * grad)
+                    sums[_SCATTER].add(s.role, s.padded, n * s.world * grad)
                 if s.replicated:
-                    reduce.add(s.role, s.padded, n * grad)
-        world = self.world
-        return (
-            _per_rank(flat, sizes, world),
-            _per_rank(unsharded, sizes, world),
-            _per_rank(post, sizes, world),
-            _per_rank(scatter, sizes, world),
-            _per_rank(reduce, sizes, world),
-        )
+                    sums[_HSDP].add(s.role, s.padded, n * grad)
+        return {kind: _per_rank(total, sizes, self.world) for kind, total in sums.items()}
 
     def state(self) -> dict[str, list[int]]:
         """Parameters and gradients (FSDP2's padded shards), the optimizer's states and
@@ -875,18 +1087,25 @@ class _Step:
             f"computed in {gathered}, gradients reduce-scattered in {reduced}"
         )
         out.append(
-            "not counted: activations, autograd's unsharded gradients and the reduce-scatter "
-            "input in backward, mixed precision's copy-in buffer, the copies of a shard dim "
-            "other than 0, and the allocator's and communication library's own memory"
+            "peak: the model state, plus the most that FSDP2's buffers, the activations and "
+            "the gradients made so far hold at once; gradients are made in backward (a "
+            "steady step after zero_grad(set_to_none=True), torch's default): a unit's "
+            "unsharded gradients, then its reduce-scatter input, then its sharded gradients"
+        )
+        out.append(
+            "not counted: "
+            + ("" if training.activations is not None else "activations, ")
+            + "mixed precision's copy-in buffer, the copies of a shard dim other than 0, the "
+            "loss's own tensors, and the allocator's and communication library's own memory"
         )
         return out
 
     def over_budget(
-        self, by_kind: Mapping[str, Sequence[int]], limit: int
+        self, by_kind: Mapping[str, Sequence[int]], peak: Sequence[int], limit: int
     ) -> tuple[str, str, tuple[int, ...]] | None:
-        """The ranks above ``limit`` bytes, the worst one's bytes by kind and heaviest
-        parameters (``None`` when every rank fits)."""
-        found = over_limit(by_kind, limit)
+        """The ranks whose peak is above ``limit`` bytes, the worst one's bytes by kind
+        and heaviest parameters (``None`` when every rank fits)."""
+        found = over_limit(by_kind, peak, limit)
         if found is None:
             return None
         ranks, worst, opening = found
@@ -915,11 +1134,12 @@ class _Step:
 
 
 def over_limit(
-    by_kind: Mapping[str, Sequence[int]], limit: int
+    by_kind: Mapping[str, Sequence[int]], peak: Sequence[int], limit: int
 ) -> tuple[tuple[int, ...], int, str] | None:
-    """The ranks above ``limit`` bytes, the worst of them, and a budget message's opening:
-    the worst rank's need and its bytes by kind (``None`` when every rank fits)."""
-    total = [sum(kinds) for kinds in zip(*by_kind.values(), strict=True)]
+    """The ranks whose ``peak`` is above ``limit`` bytes, the worst of them, and a budget
+    message's opening: the worst rank's peak and its bytes by kind (``None`` when every
+    rank fits)."""
+    total = peak
     ranks = tuple(r for r, b in enumerate(total) if b > limit)
     if not ranks:
         return None
@@ -929,7 +1149,7 @@ def over_limit(
     rest = [r for r in ranks if r != worst]
     others = f" (and {ranks_text(rest)})" if rest else ""
     opening = (
-        f"rank {worst}{others} needs {exact_bytes(total[worst])}, above the budget of "
-        f"{exact_bytes(limit)}: {shown}"
+        f"rank {worst}{others} needs {exact_bytes(total[worst])} at its peak, above the "
+        f"budget of {exact_bytes(limit)}: {shown}"
     )
     return ranks, worst, opening

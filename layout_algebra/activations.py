@@ -17,7 +17,11 @@ rank's share of them shrinks under the run's parallelism (``KINDS``):
 
 ``torch_bridge.activations_from_module`` traces them from a live model; the value needs
 no torch. ``held`` is a rank's share; ``recompute`` what a checkpointed unit's backward
-saves again on top of what the step holds.
+saves again on top of what the step holds. The same trace records what the run's other
+parallelisms move for one microbatch: the hidden state a pipeline stage sends on
+(``boundary``), each projection's input and output (``modules``: what tensor parallelism
+all-reduces) and the tokens routed to each experts module (``routed``: what expert
+parallelism exchanges).
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from layout_algebra.errors import LayoutError, SerializationError
 __all__ = [
     "CHECKPOINTING",
     "KINDS",
+    "MODULE_KINDS",
     "Activations",
     "activations_from_obj",
     "activations_to_obj",
+    "divisors",
 ]
 
 KINDS: Final = ("sequence", "heads", "experts", "fixed")
@@ -57,6 +63,12 @@ MAX_BYTES: Final = 2**63 - 1
 
 MAX_TOKENS: Final = 2**31 - 1
 """The largest batch or sequence length (torch indexes a dim in int64; this is ample)."""
+
+MODULE_KINDS: Final = ("linear", "embedding")
+"""The projections ``Activations.modules`` records: ``nn.Linear`` and ``nn.Embedding``."""
+
+MAX_MODULES: Final = 1 << 22
+"""The most projections or experts modules one ``Activations`` names."""
 
 
 def _count(value: object, arg: str, *, low: int = 0, high: int = MAX_BYTES) -> int:
@@ -116,6 +128,46 @@ def _as_recompute(value: Mapping[str, int]) -> FrozenMap[str, int]:
     return FrozenMap(out)
 
 
+def _as_modules(value: Mapping[str, tuple[str, int, int]]) -> FrozenMap[str, tuple[str, int, int]]:
+    arg = "Activations(modules=...)"
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"{arg} must map module FQNs to (kind, input bytes, output bytes), got {quote(raw)}"
+        raise LayoutError(msg)
+    out: dict[str, tuple[str, int, int]] = {}
+    example = "{'layers.0.mlp.up': ('linear', 1024, 4096)}"
+    for key, entry in mapping_items(value, arg, example, limit=MAX_MODULES):
+        name = _unit_key(key, arg)
+        where = f"{arg}[{name!r}]"
+        raw_entry: object = entry
+        if (
+            not isinstance(raw_entry, (tuple, list))
+            or len(raw_entry) != 3
+            or raw_entry[0] not in MODULE_KINDS
+        ):
+            msg = (
+                f"{where} must be (kind, input bytes, output bytes) with kind one of "
+                f"{', '.join(map(repr, MODULE_KINDS))}, got {quote(entry)}"
+            )
+            raise LayoutError(msg)
+        out[name] = (str(entry[0]), _count(entry[1], where), _count(entry[2], where))
+    return FrozenMap(out)
+
+
+def _as_routed(value: Mapping[str, int]) -> FrozenMap[str, int]:
+    arg = "Activations(routed=...)"
+    raw: object = value
+    if not isinstance(raw, Mapping):
+        msg = f"{arg} must map experts module FQNs to the bytes routed into them, got {quote(raw)}"
+        raise LayoutError(msg)
+    items = mapping_items(value, arg, "{'layers.0.moe.experts': 65536}", limit=MAX_MODULES)
+    return FrozenMap({_unit_key(k, arg): _count(v, f"{arg}[{k!r}]") for k, v in items})
+
+
+def _check_boundary(_: object, __: attrs.Attribute[int], value: object) -> None:
+    _count(value, "Activations(boundary=...)")
+
+
 def _check_tokens(_: object, attribute: attrs.Attribute[int], value: object) -> None:
     _count(value, f"Activations({attribute.name}=...)", low=1, high=MAX_TOKENS)
 
@@ -153,6 +205,14 @@ class Activations:
         recompute: for each checkpointed unit, the bytes its backward saves again while
             it recomputes its forward, beyond what ``units`` already holds: the extra of
             that unit's backward (one at a time).
+        boundary: the bytes of the hidden state one repeated block hands the next (its
+            output), which a pipeline stage sends on; 0 when not traced.
+        modules: each ``nn.Linear`` and ``nn.Embedding`` run, by module FQN, as ``(kind,
+            input bytes, output bytes)`` over its calls: what tensor parallelism
+            all-reduces around it.
+        routed: each experts module (by FQN), the bytes of the token rows routed into
+            it (top-k copies of a token): what expert parallelism dispatches and
+            combines.
     """
 
     units: FrozenMap[str, FrozenMap[str, int]] = attrs.field(converter=_as_units, **REQUIRED)
@@ -160,16 +220,23 @@ class Activations:
     seq_len: int = attrs.field(validator=_check_tokens, **REQUIRED)
     checkpointing: str = attrs.field(default="none", validator=_check_policy)
     recompute: FrozenMap[str, int] = attrs.field(factory=dict, converter=_as_recompute)
+    boundary: int = attrs.field(default=0, validator=_check_boundary)
+    modules: FrozenMap[str, tuple[str, int, int]] = attrs.field(factory=dict, converter=_as_modules)
+    routed: FrozenMap[str, int] = attrs.field(factory=dict, converter=_as_routed)
 
-    def __attrs_pre_init__(
+    def __attrs_pre_init__(  # noqa: PLR0917 - attrs passes every field, in field order
         self,
         units: Mapping[str, Mapping[str, int]],
         batch: int,
         seq_len: int,
         checkpointing: str,
         recompute: Mapping[str, int],
+        boundary: int,
+        modules: Mapping[str, tuple[str, int, int]],
+        routed: Mapping[str, int],
     ) -> None:
-        check_init(self, "units", (units, batch, seq_len, checkpointing, recompute))
+        args = (units, batch, seq_len, checkpointing, recompute, boundary, modules, routed)
+        check_init(self, "units", args)
 
     def __attrs_post_init__(self) -> None:
         stray = next((name for name in self.recompute if name not in self.units), None)
@@ -201,19 +268,19 @@ class Activations:
         Raises:
             LayoutError: a degree that is no positive int, or a flag that is no bool.
         """
-        tp = _count(tp, "held(tp=...)", low=1, high=MAX_TOKENS)
-        cp = _count(cp, "held(cp=...)", low=1, high=MAX_TOKENS)
-        flag: object = sequence_parallel
-        if not isinstance(flag, bool):
-            msg = f"held(sequence_parallel=...) must be True or False, got {quote(flag)}"
-            raise LayoutError(msg)
-        by = {
-            "sequence": cp * (tp if sequence_parallel else 1),
-            "heads": cp * tp,
-            "experts": cp,
-            "fixed": 1,
-        }
-        return sum(-(-n // by[kind]) for kinds in self.units.values() for kind, n in kinds.items())
+        by = divisors(tp=tp, cp=cp, sequence_parallel=sequence_parallel, caller="held")
+        return sum(_share(kinds, by) for kinds in self.units.values())
+
+    def shares(
+        self, *, tp: int = 1, cp: int = 1, sequence_parallel: bool = False
+    ) -> dict[str, int]:
+        """``held``, by unit: what one rank keeps of each unit's activations.
+
+        Raises:
+            LayoutError: as ``held``.
+        """
+        by = divisors(tp=tp, cp=cp, sequence_parallel=sequence_parallel, caller="shares")
+        return {name: _share(kinds, by) for name, kinds in self.units.items()}
 
     def __str__(self) -> str:
         lines = [
@@ -231,9 +298,46 @@ class Activations:
         return "\n".join(lines)
 
 
+def _share(kinds: Mapping[str, int], by: Mapping[str, int]) -> int:
+    """One rank's bytes of a unit's kinds, each rounded up."""
+    return sum(-(-n // by[kind]) for kind, n in kinds.items())
+
+
+def divisors(
+    *, tp: int = 1, cp: int = 1, sequence_parallel: bool = False, caller: str = "divisors"
+) -> dict[str, int]:
+    """What divides each kind of saved bytes on one rank (see ``KINDS``).
+
+    Raises:
+        LayoutError: a degree that is no positive int, or a flag that is no bool (naming
+            ``caller``'s argument).
+    """
+    tp = _count(tp, f"{caller}(tp=...)", low=1, high=MAX_TOKENS)
+    cp = _count(cp, f"{caller}(cp=...)", low=1, high=MAX_TOKENS)
+    flag: object = sequence_parallel
+    if not isinstance(flag, bool):
+        msg = f"{caller}(sequence_parallel=...) must be True or False, got {quote(flag)}"
+        raise LayoutError(msg)
+    return {
+        "sequence": cp * (tp if sequence_parallel else 1),
+        "heads": cp * tp,
+        "experts": cp,
+        "fixed": 1,
+    }
+
+
 _V = TypeVar("_V")
 
-_FIELDS: Final = ("units", "batch", "seq_len", "checkpointing", "recompute")
+_FIELDS: Final = (
+    "units",
+    "batch",
+    "seq_len",
+    "checkpointing",
+    "recompute",
+    "boundary",
+    "modules",
+    "routed",
+)
 """An ``Activations``' fields, in the order its JSON object writes them."""
 
 
@@ -255,6 +359,9 @@ def activations_to_obj(activations: Activations) -> dict[str, object]:
         "seq_len": activations.seq_len,
         "checkpointing": activations.checkpointing,
         "recompute": dict(activations.recompute.items()),
+        "boundary": activations.boundary,
+        "modules": {name: list(entry) for name, entry in activations.modules.items()},
+        "routed": dict(activations.routed.items()),
     }
 
 
@@ -285,11 +392,22 @@ def activations_from_obj(value: object, path: str = "") -> Activations:
     recompute = value.get("recompute", {})
     if not isinstance(recompute, dict):
         raise fail(at_field(path, "recompute"), "expected a JSON object of bytes", recompute)
-    for name in ("batch", "seq_len", "checkpointing"):
+    for name in ("batch", "seq_len", "checkpointing", "boundary"):
         if name in value:
             _at(at_field(path, name), functools.partial(_one, name, value[name]))
     _at(at_field(path, "recompute"), lambda: _as_recompute(recompute))
-    return _at(path, lambda: Activations(**value))
+    modules = value.get("modules", {})
+    if not isinstance(modules, dict):
+        raise fail(at_field(path, "modules"), "expected a JSON object of projections", modules)
+    for name, entry in modules.items():
+        where = at_key(at_field(path, "modules"), str(name))
+        _at(where, functools.partial(_as_modules, {name: entry}))
+    routed = value.get("routed", {})
+    if not isinstance(routed, dict):
+        raise fail(at_field(path, "routed"), "expected a JSON object of bytes", routed)
+    _at(at_field(path, "routed"), lambda: _as_routed(routed))
+    fields = {**value, "modules": {k: tuple(v) for k, v in modules.items()}}
+    return _at(path, lambda: Activations(**fields))
 
 
 def _one(name: str, value: object) -> Activations:

@@ -288,6 +288,10 @@ def _as_by_kind(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int,
     return rows_by_name(value, "RankMemory(by_kind)", "kind of memory")
 
 
+def _as_peak(value: Iterable[int]) -> tuple[int, ...]:
+    return as_counts(value, "RankMemory(peak)")
+
+
 def _as_by_stage(value: Mapping[int, Iterable[int]]) -> FrozenMap[int, tuple[int, ...]]:
     arg = "RankMemory(by_stage)"
     raw: object = value
@@ -333,6 +337,10 @@ class RankMemory:
     )
     """With ``lint(stages=...)``: by stage, the parameter bytes it puts on each global rank
     (0 on the ranks not running it); the rows sum to ``bytes_per_rank``. Empty without."""
+    peak: tuple[int, ...] = attrs.field(default=(), converter=_as_peak, kw_only=True)
+    """With ``lint(training=...)``: bytes per rank at the step's highest point (the model
+    state, and the most FSDP2's buffers, the activations and the gradients made so far
+    hold at once; ``TrainingCost.peak``). Empty without."""
 
     def __attrs_pre_init__(
         self,
@@ -342,10 +350,12 @@ class RankMemory:
         by_kind: Mapping[str, Iterable[int]] = FrozenMap({}),
         *,
         by_stage: Mapping[int, Iterable[int]] = FrozenMap({}),
+        peak: Iterable[int] = (),
     ) -> None:
-        args = (bytes_per_rank, by_role, padded_bytes_per_rank, by_kind, by_stage)
+        args = (bytes_per_rank, by_role, padded_bytes_per_rank, by_kind, by_stage, peak)
         check_init(self, "bytes_per_rank", args)
 
+    @peak.validator
     @by_stage.validator
     def _check_ranks(self, _: attrs.Attribute[object], __: object) -> None:
         n = len(self.bytes_per_rank)
@@ -357,6 +367,7 @@ class RankMemory:
                 for key, row in by.items()
             }
             | {f"by_stage[{key}]": row for key, row in self.by_stage.items()}
+            | ({"peak": self.peak} if self.peak else {})
         )
         for name, row in rows.items():
             if len(row) != n:
@@ -521,7 +532,7 @@ class LintReport:
                 lines.extend(listed(items, MAX_LISTED))
         lines.extend(self._memory_lines())
         if self.memory.by_kind:
-            lines.extend(cost_lines(self.memory.by_kind, self.traffic))
+            lines.extend(cost_lines(self.memory.by_kind, self.traffic, self.memory.peak))
         lines.extend(assumption_lines(self.assumptions))
         lines.extend(self._coverage_lines())
         return "\n".join(lines)
@@ -614,6 +625,7 @@ class LintReport:
                 "by_role": {role: list(v) for role, v in memory.by_role.items()},
                 "by_kind": {kind: list(v) for kind, v in memory.by_kind.items()},
                 "by_stage": {str(stage): list(v) for stage, v in memory.by_stage.items()},
+                "peak": list(memory.peak),
                 "largest": list(memory.largest),
                 "smallest": list(memory.smallest),
                 "total": memory.total,
@@ -1055,7 +1067,7 @@ def lint(
                 f"{excess.fqn}: {excess.message}", kind="budget", fqn=excess.fqn, ranks=excess.ranks
             )
         )
-    memory = attrs.evolve(memory, by_kind=cost.by_kind)
+    memory = attrs.evolve(memory, by_kind=cost.by_kind, peak=cost.peak)
     return LintReport(
         tuple(problems),
         tuple(notes),
@@ -1134,7 +1146,7 @@ def _staged_report(  # noqa: PLR0917 -- one private caller, the lint's state in 
     return LintReport(
         tuple(problems),
         tuple(notes),
-        attrs.evolve(memory, by_kind=cost.by_kind),
+        attrs.evolve(memory, by_kind=cost.by_kind, peak=cost.peak),
         run.coverage(),
         traffic=cost.traffic,
         assumptions=cost.assumptions,

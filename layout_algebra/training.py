@@ -44,6 +44,7 @@ from layout_algebra._text import (
     rank_groups,
     ranks_str,
 )
+from layout_algebra.activations import Activations, activations_from_obj, activations_to_obj
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike, axis_name_set
 from layout_algebra.errors import LayoutError, SerializationError
 from layout_algebra.layout import SourceLayout, check_fqn
@@ -74,8 +75,15 @@ __all__ = [
 KINDS: Final = ("params", "grads", "optimizer", "master", "transient")
 """The kinds of memory ``TrainingCost.by_kind`` gives, in order."""
 
+ACTIVATIONS: Final = "activations"
+"""The kind ``Training(activations=...)`` adds to ``KINDS``."""
+
 TRAFFIC: Final = ("all_gather", "reduce_scatter", "all_reduce")
 """The collectives ``TrainingCost.traffic`` gives, in order."""
+
+PARALLEL_TRAFFIC: Final = ("tp", "ep_all_to_all", "pp_send_recv")
+"""What ``Training(activations=...)`` adds to the traffic: tensor parallelism's
+all-reduces, expert parallelism's all-to-alls, a pipeline's sends (bytes a rank sends)."""
 
 _MAX_RANK_ROWS: Final = 16
 """Above this many ranks, the breakdown groups ranks with equal bytes."""
@@ -401,6 +409,21 @@ def _check_reshard(_: object, __: attrs.Attribute[Any], value: object) -> None:
     check_reshard(value, "Training(reshard_after_forward=...)")
 
 
+def _check_activations(_: object, __: attrs.Attribute[Activations | None], value: object) -> None:
+    if value is not None and not isinstance(value, Activations):
+        msg = (
+            "Training(activations=...) must be an Activations "
+            f"(torch_bridge.activations_from_module) or None, got {quote(value)}"
+        )
+        raise LayoutError(msg)
+
+
+def _check_flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        msg = f"Training({attribute.name}=...) must be True or False, got {quote(value)}"
+        raise LayoutError(msg)
+
+
 def _check_root_reshard(_: object, __: attrs.Attribute[bool | int | None], value: object) -> None:
     if value is not None:
         arg = "Training(root_reshard_after_forward=...) (or None: FSDP2's rule for the root)"
@@ -440,6 +463,14 @@ class Training:
         frozen: FQN patterns of the parameters with ``requires_grad=False`` (a pattern
             naming a module freezes every parameter under it): they have no gradient,
             no optimizer state and no reduce-scatter, but are stored and gathered.
+        activations: what autograd keeps for one microbatch, per unit
+            (``torch_bridge.activations_from_module``): then the cost holds
+            ``"activations"`` (divided by the run's ``tp`` and ``cp`` axes, times the
+            microbatches a pipeline stage holds at once), the traffic of tensor, expert
+            and pipeline parallelism, and the peak counts them. ``None``: not counted.
+        sequence_parallel: whether tensor parallelism also splits the sequence outside
+            its regions (torchtitan's ``SequenceParallel`` norms): then the residual
+            stream, and what a pipeline stage sends, divide by ``tp`` too.
     """
 
     optimizer: str | Optimizer = attrs.field(default="adamw", converter=_as_optimizer)
@@ -452,6 +483,8 @@ class Training:
         default=None, validator=_check_root_reshard
     )
     frozen: tuple[str, ...] = attrs.field(default=(), converter=_as_frozen)
+    activations: Activations | None = attrs.field(default=None, validator=_check_activations)
+    sequence_parallel: bool = attrs.field(default=False, validator=_check_flag)
 
     def __attrs_pre_init__(self) -> None:
         check_init(self, "optimizer", ())  # every argument has a default
@@ -574,6 +607,8 @@ def training_to_obj(training: Training) -> dict[str, object]:
         obj["optimizer"] = optimizer_to_obj(training.optimizer)
     obj["units"] = [fsdp_unit_to_obj(u) if isinstance(u, FSDPUnit) else u for u in training.units]
     obj["frozen"] = list(training.frozen)
+    if training.activations is not None:
+        obj["activations"] = activations_to_obj(training.activations)
     return obj
 
 
@@ -600,6 +635,9 @@ def training_from_obj(value: object, path: str = "") -> Training:
     if not isinstance(frozen, list):
         raise fail(at_field(path, "frozen"), "expected a JSON array of FQN patterns", frozen)
     fields["frozen"] = tuple(frozen)
+    acts = fields.get("activations")
+    if acts is not None:
+        fields["activations"] = activations_from_obj(acts, at_field(path, "activations"))
     for name, field in fields.items():  # the first bad field, at its path
         _field(path, name, functools.partial(_one_field, name, field))
     return Training(**fields)
@@ -744,22 +782,34 @@ class BudgetExcess:
 
 
 def _rows_of(
-    value: Mapping[str, Iterable[int]], arg: str, what: str, names: tuple[str, ...]
+    value: Mapping[str, Iterable[int]],
+    arg: str,
+    what: str,
+    names: tuple[str, ...],
+    more: tuple[str, ...],
 ) -> FrozenMap[str, tuple[int, ...]]:
-    """``rows_by_name`` holding a row for each of ``names`` and nothing else."""
+    """``rows_by_name`` holding a row for each of ``names``, and either each or none of
+    ``more`` (what activations add), in that order."""
     rows = rows_by_name(value, arg, what)
-    if set(rows) != set(names):
-        msg = f"{arg} must have a row for each of {', '.join(names)}, got {sorted(rows)}"
+    if set(rows) not in (set(names), {*names, *more}):
+        msg = (
+            f"{arg} must have a row for each of {', '.join(names)} (and each of "
+            f"{', '.join(more)} with activations), got {sorted(rows)}"
+        )
         raise LayoutError(msg)
-    return rows
+    return FrozenMap({name: rows[name] for name in (*names, *more) if name in rows})
 
 
 def _by_kind(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
-    return _rows_of(value, "TrainingCost(by_kind)", "kind of memory", KINDS)
+    return _rows_of(value, "TrainingCost(by_kind)", "kind of memory", KINDS, (ACTIVATIONS,))
 
 
 def _traffic(value: Mapping[str, Iterable[int]]) -> FrozenMap[str, tuple[int, ...]]:
-    return _rows_of(value, "TrainingCost(traffic)", "collective", TRAFFIC)
+    return _rows_of(value, "TrainingCost(traffic)", "collective", TRAFFIC, PARALLEL_TRAFFIC)
+
+
+def _peak_row(value: Iterable[int]) -> tuple[int, ...]:
+    return as_counts(value, "TrainingCost(peak)")
 
 
 def _largest_buffer(value: Iterable[int]) -> tuple[int, ...]:
@@ -801,7 +851,8 @@ class TrainingCost:
     ``by_kind`` maps each of ``KINDS`` to bytes per rank, ``traffic`` each of ``TRAFFIC``
     to bytes per rank per step; ``largest_buffer`` is the largest single all-gather output
     on each rank (one unit's), ``over_budget`` the ranks above the budget asked about.
-    Every row has one entry per rank.
+    Every row has one entry per rank. With ``Training(activations=...)``, ``by_kind``
+    also holds ``"activations"`` and ``traffic`` each of ``PARALLEL_TRAFFIC``.
     """
 
     by_kind: FrozenMap[str, tuple[int, ...]] = attrs.field(converter=_by_kind, **REQUIRED)
@@ -811,6 +862,10 @@ class TrainingCost:
     assumptions: tuple[str, ...] = attrs.field(default=(), converter=_assumptions)
     """Every default the figures rest on, in words (units, the root's rule, padding, what
     is not counted)."""
+    peak: tuple[int, ...] = attrs.field(default=(), converter=_peak_row, kw_only=True)
+    """Bytes per rank at the step's highest point: the model state (parameters, optimizer
+    states, master copies) and the most FSDP2's buffers, the activations and the
+    gradients made so far hold at once (empty: not worked out)."""
 
     def __attrs_pre_init__(
         self,
@@ -819,12 +874,15 @@ class TrainingCost:
         largest_buffer: Iterable[int],
         over_budget: BudgetExcess | None = None,
         assumptions: Iterable[str] = (),
+        *,
+        peak: Iterable[int] = (),
     ) -> None:
-        args = (by_kind, traffic, largest_buffer, over_budget, assumptions)
+        args = (by_kind, traffic, largest_buffer, over_budget, assumptions, peak)
         check_init(self, "by_kind", args)
 
     def __attrs_post_init__(self) -> None:
         rows = [*self.by_kind.values(), *self.traffic.values(), self.largest_buffer]
+        rows.extend([self.peak] if self.peak else [])
         if len(set(map(len, rows))) > 1:
             msg = (
                 "TrainingCost: every row has one entry per rank, got rows of "
@@ -838,7 +896,7 @@ class TrainingCost:
         return tuple(map(sum, zip(*self.by_kind.values(), strict=True)))
 
     def __str__(self) -> str:
-        lines = cost_lines(self.by_kind, self.traffic)
+        lines = cost_lines(self.by_kind, self.traffic, self.peak)
         if self.over_budget is not None:
             lines.append(self.over_budget.message)
         lines.extend(assumption_lines(self.assumptions))
@@ -846,16 +904,23 @@ class TrainingCost:
 
 
 def cost_lines(
-    by_kind: Mapping[str, Sequence[int]], traffic: Mapping[str, Sequence[int]]
+    by_kind: Mapping[str, Sequence[int]],
+    traffic: Mapping[str, Sequence[int]],
+    peak: Sequence[int] = (),
 ) -> list[str]:
     """The breakdown a person reads: one row per rank, or per range of ranks with equal
-    bytes in a large world; a column per kind of memory, the total, one per collective."""
-    names = [*KINDS, "total", *TRAFFIC]
+    bytes in a large world; a column per kind of memory, the total, the peak, one per
+    collective."""
+    kinds_shown = list(by_kind)
+    sent_shown = list(traffic)
+    names = [*kinds_shown, "total", *(["peak"] if peak else []), *sent_shown]
+    peaks: list[list[int]] = [[n] for n in peak] or [[]] * len(next(iter(by_kind.values())))
     rows = [
-        (*kinds, sum(kinds), *sent)
-        for kinds, sent in zip(
-            zip(*(by_kind[k] for k in KINDS), strict=True),
-            zip(*(traffic[t] for t in TRAFFIC), strict=True),
+        (*kinds, sum(kinds), *top, *sent)
+        for kinds, top, sent in zip(
+            zip(*(by_kind[k] for k in kinds_shown), strict=True),
+            peaks,
+            zip(*(traffic[t] for t in sent_shown), strict=True),
             strict=True,
         )
     ]
@@ -973,14 +1038,41 @@ def training_cost(
         )
         raise LayoutError(msg)
     owned_axes = axis_name_set(owned, "owned")
-    step = _step.cost(items, shapes, sizes, training, tied=tied, owned=owned_axes, budget=limit)
+    return pipelined_cost(items, shapes, sizes, training, tied=tied, owned=owned_axes, budget=limit)
+
+
+def pipelined_cost(
+    items: Sequence[tuple[str, SourceLayout]],
+    shapes: Mapping[str, ParamShape],
+    sizes: Mapping[str, Mesh],
+    training: Training,
+    *,
+    tied: Iterable[Iterable[str]],
+    owned: frozenset[str],
+    budget: int | None,
+    in_flight: int = 1,
+    microbatches: int = 1,
+) -> TrainingCost:
+    """``training_cost`` of checked arguments, for one pipeline stage's rank: its
+    activations ``in_flight`` microbatches at once, its traffic ``microbatches`` times.
+
+    Raises:
+        LayoutError: as ``training_cost``.
+    """
+    step = _step.cost(
+        items,
+        shapes,
+        sizes,
+        training,
+        tied=tied,
+        owned=owned,
+        budget=budget,
+        in_flight=in_flight,
+        microbatches=microbatches,
+    )
     excess = None
     if step.over_budget is not None:
         excess = BudgetExcess(*step.over_budget)
     return TrainingCost(
-        {kind: step.by_kind[kind] for kind in KINDS},
-        {name: step.traffic[name] for name in TRAFFIC},
-        step.largest,
-        excess,
-        step.assumptions,
+        step.by_kind, step.traffic, step.largest, excess, step.assumptions, peak=step.peak
     )

@@ -79,6 +79,9 @@ def test_json_round_trip_through_the_converter() -> None:
         "seq_len": 8,
         "checkpointing": "full",
         "recompute": {"layers.0": 1024},
+        "boundary": 0,
+        "modules": {},
+        "routed": {},
     }
     back = converter.structure(obj, Activations)
     assert back == acts
@@ -205,8 +208,8 @@ def real(model: nn.Module, calls_from: nn.Module) -> Activations:
     """What ``model``'s forward saves on the CPU under the tracer's hooks, per unit of
     ``calls_from`` (its module names)."""
     calls = calls_of(calls_from, "none")
-    events = trace(model, calls, batch=BATCH, seq_len=SEQ, fake=False)
-    return compose(events, calls, batch=BATCH, seq_len=SEQ, checkpointing="none")
+    traced = trace(model, calls, batch=BATCH, seq_len=SEQ, fake=False)
+    return compose(traced, calls, batch=BATCH, seq_len=SEQ, checkpointing="none")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -275,7 +278,7 @@ def kept_by_torchtitan(
         parent, _, child = fqn.rpartition(".")
         owner = model.get_submodule(parent)
         owner.register_module(child, policy._wrap_block(owner.get_submodule(child), base_fqn=fqn))
-    events = trace(model, calls_of(plain, "none"), batch=BATCH, seq_len=SEQ, fake=False)
+    events = trace(model, calls_of(plain, "none"), batch=BATCH, seq_len=SEQ, fake=False).events
     assert len(caches) == len(blocks)
     kept: dict[str, int] = {}
     for fqn, cache in zip(blocks, caches, strict=True):

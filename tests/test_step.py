@@ -565,7 +565,7 @@ def test_the_states_kept_hold_the_peak_of_every_state(
     alike, gives the same peak on every rank as summing every state on every rank."""
     world = 4
     values = st.lists(st.integers(0, 50), min_size=world, max_size=world)
-    bytes_of = {(s, k): data.draw(values) for s in range(3) for k in range(3)}
+    bytes_of = {(s, k): data.draw(values) for s in range(3) for k in range(8)}
     gathers, kept = step_module._timeline(calls)
     real = step_module._Live
     step_module._Live = _EveryState  # type: ignore[misc]

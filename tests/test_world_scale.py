@@ -292,10 +292,10 @@ def test_lint_with_training_gives_its_cost_and_the_budget_problem() -> None:
     assert report.to_dict()["traffic"] == {k: list(v) for k, v in cost.traffic.items()}
     assert report.assumptions == cost.assumptions and "assumptions:" in str(report)
     assert report.to_dict()["assumptions"] == list(cost.assumptions)
-    tight = min(cost.total)
+    tight = min(cost.peak)
     over = lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp, training=training, budget=tight)
     (problem,) = over.problems
     assert problem.kind == "budget"
-    assert problem.ranks == tuple(r for r, n in enumerate(cost.total) if n > tight)
+    assert problem.ranks == tuple(r for r, n in enumerate(cost.peak) if n > tight)
     assert lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp, budget=10**12).ok
     assert not lint(table, shapes, mesh_sizes=sizes, fsdp=fsdp).memory.by_kind

@@ -81,6 +81,8 @@ class _Call:
     checkpointed: bool
     forced: frozenset[tuple[int, int]] = frozenset()
     """Matmul right-hand shapes the selective policy recomputes (the router's)."""
+    block: bool = False
+    """Whether it is a repeated block (a unit given as a pattern, ``layers.*``)."""
 
 
 @attrs.frozen
@@ -153,8 +155,8 @@ def activations_from_module(
         raise LayoutError(msg)
     calls = calls_of(model, checkpointing)
     selective = checkpointing == "selective"
-    events = trace(model, calls, batch=batch, seq_len=seq_len, selective=selective)
-    return compose(events, calls, batch=batch, seq_len=seq_len, checkpointing=checkpointing)
+    traced = trace(model, calls, batch=batch, seq_len=seq_len, selective=selective)
+    return compose(traced, calls, batch=batch, seq_len=seq_len, checkpointing=checkpointing)
 
 
 def calls_of(model: nn.Module, checkpointing: str) -> dict[str, _Call]:
@@ -188,7 +190,7 @@ def calls_of(model: nn.Module, checkpointing: str) -> dict[str, _Call]:
             for sub, m in named_modules(module, fqn)
             if _ROUTER in sub and isinstance(m, nn.Linear)
         )
-        call = _Call(name, block and checkpointing != "none", forced)
+        call = _Call(name, block and checkpointing != "none", forced, block)
         for fqn, _ in modules:
             out[fqn] = call
     return out
@@ -214,6 +216,12 @@ class _Tracer:
     """Per ``nn.Linear`` (by FQN), the kind of its input in its current forward."""
     given: dict[str, set[int]] = attrs.field(factory=dict)
     """Per region, the storages of the tensors its current forward was given."""
+    boundary: int = 0
+    """The bytes of the first repeated block's output."""
+    modules: dict[str, tuple[str, int, int]] = attrs.field(factory=dict)
+    """Per ``nn.Linear``/``nn.Embedding``, its kind and input and output bytes so far."""
+    routed: dict[str, int] = attrs.field(factory=dict)
+    """Per experts module, the bytes of the token rows routed into it so far."""
 
     def call(self) -> _Call | None:
         """The innermost running call (``None``: the root)."""
@@ -303,8 +311,40 @@ class _Tracer:
 
         return hook
 
+    def flows(self, fqn: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """What the run's other parallelisms move around ``module``'s call: a projection's
+        input and output, the token rows an experts module is given (its input's rows, times
+        the top-k indices given beside them), a repeated block's output."""
+        given = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor)]
+        made = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        kind = (
+            "linear"
+            if isinstance(module, nn.Linear)
+            else "embedding"
+            if isinstance(module, nn.Embedding)
+            else None
+        )
+        if kind is not None and given and made:
+            _, a, b = self.modules.get(fqn, (kind, 0, 0))
+            self.modules[fqn] = (kind, a + _nbytes(given[0]), b + _nbytes(made[0]))
+        elif fqn.rpartition(".")[2] in _EXPERTS and given:
+            rows = given[0]
+            k = next(
+                (
+                    t.shape[-1]
+                    for t in given[1:]
+                    if not t.is_floating_point() and t.dim() == 2 and t.shape[0] == rows.shape[0]
+                ),
+                1,
+            )
+            self.routed[fqn] = self.routed.get(fqn, 0) + _nbytes(rows) * k
+        call = self.calls.get(fqn)
+        if call is not None and call.block and not self.boundary and made:
+            self.boundary = _nbytes(made[0])
+
     def post(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            self.flows(fqn, module, args, output)
             while self.stack and self.stack[-1][0] != fqn:
                 self.stack.pop()
             if self.stack:
@@ -352,6 +392,10 @@ class _Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch leaves 
         return out
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def _hidden(model: nn.Module) -> int | None:
     """The model's hidden size: its first embedding's width."""
     return next(
@@ -367,9 +411,11 @@ def trace(
     seq_len: int,
     selective: bool = False,
     fake: bool = True,
-) -> list[_Event]:
-    """The storages one forward keeps, in the order it keeps them; ``fake=False`` runs
-    it on the model's own tensors (a model on the CPU), as the tests' oracle does."""
+) -> _Tracer:
+    """One forward traced: the storages it keeps, in the order it keeps them
+    (``.events``), and what moves around its projections, experts and blocks;
+    ``fake=False`` runs it on the model's own tensors (a model on the CPU), as the
+    tests' oracle does."""
     mode: contextlib.AbstractContextManager[object]
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     fakes: dict[torch.Tensor, torch.Tensor] = {}  # a tensor hashes by identity: held here
@@ -421,7 +467,7 @@ def trace(
     finally:
         for handle in handles:
             handle.remove()
-    return tracer.events
+    return tracer
 
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:
@@ -443,7 +489,7 @@ def _masks(model: nn.Module, batch: int, seq_len: int) -> dict[str, Any]:
 
 
 def compose(
-    events: Sequence[_Event],
+    traced: _Tracer,
     calls: Mapping[str, _Call],
     *,
     batch: int,
@@ -451,7 +497,9 @@ def compose(
     checkpointing: str,
 ) -> Activations:
     """``Activations`` from a trace: what each call holds under the policy, every storage
-    counted once at its first holder, and what a checkpointed call recomputes."""
+    counted once at its first holder, what a checkpointed call recomputes, and what
+    moves around projections, experts and blocks."""
+    events = traced.events
     checkpointed = {c.name for c in calls.values() if c.checkpointed}
     order = ["", *dict.fromkeys(c.name for c in calls.values())]
     units: dict[str, dict[str, int]] = {name: dict.fromkeys(KINDS, 0) for name in order}
@@ -472,4 +520,7 @@ def compose(
         seq_len=seq_len,
         checkpointing=checkpointing,
         recompute=recompute,
+        boundary=traced.boundary,
+        modules=traced.modules,
+        routed=traced.routed,
     )
