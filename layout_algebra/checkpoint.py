@@ -41,6 +41,7 @@ from layout_algebra._parts import (
     RankPieces,
     part_spans,
 )
+from layout_algebra._pipeline import Placed, place
 from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, role_mesh, size_of
 from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
@@ -65,6 +66,7 @@ from layout_algebra.shapes import (
     fused_experts,
     per_expert_message,
 )
+from layout_algebra.stages import Stages
 from layout_algebra.structure import Packed
 
 if TYPE_CHECKING:
@@ -623,6 +625,8 @@ class ReshardPlan:
     """Each parameter's reads (``_fqns[i]``'s are ``_kinds[i]``): a few shared patterns."""
     _counts: tuple[int, ...] = attrs.field(eq=False)
     """Reads by destination rank."""
+    _staged: Placed | None = attrs.field(default=None, eq=False)
+    """With stages: each parameter's stage and every rank's pipeline coordinate."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         msg = (
@@ -641,9 +645,10 @@ class ReshardPlan:
         fqns: tuple[str, ...],
         kinds: tuple[_Pattern | PartPattern, ...],
         counts: tuple[int, ...],
+        staged: Placed | None = None,
     ) -> ReshardPlan:
         plan = cls.__new__(cls)
-        plan.__attrs_init__(bytes_read, by_param, *tables, fqns, kinds, counts)
+        plan.__attrs_init__(bytes_read, by_param, *tables, fqns, kinds, counts, staged)
         return plan
 
     def __repr__(self) -> str:
@@ -690,7 +695,13 @@ class ReshardPlan:
         pieces: dict[_Pattern, tuple[_Piece, ...]] = {}
         parted: dict[PartGeometry, RankPieces] = {}
         out: list[Read] = []
-        for fqn, pattern in zip(self._fqns, self._kinds, strict=True):
+        staged = self._staged
+        for i, (fqn, pattern) in enumerate(zip(self._fqns, self._kinds, strict=True)):
+            if (
+                staged is not None
+                and staged.rank_of(staged.assignment.of[i] or 0) != (staged.pp_index[rank])
+            ):
+                continue  # another pipeline rank's stage loads it
             if isinstance(pattern, PartPattern):
                 found = parted.get(pattern.geometry)
                 if found is None:  # parameters of one signature read alike but for FQNs
@@ -719,7 +730,7 @@ class ReshardPlan:
             fqn = plain_str(fqn)  # its own __eq__ never runs
         for name, pattern in zip(self._fqns, self._kinds, strict=True):
             if name == fqn:
-                return pattern.count
+                return pattern.count // (1 if self._staged is None else self._staged.pp)
         msg = f"{quote(fqn)} is not a parameter of the destination table; check the spelling"
         raise LayoutError(msg, fqn=str(fqn))
 
@@ -763,6 +774,8 @@ class ReshardPlan:
             )
         if len(shown) < len(groups):
             lines.append(f"  ... {n - shown[-1][0].stop} more ranks")
+        if self._staged is not None:
+            lines.extend(_stage_lines(self._staged, self._fqns, self.by_param))
         named = sorted(self.by_param, key=lambda f: (-self.by_param[f], f))[:top]
         if named:
             kinds = dict(zip(self._fqns, self._kinds, strict=True))
@@ -770,10 +783,10 @@ class ReshardPlan:
             shown_fqns = {fqn: escape(fqn) for fqn in named}
             fqn_width = max(map(len, shown_fqns.values()))
             for fqn in named:
+                source = _source_str(self._src, fqn, kinds[fqn])
                 lines.append(
                     f"  {shown_fqns[fqn]:<{fqn_width}}  {human_bytes(self.by_param[fqn]):>10}  "
-                    f"{kinds[fqn].count:>5} reads  {_source_str(self._src, fqn, kinds[fqn])} -> "
-                    f"{_layout_str(self._dst[fqn])}"
+                    f"{self.chunks_read(fqn):>5} reads  {source} -> {_layout_str(self._dst[fqn])}"
                 )
             if len(self.by_param) > top:
                 lines.append(f"  ... and {len(self.by_param) - top} more")
@@ -1209,6 +1222,7 @@ def reshard_plan(
     fsdp: Mapping[str, FsdpAxes] | None = None,
     shard_dim: int | Mapping[str, int] = 0,
     parts: PartsLike | None = None,
+    stages: Stages | None = None,
 ) -> ReshardPlan:
     """What loading a checkpoint saved under ``src`` costs each rank under ``dst``.
 
@@ -1258,6 +1272,11 @@ def reshard_plan(
             tensor is read from every part's chunks. Rows are followed as ranks hold
             them, so a ``StridedShard`` over ``[gate | up]`` reads right. Such reads name
             the loaded tensor as ``Read.dest_fqn``.
+        stages: the loading run's pipeline stages (``Stages``): a rank loads only the
+            parameters of the stages its coordinate on ``stages.axis`` runs, so a PP=4 ->
+            PP=2 load reads whole layers on the ranks that now run them. (How the saving
+            run was staged changes no saved box: DCP writes each box once.) A parameter
+            in no stage or in several is a problem.
 
     Returns:
         The reads and bytes of every destination rank.
@@ -1306,6 +1325,7 @@ def reshard_plan(
     planner = _Planner(src_meshes, dst_meshes)
     specs = {} if parts is None else _part_specs(_as_parts(parts), src, dst, shapes)
     fqns, kinds, problems = _plan_all(planner, src, dst, shapes, specs)
+    staged = None if stages is None else _stage(stages, dst, dst_meshes, problems)
     if problems:
         # Headers that keep experts one by one explain every fused parameter they lack.
         missing = [e.fqn for e in problems if e.fqn is not None and e.fqn not in shapes]
@@ -1317,23 +1337,87 @@ def reshard_plan(
             for e in problems
         ]
         raise plan_error("the reshard", problems)
-    # Each pattern's bytes and reads counted once, for all the parameters sharing it.
-    uses = Counter(k.geometry if isinstance(k, PartPattern) else k for k in kinds)
-    nbytes, reads = RankSum(dst_meshes), RankSum(dst_meshes)
-    for pattern, count in uses.items():
-        for rows, found in _terms(pattern):
-            nbytes.add(pattern.role, rows, count * pattern.itemsize)
-            reads.add(pattern.role, found, count)
-    world = next(iter(dst_meshes.values())).size
-    bytes_read, counts = [0] * world, [0] * world
-    for role in dst_meshes:
-        bytes_read = [a + b for a, b in zip(bytes_read, nbytes.per_rank(role), strict=True)]
-        counts = [a + b for a, b in zip(counts, reads.per_rank(role), strict=True)]
+    bytes_read, counts = _per_rank(kinds, staged, dst_meshes)
+    totals = list(map(_TOTAL, kinds))
+    if staged is not None:  # only the ranks of one pipeline coordinate read each
+        totals = [t // staged.pp for t in totals]
     return ReshardPlan._planned(
         bytes_read=tuple(bytes_read),
-        by_param=frozen_map_of(dict(zip(fqns, map(_TOTAL, kinds), strict=True))),
+        by_param=frozen_map_of(dict(zip(fqns, totals, strict=True))),
         tables=(src, dst),
         fqns=tuple(fqns),
         kinds=tuple(kinds),
         counts=tuple(counts),
+        staged=staged,
     )
+
+
+def _per_rank(
+    kinds: Sequence[_Pattern | PartPattern], staged: Placed | None, meshes: Mapping[str, Mesh]
+) -> tuple[list[int], list[int]]:
+    """Bytes and reads per destination rank: each pattern counted once for all the
+    parameters sharing it (and their stage: only its ranks read)."""
+    of: Sequence[int | None] = [None] * len(kinds) if staged is None else staged.assignment.of
+    uses = Counter(
+        (k.geometry if isinstance(k, PartPattern) else k, s) for k, s in zip(kinds, of, strict=True)
+    )
+    nbytes, reads = RankSum(meshes), RankSum(meshes)
+    for (pattern, stage), count in uses.items():
+        only = () if staged is None or stage is None else (staged.mask(stage),)
+        for rows, found in _terms(pattern):
+            nbytes.add(pattern.role, (*rows, *only), count * pattern.itemsize)
+            reads.add(pattern.role, (*found, *only), count)
+    world = next(iter(meshes.values())).size
+    bytes_read, counts = [0] * world, [0] * world
+    for role in meshes:
+        bytes_read = [a + b for a, b in zip(bytes_read, nbytes.per_rank(role), strict=True)]
+        counts = [a + b for a, b in zip(counts, reads.per_rank(role), strict=True)]
+    return bytes_read, counts
+
+
+def _stage(
+    stages: Stages, dst: ParamLayoutTable, meshes: Mapping[str, Mesh], problems: list[LayoutError]
+) -> Placed:
+    """``stages`` placed on the loading meshes (as ``lint`` places them); a parameter in
+    no stage or in several joins ``problems``.
+
+    Raises:
+        LayoutError: ``stages`` is no ``Stages``, its axis is missing from a mesh, or its
+            count does not fit the axis and schedule.
+    """
+    raw: object = stages
+    axis = stages.axis if isinstance(raw, Stages) else ""
+    placed = place(stages, dst, meshes, frozenset({axis}))
+    found = placed.assignment
+    problems.extend(
+        LayoutError(
+            f"{fqn}: no stage of stages holds it, so no rank would load it; add its module "
+            "to a stage",
+            fqn=fqn,
+            axis=axis,
+        )
+        for fqn in found.unplaced
+    )
+    problems.extend(
+        LayoutError(
+            f"{fqn}: stages {' and '.join(map(str, held))} both hold it; a module belongs "
+            "to one stage",
+            fqn=fqn,
+            axis=axis,
+        )
+        for fqn, held in found.doubled
+    )
+    return placed
+
+
+def _stage_lines(placed: Placed, fqns: Sequence[str], by_param: Mapping[str, int]) -> list[str]:
+    """A staged load's report lines: what each stage's ranks read together."""
+    read = [0] * placed.count
+    for fqn, stage in zip(fqns, placed.assignment.of, strict=True):
+        read[stage or 0] += by_param[fqn]
+    axis = placed.stages.axis
+    out = [f"by stage (on {axis!r} of {placed.pp} ranks, stage i on its rank i % {placed.pp}):"]
+    out.extend(
+        f"  stage {s}: {human_bytes(n)} read by the ranks running it" for s, n in enumerate(read)
+    )
+    return out
