@@ -17,7 +17,6 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
 from torch.distributed.pipelining.stage import _PipelineStageBase
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from layout_algebra import (
     Activations,
@@ -227,19 +226,17 @@ def test_gpipe_holds_every_microbatch_and_1f1b_the_stages_after_it(pp: int, m: i
 
 @pytest.mark.parametrize(("pp", "v", "m"), [(2, 2, 4), (4, 2, 8), (4, 3, 8), (2, 3, 6)])
 def test_interleaved_counts_the_forwards_before_the_ranks_first_backward(
-    pp: int, v: int, m: int
+    pp: int, v: int, m: int, fake_world: int
 ) -> None:
-    """Against the order torch's ``ScheduleInterleaved1F1B`` runs on each rank."""
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=pp)
-    try:
-        local: list[_PipelineStageBase] = [
-            PipelineStage(torch.nn.Linear(2, 2), k * pp, pp * v, torch.device("cpu"))
-            for k in range(v)
-        ]
-        schedule = ScheduleInterleaved1F1B(local, m, loss_fn=lambda a, _: a.sum())
-        order = schedule.pipeline_order
-    finally:
-        dist.destroy_process_group()
+    """Against the order torch's ``ScheduleInterleaved1F1B`` runs on each rank (on a group
+    of ``pp`` ranks of the fake world)."""
+    group = dist.new_group(list(range(pp)))
+    local: list[_PipelineStageBase] = [
+        PipelineStage(torch.nn.Linear(2, 2), k * pp, pp * v, torch.device("cpu"), group=group)
+        for k in range(v)
+    ]
+    schedule = ScheduleInterleaved1F1B(local, m, loss_fn=lambda a, _: a.sum())
+    order = schedule.pipeline_order
     where = placed(pp, pp * v, "interleaved-1f1b", m)
     for rank, actions in order.items():
         done: dict[int, int] = {}
