@@ -15,6 +15,7 @@ from typing import Final
 
 import attrs
 
+from layout_algebra import _step
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._ranks import Factor, index_vector
 from layout_algebra._step import over_limit
@@ -31,7 +32,6 @@ from layout_algebra.training import (
     TRAFFIC,
     FSDPUnit,
     Training,
-    pipelined_cost,
 )
 
 __all__ = ["PIPELINE_AXIS", "Placed", "pipeline_problem", "place", "staged_cost"]
@@ -296,7 +296,7 @@ def staged_cost(
     sends = _sends(placed, training, small) if acts is not None else [0] * n
     for s in range(n):
         mine = set(fqns[s])
-        cost = pipelined_cost(
+        cost = _step.cost(
             [(f, layouts[f]) for f in fqns[s]],
             {f: shapes[f] for f in fqns[s] if f in shapes},
             small,

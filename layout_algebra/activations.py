@@ -117,15 +117,21 @@ def _as_units(value: Mapping[str, Mapping[str, int]]) -> FrozenMap[str, FrozenMa
     return FrozenMap(out)
 
 
-def _as_recompute(value: Mapping[str, int]) -> FrozenMap[str, int]:
-    arg = "Activations(recompute=...)"
+def _bytes_by_name(
+    value: Mapping[str, int], arg: str, what: str, example: str, limit: int
+) -> FrozenMap[str, int]:
+    """``value`` checked to map names (``what``) to bytes."""
     raw: object = value
     if not isinstance(raw, Mapping):
-        msg = f"{arg} must map unit names to bytes, got {quote(raw)}"
+        msg = f"{arg} must map {what}, got {quote(raw)}"
         raise LayoutError(msg)
-    items = mapping_items(value, arg, "{'layers.0': 4096}", limit=MAX_UNITS)
-    out = {_unit_key(k, arg): _count(v, f"{arg}[{k!r}]") for k, v in items}
-    return FrozenMap(out)
+    items = mapping_items(value, arg, example, limit=limit)
+    return FrozenMap({_unit_key(k, arg): _count(v, f"{arg}[{k!r}]") for k, v in items})
+
+
+def _as_recompute(value: Mapping[str, int]) -> FrozenMap[str, int]:
+    arg, what = "Activations(recompute=...)", "unit names to bytes"
+    return _bytes_by_name(value, arg, what, "{'layers.0': 4096}", MAX_UNITS)
 
 
 def _as_modules(value: Mapping[str, tuple[str, int, int]]) -> FrozenMap[str, tuple[str, int, int]]:
@@ -155,13 +161,8 @@ def _as_modules(value: Mapping[str, tuple[str, int, int]]) -> FrozenMap[str, tup
 
 
 def _as_routed(value: Mapping[str, int]) -> FrozenMap[str, int]:
-    arg = "Activations(routed=...)"
-    raw: object = value
-    if not isinstance(raw, Mapping):
-        msg = f"{arg} must map experts module FQNs to the bytes routed into them, got {quote(raw)}"
-        raise LayoutError(msg)
-    items = mapping_items(value, arg, "{'layers.0.moe.experts': 65536}", limit=MAX_MODULES)
-    return FrozenMap({_unit_key(k, arg): _count(v, f"{arg}[{k!r}]") for k, v in items})
+    arg, what = "Activations(routed=...)", "experts module FQNs to the bytes routed into them"
+    return _bytes_by_name(value, arg, what, "{'layers.0.moe.experts': 65536}", MAX_MODULES)
 
 
 def _check_boundary(_: object, __: attrs.Attribute[int], value: object) -> None:

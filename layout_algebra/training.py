@@ -1038,38 +1038,7 @@ def training_cost(
         )
         raise LayoutError(msg)
     owned_axes = axis_name_set(owned, "owned")
-    return pipelined_cost(items, shapes, sizes, training, tied=tied, owned=owned_axes, budget=limit)
-
-
-def pipelined_cost(
-    items: Sequence[tuple[str, SourceLayout]],
-    shapes: Mapping[str, ParamShape],
-    sizes: Mapping[str, Mesh],
-    training: Training,
-    *,
-    tied: Iterable[Iterable[str]],
-    owned: frozenset[str],
-    budget: int | None,
-    in_flight: int = 1,
-    microbatches: int = 1,
-) -> TrainingCost:
-    """``training_cost`` of checked arguments, for one pipeline stage's rank: its
-    activations ``in_flight`` microbatches at once, its traffic ``microbatches`` times.
-
-    Raises:
-        LayoutError: as ``training_cost``.
-    """
-    step = _step.cost(
-        items,
-        shapes,
-        sizes,
-        training,
-        tied=tied,
-        owned=owned,
-        budget=budget,
-        in_flight=in_flight,
-        microbatches=microbatches,
-    )
+    step = _step.cost(items, shapes, sizes, training, tied=tied, owned=owned_axes, budget=limit)
     excess = None
     if step.over_budget is not None:
         excess = BudgetExcess(*step.over_budget)
