@@ -44,7 +44,15 @@ from layout_algebra._parts import (
 from layout_algebra._pipeline import Placed, place
 from layout_algebra._ranks import Chain, DimRead, Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, role_mesh, size_of
-from layout_algebra._text import clip, escape, human_bytes, quote, rank_groups, ranks_str
+from layout_algebra._text import (
+    clip,
+    escape,
+    human_bytes,
+    quote,
+    rank_groups,
+    ranks_str,
+    ranks_text,
+)
 from layout_algebra.errors import LayoutError
 from layout_algebra.fsdp import (
     FsdpAxes,
@@ -59,6 +67,7 @@ from layout_algebra.layout import (
     partial_error,
 )
 from layout_algebra.mesh import MAX_WORLD, Mesh, as_mesh, as_role_sizes, world_size
+from layout_algebra.placements import Replicate
 from layout_algebra.shapes import (
     DTYPE_BYTES,
     ParamShape,
@@ -1379,7 +1388,7 @@ def _stage(
     stages: Stages, dst: ParamLayoutTable, meshes: Mapping[str, Mesh], problems: list[LayoutError]
 ) -> Placed:
     """``stages`` placed on the loading meshes (as ``lint`` places them); a parameter in
-    no stage or in several joins ``problems``.
+    no stage or in several, or laid out over the pipeline axis, joins ``problems``.
 
     Raises:
         LayoutError: ``stages`` is no ``Stages``, its axis is missing from a mesh, or its
@@ -1391,8 +1400,8 @@ def _stage(
     found = placed.assignment
     problems.extend(
         LayoutError(
-            f"{fqn}: no stage of stages holds it, so no rank would load it; add its module "
-            "to a stage",
+            f"{fqn}: no stage holds it (no pattern of stages names it or a module holding "
+            "it), so no rank would load it; add its module to a stage",
             fqn=fqn,
             axis=axis,
         )
@@ -1401,23 +1410,50 @@ def _stage(
     problems.extend(
         LayoutError(
             f"{fqn}: stages {' and '.join(map(str, held))} both hold it; a module belongs "
-            "to one stage",
+            "to one stage: name it in one",
             fqn=fqn,
             axis=axis,
         )
         for fqn, held in found.doubled
     )
+    # A stage's module lives on one pipeline rank only: a shard of it on another pipeline
+    # rank would never be loaded (the mask drops that rank's reads).
+    over = {
+        layout
+        for layout in set(dst.values())
+        for a, p in zip(layout.axes, layout.placements, strict=True)
+        if a.name == axis and not isinstance(p, Replicate)
+    }
+    problems.extend(
+        LayoutError(
+            f"{clip(fqn)}: loaded as {layout}, sharded over the pipeline axis {axis!r}; its "
+            "stage runs on one pipeline rank, which holds all of it: lay it out without "
+            f"{axis!r}",
+            fqn=fqn,
+            axis=axis,
+        )
+        for fqn, layout in dst.items()
+        if layout in over
+    )
     return placed
 
 
 def _stage_lines(placed: Placed, fqns: Sequence[str], by_param: Mapping[str, int]) -> list[str]:
-    """A staged load's report lines: what each stage's ranks read together."""
-    read = [0] * placed.count
+    """A staged load's report lines: what each stage's parameters are read as, and by
+    which ranks (those of its pipeline coordinate)."""
+    read, held = [0] * placed.count, [0] * placed.count
     for fqn, stage in zip(fqns, placed.assignment.of, strict=True):
         read[stage or 0] += by_param[fqn]
+        held[stage or 0] += 1
+    ranks: list[list[int]] = [[] for _ in range(placed.pp)]
+    for rank, at in enumerate(placed.pp_index):
+        ranks[at].append(rank)
     axis = placed.stages.axis
-    out = [f"by stage (on {axis!r} of {placed.pp} ranks, stage i on its rank i % {placed.pp}):"]
-    out.extend(
-        f"  stage {s}: {human_bytes(n)} read by the ranks running it" for s, n in enumerate(read)
-    )
+    out = [f"by stage (stage i runs on {axis}=i % {placed.pp}; bytes read by all its ranks):"]
+    for s, (n, nbytes) in enumerate(zip(held, read, strict=True)):
+        at = placed.rank_of(s)
+        out.append(
+            f"  stage {s}: {n} parameter{'s' if n != 1 else ''}, {human_bytes(nbytes)} "
+            f"read by {ranks_text(ranks[at])} ({axis}={at})"
+        )
     return out

@@ -503,14 +503,26 @@ def reshard_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -
     try:
         src, shapes, src_meshes = _saved_side(args, err)
         dst, dst_meshes = _loaded_side(args, list(src), err)
-        plan = reshard_plan(src, dst, shapes, src_sizes=src_meshes, dst_sizes=dst_meshes)
+        dealt: list[str] = []  # how --pp-layers dealt the stages, said before the report
+        stages = _lint_stages(args, dst, dst_meshes, dealt, mesh_option="--to-mesh")
+        plan = reshard_plan(
+            src, dst, shapes, src_sizes=src_meshes, dst_sizes=dst_meshes, stages=stages
+        )
     except PlanError as e:
         say_problems(err, "the reshard has", e.problems)
         return 1
     lacking = [fqn for fqn in src if fqn not in dst]
     if lacking:  # the load leaves them out without a word: say so
         say(err, _not_loaded(args, lacking))
+    pp = dst_meshes["dense"].get("pp", 1)
+    if stages is None and pp > 1:  # as lint refuses: each rank would load the whole model
+        msg = (
+            f"{PROG}: note: --to-mesh has a 'pp' axis of {pp} ranks but no stages, so every "
+            "rank is counted loading the whole model; give --pp-layers N or --stages FILE"
+        )
+        say(err, msg)
     out.write(f"saved on {_meshes_str(src_meshes)}, loaded on {_meshes_str(dst_meshes)}\n")
+    out.writelines(escape(line) + "\n" for line in dealt)
     out.write(plan.report(top=args.top) + "\n")
     return 0
 
@@ -770,15 +782,19 @@ def _lint_stages(
     table: ParamLayoutTable,
     meshes: Mapping[str, Mesh],
     assumptions: list[str],
+    *,
+    mesh_option: str = "--mesh",
 ) -> Stages | None:
-    """The stages ``--stages`` reads or ``--pp-layers`` deals (said in ``assumptions``)."""
+    """The stages ``--stages`` reads or ``--pp-layers`` deals (said in ``assumptions``);
+    ``mesh_option``: the option giving ``meshes``, which a message names."""
     if args.stages is not None:
         return load_stages(args.stages)
     if args.pp_layers is None:
         return None
     pp = meshes["dense"]["pp"] if "pp" in meshes["dense"].names else None
     if pp is None:
-        raise Usage("--pp-layers deals layers over the mesh's 'pp' axis; give --mesh pp=N,...")
+        msg = f"--pp-layers deals layers over the mesh's 'pp' axis; give {mesh_option} pp=N,..."
+        raise Usage(msg)
     fqns = list(table)
     blocks = repeated_blocks(fqns)
     if len(blocks) != 1:

@@ -39,7 +39,9 @@ _RESHARD_DESCRIPTION: Final = (
     "--expert-mesh when given), as saved, FSDP's dims included. DST may be a plan, "
     "read as diff reads one: its complete table for the saved tensors, composed with "
     "FSDP over --to-fsdp or the one FSDP axis of --to-mesh of size > 1. Saved tensors "
-    "DST lacks are not loaded: a note on stderr names them."
+    "DST lacks are not loaded: a note on stderr names them. With --stages or --pp-layers "
+    "(the loading run's pipeline stages), each rank loads only its stages' parameters, "
+    "and the report says what each stage's ranks read."
 )
 
 _LINT_HELP: Final = "check a table or plan against the model's shapes; each rank's bytes"
@@ -332,6 +334,7 @@ def _add_reshard(rsh: argparse.ArgumentParser) -> None:
             metavar="AXIS",
             help=f"the axis FSDP2 shards the experts over in the {run} run (default: --{side}fsdp)",
         )
+    _add_stages(rsh, run="loading run's ")
     rsh.add_argument(
         "--top",
         type=lambda text: bounded_int(text, 1_000_000, "--top"),
@@ -340,6 +343,43 @@ def _add_reshard(rsh: argparse.ArgumentParser) -> None:
         help="how many parameters to name (default 10)",
     )
     add_owned_arguments(rsh)  # a plan's table strips them
+
+
+def _add_stages(parser: argparse.ArgumentParser, *, run: str = "") -> None:
+    """``--stages FILE | --pp-layers N``, the pipeline stages of ``lint``'s run, or of
+    ``reshard``'s loading run (``run="loading run's "``: its mesh is ``--to-mesh``)."""
+    mesh, holds = ("--to-mesh", "loads") if run else ("the mesh", "holds")
+    pipeline = parser.add_mutually_exclusive_group()
+    pipeline.add_argument(
+        "--stages",
+        default=None,
+        metavar="FILE",
+        help=(
+            f'the {run}pipeline stages, a JSON object {{"axis": "pp", "stages": [[module '
+            'patterns of stage 0], ...], "schedule": "1f1b"}: each rank '
+            f"{holds} only its stages' parameters"
+        ),
+    )
+    pipeline.add_argument(
+        "--pp-layers",
+        type=_pp_layers,
+        default=None,
+        metavar="N",
+        help=(
+            f"layers per pipeline stage over {mesh}'s 'pp' axis, as torchtitan's "
+            "pipeline_parallel_layers_per_stage: the shapes' numbered blocks, with the "
+            "modules before them and after them counting one layer each, dealt N to a "
+            "stage (more stages than pp ranks: interleaved 1F1B)"
+        ),
+    )
+
+
+def _pp_layers(text: str) -> int:
+    """``--pp-layers N``: a stage holds at least one layer (0 would deal no stage)."""
+    n = bounded_int(text, 1 << 16, "--pp-layers")
+    if n == 0:
+        raise argparse.ArgumentTypeError("'0': --pp-layers is each stage's layers, at least 1")
+    return n
 
 
 def _add_lint(lnt: argparse.ArgumentParser) -> None:
@@ -452,28 +492,6 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
             "up): a rank whose training state exceeds it is a problem"
         ),
     )
-    pipeline = lnt.add_mutually_exclusive_group()
-    pipeline.add_argument(
-        "--stages",
-        default=None,
-        metavar="FILE",
-        help=(
-            'the pipeline stages, a JSON object {"axis": "pp", "stages": [[module '
-            'patterns of stage 0], ...], "schedule": "1f1b"}: each rank holds only '
-            "its stages' parameters"
-        ),
-    )
-    pipeline.add_argument(
-        "--pp-layers",
-        type=lambda text: bounded_int(text, 1 << 16, "--pp-layers"),
-        default=None,
-        metavar="N",
-        help=(
-            "layers per pipeline stage over the mesh's 'pp' axis, as torchtitan's "
-            "pipeline_parallel_layers_per_stage: the shapes' numbered blocks, with the "
-            "modules before them and after them counting one layer each, dealt N to a "
-            "stage (more stages than pp ranks: interleaved 1F1B)"
-        ),
-    )
+    _add_stages(lnt)
     lnt.add_argument("--json", action="store_true", help="print the report as JSON")
     add_owned_arguments(lnt)
