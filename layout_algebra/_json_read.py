@@ -617,6 +617,13 @@ def read_packed(value: object, path: str) -> Packed:
     return packed_from_obj(_plain(value, path), path)
 
 
+def plain_data(value: object, path: str = "") -> object:
+    """``value`` with each JSON object in it (``load``'s pairs) a dict, a key given twice
+    refused at its path: for the readers of values kept in their own modules that read
+    plain JSON data."""
+    return _plain(value, path)
+
+
 def _plain(value: object, path: str) -> object:
     """``value`` with each JSON object in it a dict, for a reader of plain JSON data."""
     fields = _fields(value, path, at_key)

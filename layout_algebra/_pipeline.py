@@ -19,7 +19,7 @@ from layout_algebra import _step
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._ranks import Factor, index_vector
 from layout_algebra._step import over_limit
-from layout_algebra.activations import Activations, divisors
+from layout_algebra.activations import Activations, divisors, split_activations
 from layout_algebra.errors import LayoutError
 from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh
@@ -225,19 +225,7 @@ def _stage_activations(
 ) -> list[Activations]:
     """``given`` split by stage: each unit, projection and experts module on the stage
     holding its module's parameters; the root's (what no unit saved) on the last."""
-    out: list[dict[str, dict[str, object]]] = [
-        {"units": {}, "recompute": {}, "modules": {}, "routed": {}} for _ in range(count)
-    ]
-    for field, values in (
-        ("units", given.units),
-        ("recompute", given.recompute),
-        ("modules", given.modules),
-        ("routed", given.routed),
-    ):
-        for name, value in values.items():
-            s = stage_of.get(name.split(",")[0], count - 1)
-            out[s][field][name] = value
-    return [attrs.evolve(given, **parts) for parts in out]  # type: ignore[arg-type]
+    return split_activations(given, lambda name: stage_of.get(name, count - 1), count)
 
 
 def _stage_of_modules(stage_by_fqn: Mapping[str, int | None]) -> dict[str, int]:

@@ -795,34 +795,38 @@ class _Step:
         if acts is None:
             return {}
         _, cp = self.degrees()
-        dims: dict[SourceLayout, frozenset[int]] = {}
+        dims: dict[tuple[SourceLayout, str], frozenset[int]] = {}
 
-        def sharded(fqn: str, axis: str) -> frozenset[int]:
-            layout = self.layouts.get(fqn)
-            if layout is None:
-                return frozenset()
-            found = dims.get(layout)
+        def sharded(layout: SourceLayout, axis: str) -> frozenset[int]:
+            found = dims.get((layout, axis))
             if found is None:
                 mesh = self.sizes.get(layout.mesh)
                 split = mesh is not None and mesh.get(axis, 1) > 1
-                found = dims[layout] = frozenset(
+                found = dims[layout, axis] = frozenset(
                     p.dim
                     for a, p in zip(layout.axes, layout.placements, strict=True)
                     if split and a.name == axis and isinstance(p, (Shard, StridedShard))
                 )
             return found
 
+        layouts = self.layouts
         tp = 0
         for name, (kind, given, made) in acts.modules.items():
-            on = sharded(f"{name}.weight", TP_AXIS)
+            weight = layouts.get(f"{name}.weight")
+            on = frozenset() if weight is None else sharded(weight, TP_AXIS)
             if on:
                 tp += -(-(made if kind == "embedding" or 0 not in on else given) // cp)
                 tp += -(-made // cp) if kind == "linear" and {0, 1} <= on else 0
+        # the experts modules holding a parameter sharded over ep: each such parameter's
+        # modules, walked up to the first one met before (the rest were walked then)
         experts: set[str] = set()
-        for fqn in self.layouts:
-            if sharded(fqn, EP_AXIS):
-                parts = fqn.split(".")
-                experts.update(".".join(parts[:i]) for i in range(1, len(parts)))
+        for fqn, layout in layouts.items() if acts.routed else ():
+            if not sharded(layout, EP_AXIS):
+                continue
+            module = fqn.rpartition(".")[0]
+            while module and module not in experts:
+                experts.add(module)
+                module = module.rpartition(".")[0]
         ep = sum(4 * -(-n // cp) for name, n in acts.routed.items() if name in experts)
         world, times = self.world, self.microbatches
         return {

@@ -33,8 +33,8 @@ from typing import Final, TypeVar
 import attrs
 
 from layout_algebra._args import mapping_items, plain_str
-from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call
-from layout_algebra._json_read import at_field, at_key, fail, shown
+from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call, frozen_map_of
+from layout_algebra._json_read import at_field, at_key, fail, plain_data, shown
 from layout_algebra._text import clip, human_bytes, quote
 from layout_algebra.errors import LayoutError, SerializationError
 
@@ -46,6 +46,7 @@ __all__ = [
     "activations_from_obj",
     "activations_to_obj",
     "divisors",
+    "split_activations",
 ]
 
 KINDS: Final = ("sequence", "heads", "experts", "fixed")
@@ -304,6 +305,38 @@ def _share(kinds: Mapping[str, int], by: Mapping[str, int]) -> int:
     return sum(-(-n // by[kind]) for kind, n in kinds.items())
 
 
+_BY_NAME: Final = ("units", "recompute", "modules", "routed")
+"""An ``Activations``' fields keyed by unit or module name."""
+
+
+def split_activations(
+    activations: Activations, part_of: Callable[[str], int], parts: int
+) -> list[Activations]:
+    """``activations`` split into ``parts`` values (a pipeline's stages): each unit and
+    its recompute, projection and experts module in the part ``part_of`` gives its name
+    (a unit of several modules by its first); batch, tokens, policy and boundary kept.
+
+    The parts hold the checked entries of ``activations`` itself, so they are made
+    without checking each again (a stage of a large model names tens of thousands).
+    """
+    split: list[dict[str, dict[str, object]]] = [
+        {field: {} for field in _BY_NAME} for _ in range(parts)
+    ]
+    for field in _BY_NAME:
+        values: Mapping[str, object] = getattr(activations, field)
+        for name, value in values.items():
+            split[part_of(name.partition(",")[0])][field][name] = value
+    out: list[Activations] = []
+    for fields in split:
+        part = object.__new__(Activations)
+        for attribute in attrs.fields(Activations):
+            object.__setattr__(part, attribute.name, getattr(activations, attribute.name))
+        for field, values in fields.items():
+            object.__setattr__(part, field, frozen_map_of(values))
+        out.append(part)
+    return out
+
+
 def divisors(
     *, tp: int = 1, cp: int = 1, sequence_parallel: bool = False, caller: str = "divisors"
 ) -> dict[str, int]:
@@ -373,6 +406,7 @@ def activations_from_obj(value: object, path: str = "") -> Activations:
     Raises:
         SerializationError: with the JSON path of the first bad value.
     """
+    value = plain_data(value, path)  # the pairs of the package's strict reader, as dicts
     if not isinstance(value, dict):
         raise fail(path, "expected a JSON object of activations", value)
     for key in value:

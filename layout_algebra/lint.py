@@ -586,11 +586,20 @@ class LintReport:
         if padded:
             lines.append(f"FSDP padding: {exact_bytes(padded)} over all ranks")
         if memory.by_stage:
-            lines.append("parameter bytes by pipeline stage (the most on one rank running it):")
-            lines.extend(
-                f"  stage {s}: {human_bytes(max(row, default=0))}"
-                for s, row in list(memory.by_stage.items())[:_MAX_RANK_ROWS]
+            peak = memory.peak
+            lines.append(
+                "parameter bytes by pipeline stage (the most on one rank running it)"
+                + (", and the highest peak of the ranks holding it:" if peak else ":")
             )
+            for s, row in list(memory.by_stage.items())[:_MAX_RANK_ROWS]:
+                line = f"  stage {s}: {human_bytes(max(row, default=0))}"
+                # a large world's per-rank rows are cut short: each stage's peak said here
+                top = (
+                    max((p for p, held in zip(peak, row, strict=True) if held), default=0)
+                    if peak
+                    else 0
+                )
+                lines.append(f"{line}; peak {human_bytes(top)}" if top else line)
         return lines
 
     def to_dict(self) -> dict[str, object]:

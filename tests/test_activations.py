@@ -6,6 +6,7 @@ torch's own ``checkpoint_wrapper`` around each block leaves saved.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,11 +23,28 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.utils._pytree import tree_leaves
 
-from layout_algebra import Activations, LayoutError, SerializationError
-from layout_algebra.activations import KINDS
+from layout_algebra import (
+    Activations,
+    LayoutError,
+    ParamLayoutTable,
+    ParamShape,
+    SerializationError,
+    Shard,
+    SourceLayout,
+    Training,
+    compose_table,
+)
+from layout_algebra._json_read import load
+from layout_algebra.activations import (
+    KINDS,
+    activations_from_obj,
+    activations_to_obj,
+    split_activations,
+)
 from layout_algebra.serialization import converter
 from layout_algebra.torch_bridge import activations_from_module
 from layout_algebra.torch_bridge.activations import _Call, calls_of, compose, trace
+from layout_algebra.training import training_cost
 from tests.models import hf_llama, hf_moe
 from tests.torch_oracle import MeshFactory
 
@@ -127,6 +145,75 @@ def test_str_lists_the_units() -> None:
         "1.00 KiB more in one unit's backward"
     )
     assert "  layers.0: sequence 64 B, heads 512 B, experts 96 B" in text
+
+
+def test_the_strict_readers_json_reads_and_a_key_given_twice_is_refused() -> None:
+    """What a file holds, as the package's strict reader gives it (pairs, not dicts)."""
+    text = json.dumps(activations_to_obj(value()))
+    assert activations_from_obj(load(text)) == value()
+    with pytest.raises(SerializationError, match="'batch' appears twice"):
+        activations_from_obj(load('{"units": {}, "batch": 1, "batch": 2, "seq_len": 1}'))
+
+
+def test_split_puts_each_entry_in_its_part_and_keeps_the_rest() -> None:
+    acts = Activations(
+        units={"": {"fixed": 8}, "a": {"sequence": 4}, "b,c": {"heads": 2}},
+        batch=2,
+        seq_len=8,
+        checkpointing="full",
+        recompute={"a": 16, "b,c": 32},
+        boundary=64,
+        modules={"a.w": ("linear", 1, 2), "b.w": ("embedding", 3, 4)},
+        routed={"b.experts": 5},
+    )
+    first, second = split_activations(acts, lambda name: int(name.startswith("b")), 2)
+    assert first == Activations(
+        units={"": {"fixed": 8}, "a": {"sequence": 4}},
+        batch=2,
+        seq_len=8,
+        checkpointing="full",
+        recompute={"a": 16},
+        boundary=64,
+        modules={"a.w": ("linear", 1, 2)},
+    )
+    assert second == Activations(
+        units={"b,c": {"heads": 2}},
+        batch=2,
+        seq_len=8,
+        checkpointing="full",
+        recompute={"b,c": 32},
+        boundary=64,
+        modules={"b.w": ("embedding", 3, 4)},
+        routed={"b.experts": 5},
+    )
+
+
+@pytest.mark.parametrize(("tp", "ep", "sent"), [(2, 2, 4 * 100), (2, 1, 0), (1, 2, 4 * 100)])
+def test_experts_exchange_over_ep_whatever_tp_shards(tp: int, ep: int, sent: int) -> None:
+    """Per-expert projections sharded over ep alone beside a dense one sharded over tp:
+    the experts module dispatches and combines its routed bytes, forward and backward,
+    exactly when ep has several ranks (the dense projection's tp says nothing of it)."""
+    table = ParamLayoutTable(
+        {
+            "layers.0.attn.q.weight": SourceLayout("dense", ["tp"], [Shard(0)]),
+            "layers.0.experts.0.w.weight": SourceLayout("expert", ["ep"], [Shard(0)]),
+        }
+    )
+    shapes = {fqn: ParamShape((8, 8), "float32") for fqn in table}
+    sizes = {"dense": {"dp_shard": 2 * ep, "tp": tp}, "expert": {"dp_shard": 2 * tp, "ep": ep}}
+    composed = compose_table(
+        table, fsdp={"dense": "dp_shard", "expert": "dp_shard"}, mesh_sizes=sizes
+    )
+    acts = Activations(
+        units={"": {"sequence": 8}},
+        batch=1,
+        seq_len=4,
+        modules={"layers.0.attn.q": ("linear", 64, 64), "layers.0.experts.0.w": ("linear", 64, 64)},
+        routed={"layers.0.experts": 100},
+    )
+    cost = training_cost(dict(composed.items()), shapes, sizes, Training(activations=acts))
+    assert set(cost.traffic["ep_all_to_all"]) == {sent}
+    assert set(cost.traffic["tp"]) == {64 if tp > 1 else 0}
 
 
 # ---------------------------------------------------------------------------------------

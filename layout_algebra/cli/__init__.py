@@ -24,7 +24,13 @@ Subcommands:
   [--fsdp dp_shard] [--json]``: every problem torch would raise, the checkpoint hazard of
   uneven strided shards, the padding they cost, and the parameter bytes of every rank
   (for a plan without ``--fsdp``, FSDP over the mesh's one FSDP axis of size > 1); the
-  summary line names idle ranks and heavy padding.
+  summary line names idle ranks and heavy padding. Training flags add each rank's
+  training memory and traffic; ``--stages FILE`` or ``--pp-layers N`` pipeline stages;
+  ``--seq-len N`` the activations of the model of ``--shapes MODEL_DIR``, traced on fake
+  tensors (or ``--activations FILE``), and with them each rank's and each stage's peak.
+- ``activations MODEL_DIR --seq-len N [--batch N] [--checkpointing full]``: the
+  activations of one microbatch of a ``save_pretrained`` folder's model, as JSON for
+  ``lint --activations``.
 
 Commands that strip FSDP's axes (``check``, ``table``, ``draw``, ``lint``) take
 ``--owned AXIS,...`` (replace ``FSDP_OWNED_AXES``) and ``--also-owned AXIS,...`` (add to it).
@@ -32,7 +38,8 @@ Commands that strip FSDP's axes (``check``, ``table``, ``draw``, ``lint``) take
 Exit status: 0 on success, 1 on a layout problem (a bad plan, table or file, or output
 that cannot be written; one line on stderr), 2 on a usage error. ``main`` is the one place
 that turns a problem into its message and exit status: no traceback, names shown escaped,
-output written only once the command has succeeded. Only ``demo`` imports torch; a DCP
+output written only once the command has succeeded. Only ``demo``, ``activations`` and
+a ``save_pretrained`` folder's ``config.json`` import torch (and transformers); a DCP
 checkpoint directory is read by ``layout_algebra.dcp`` with no torch and nothing run
 from it.
 

@@ -8,19 +8,26 @@ import argparse
 import functools
 import json
 import shutil
+from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO
 
 from layout_algebra._compare import checkpoint_diff
 from layout_algebra._complete import shard_dims_by_role, table_from_plan
 from layout_algebra._text import clip, did_you_mean, escape, human_bytes, some_of
 from layout_algebra._units import repeated_blocks
+from layout_algebra.activations import MAX_UNITS, Activations, activations_to_obj
 from layout_algebra.algebra import TableDiff, build_table, diff
 from layout_algebra.checkpoint import reshard_plan
 from layout_algebra.cli._inputs import (
+    Structured,
+    config_model,
     config_structure,
+    has_config,
     is_directory,
+    is_model_folder,
     is_plan,
+    load_activations,
     load_fqns,
     load_plan,
     load_shapes,
@@ -54,6 +61,9 @@ from layout_algebra.serialization import to_json
 from layout_algebra.shapes import ParamShape
 from layout_algebra.stages import Stages
 from layout_algebra.training import Training
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["COMMANDS"]
 
@@ -638,17 +648,17 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     """The lint report of a table or plan; 1 when it has problems."""
     expert: Mesh | None = args.expert_mesh
     owned = owned_axes(args)
-    if args.expert_fsdp is not None and expert is None:
-        raise Usage("--expert-fsdp names an axis of --expert-mesh; give --expert-mesh too")
-    shapes = load_shapes(args.shapes, err=err)
-    shapes, read_structure = config_structure(args.shapes, shapes)
+    _check_lint_flags(args)  # before any file is read or model built
+    structured = config_structure(args.shapes, load_shapes(args.shapes, err=err))
+    shapes = structured.shapes
     table, from_plan = _lint_table(args.table, shapes, args, err)
     meshes = _roles(args.mesh, expert)
     fsdp, found, source, reading = _lint_reading(args, table, owned, from_plan=from_plan)
-    assumptions = [a for a in (reading, read_structure) if a is not None]
+    assumptions = [a for a in (reading, structured.line) if a is not None]
+    activations = _lint_activations(args, structured, assumptions, err)
     training, stages = (  # the step, then its stages: their assumptions in that order
-        _lint_training(args, shapes, assumptions),
-        _lint_stages(args, table, meshes, assumptions),
+        _lint_training(args, shapes, assumptions, activations),
+        _lint_stages(args, table, meshes, assumptions, order=structured.order),
     )
 
     def run(expert_dim: int | None) -> LintReport:
@@ -758,11 +768,21 @@ def _table_reading(named: str | None, fsdp: Mapping[str, str | tuple[str, str]] 
 
 
 def _lint_training(
-    args: argparse.Namespace, shapes: Mapping[str, object], assumptions: list[str]
+    args: argparse.Namespace,
+    shapes: Mapping[str, object],
+    assumptions: list[str],
+    activations: Activations | None,
 ) -> Training | None:
     """The training the flags describe, or ``None`` when no training flag is given; units
     not given are the shapes' repeated numbered blocks, said in ``assumptions``."""
-    given = (args.optimizer, args.param_dtype, args.reduce_dtype, args.units, args.budget)
+    given = (
+        args.optimizer,
+        args.param_dtype,
+        args.reduce_dtype,
+        args.units,
+        args.budget,
+        activations,
+    )
     if all(flag is None for flag in given):  # any training flag counts the training state
         return None
     units = args.units
@@ -774,7 +794,165 @@ def _lint_training(
         param_dtype=args.param_dtype,
         reduce_dtype=args.reduce_dtype,
         units=units,
+        activations=activations,
+        sequence_parallel=args.sequence_parallel,
     )
+
+
+_TRACE_OPTIONS: Final = {
+    "--seq-len": "seq_len",
+    "--batch": "batch",
+    "--checkpointing": "checkpointing",
+}
+"""The options of a trace of the activations, and their names in the arguments."""
+
+
+def _check_lint_flags(args: argparse.Namespace) -> None:
+    """Refuse options that cannot go together: an expert FSDP axis without an expert
+    mesh, activation options that clash or name no model to trace.
+
+    Raises:
+        Usage: saying what to give instead.
+    """
+    if args.expert_fsdp is not None and args.expert_mesh is None:
+        raise Usage("--expert-fsdp names an axis of --expert-mesh; give --expert-mesh too")
+    traced = [option for option, name in _TRACE_OPTIONS.items() if getattr(args, name) is not None]
+    if args.activations is not None:
+        if traced:
+            msg = (
+                f"{traced[0]}: --activations FILE holds the microbatch and checkpointing it "
+                f"was traced with; drop {' and '.join(traced)}, or drop --activations to trace"
+            )
+            raise Usage(msg)
+        return
+    if traced and args.seq_len is None:
+        msg = (
+            f"{traced[0]} goes with --seq-len N, the tokens of a sequence, which traces the "
+            "activations (or give them with --activations FILE)"
+        )
+        raise Usage(msg)
+    if args.seq_len is None:
+        if args.sequence_parallel:
+            msg = (
+                "--sequence-parallel divides the activations over tp; give --seq-len N to "
+                "trace them from --shapes MODEL_DIR, or --activations FILE"
+            )
+            raise Usage(msg)
+        return
+    if not is_model_folder(args.shapes):
+        msg = (
+            f"--seq-len traces the model of a save_pretrained folder, and --shapes "
+            f"{clip(args.shapes)} is no folder holding a config.json; give --shapes MODEL_DIR "
+            "(the folder), or --activations FILE (made by "
+            f"`{PROG} activations MODEL_DIR --seq-len N > FILE`)"
+        )
+        raise Usage(msg)
+
+
+def _lint_activations(
+    args: argparse.Namespace, structured: Structured, assumptions: list[str], err: TextIO | None
+) -> Activations | None:
+    """The activations ``--activations`` reads, or those traced from the folder's model
+    (``--seq-len``: said in ``assumptions``), or ``None``."""
+    if args.activations is not None:
+        return load_activations(args.activations)
+    if args.seq_len is None:
+        return None
+    model = structured.model
+    if model is None:  # the folder's model was not built: building it again says why
+        model = _built(args.shapes, err, max_layers=len(structured.shapes))
+    dtype, why = _trace_dtype(args.param_dtype, structured.shapes, model)
+    acts = _traced(model, args, dtype, err)
+    assumptions.append(
+        f"activations: traced from {clip(args.shapes)}/config.json ({type(model).__name__} "
+        f"built on the meta device, its forward run once on fake tensors) in {dtype} ({why})"
+    )
+    return acts
+
+
+def _built(path: str, err: TextIO | None, *, max_layers: int) -> nn.Module:
+    """The model the folder ``path``'s ``config.json`` describes, on the meta device.
+
+    Raises:
+        Problem: torch or transformers is not installed.
+        LayoutError: the config cannot be read or its model built.
+    """
+    with loading(err, "torch and transformers"):  # seconds of silence otherwise
+        try:
+            _, model = config_model(path, max_layers=max_layers)
+        except ImportError as e:
+            missing = "torch" if (e.name or "").startswith("torch") else "transformers"
+            msg = (
+                f"tracing the activations of {clip(path)} needs {missing}, which is not "
+                f"installed (pip install {missing})"
+            )
+            raise Problem(msg) from None
+    return model
+
+
+def _trace_dtype(
+    given: str | None, shapes: Mapping[str, ParamShape] | None, model: nn.Module
+) -> tuple[str, str]:
+    """The dtype to trace in (the one FSDP2 computes in) and why: ``--param-dtype``, else
+    the checkpoint's floating dtype (its parameters' own; of most elements, where norms
+    are kept in another), else the config's, else float32 (what transformers builds in)."""
+    from layout_algebra.torch_bridge._pretrained import config_dtype  # noqa: PLC0415 (torch)
+
+    if given is not None:
+        return given, "--param-dtype"
+    floating: Counter[str] = Counter()
+    for shape in (shapes or {}).values():
+        if shape.dtype.startswith(("float", "bfloat")):
+            floating[shape.dtype] += shape.numel
+    if floating:
+        dtype = floating.most_common(1)[0][0]
+        return dtype, "the checkpoint's, which FSDP2 computes in without --param-dtype"
+    named = config_dtype(model)
+    if named is not None:
+        return named, "the config's; give --param-dtype for the dtype FSDP2 computes in"
+    return "float32", "the config names none; give --param-dtype for the dtype FSDP2 computes in"
+
+
+def _traced(
+    model: nn.Module, args: argparse.Namespace, dtype: str, err: TextIO | None
+) -> Activations:
+    """The activations of one microbatch of ``model`` in ``dtype``, as the trace options
+    say (``--batch`` 1 and ``--checkpointing`` none when not given)."""
+    from layout_algebra.torch_bridge._pretrained import traced_activations  # noqa: PLC0415
+
+    batch = 1 if args.batch is None else args.batch
+    with loading(err, f"{type(model).__name__} on fake tensors", doing="tracing"):
+        return traced_activations(
+            model,
+            dtype=dtype,
+            batch=batch,
+            seq_len=args.seq_len,
+            checkpointing=args.checkpointing or "none",
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# activations
+
+
+def activations_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
+    """The activations of one microbatch of a ``save_pretrained`` folder's model, traced on
+    fake tensors, as JSON (what ``lint --activations`` reads)."""
+    path = args.model
+    if not is_directory(path) or not has_config(path):
+        msg = (
+            f"{clip(path)} is no folder holding a config.json; give the folder "
+            "save_pretrained wrote (its weights are not needed)"
+        )
+        raise Usage(msg)
+    # the most units an Activations holds: a config asking for more layers is refused
+    model = _built(path, err, max_layers=MAX_UNITS)
+    dtype, why = _trace_dtype(args.param_dtype, None, model)
+    acts = _traced(model, args, dtype, err)
+    out.write(json.dumps(activations_to_obj(acts), indent=1) + "\n")
+    if args.param_dtype is None:
+        say(err, f"{PROG}: note: traced in {dtype} ({why})")
+    return 0
 
 
 def _lint_stages(
@@ -784,9 +962,11 @@ def _lint_stages(
     assumptions: list[str],
     *,
     mesh_option: str = "--mesh",
+    order: tuple[str, ...] = (),
 ) -> Stages | None:
     """The stages ``--stages`` reads or ``--pp-layers`` deals (said in ``assumptions``);
-    ``mesh_option``: the option giving ``meshes``, which a message names."""
+    ``mesh_option``: the option giving ``meshes``, which a message names; ``order``: the
+    model's FQNs in module order, when its folder's config built it."""
     if args.stages is not None:
         return load_stages(args.stages)
     if args.pp_layers is None:
@@ -795,7 +975,10 @@ def _lint_stages(
     if pp is None:
         msg = f"--pp-layers deals layers over the mesh's 'pp' axis; give {mesh_option} pp=N,..."
         raise Usage(msg)
-    fqns = list(table)
+    # the model's own order where known: a table may list its FQNs in another
+    # (table_from_hf puts the parameters its plan names first)
+    position = {fqn: i for i, fqn in enumerate(order)}
+    fqns = sorted(table, key=lambda fqn: position.get(fqn, len(position)))
     blocks = repeated_blocks(fqns)
     if len(blocks) != 1:
         found = ", ".join(map(clip, blocks)) or "none"
@@ -925,5 +1108,6 @@ COMMANDS: Final[Mapping[str, Command]] = {
     "draw": draw_command,
     "reshard": reshard_command,
     "lint": lint_command,
+    "activations": activations_command,
 }
 """Every command by name."""

@@ -9,9 +9,12 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final, TextIO
 
+import attrs
+
 from layout_algebra._files import open_regular
 from layout_algebra._json_read import load
 from layout_algebra._text import clip, escape, some_of
+from layout_algebra.activations import Activations, activations_from_obj
 from layout_algebra.cli._output import PROG, Problem, Reported, Usage, say, say_problems
 from layout_algebra.dcp import table_from_dcp
 from layout_algebra.errors import LayoutError, PlanError
@@ -23,14 +26,21 @@ from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.stages import Stages, stages_from_obj
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from layout_algebra.dcp import DcpLayouts
 
 __all__ = [
     "MAX_INPUT_BYTES",
+    "Structured",
+    "config_model",
     "config_structure",
+    "has_config",
     "is_dcp_checkpoint",
     "is_directory",
+    "is_model_folder",
     "is_plan",
+    "load_activations",
     "load_fqns",
     "load_plan",
     "load_shapes",
@@ -137,6 +147,18 @@ def load_stages(path: str) -> Stages:
         raise Problem(f"{path}: {e.message}") from None
 
 
+def load_activations(path: str) -> Activations:
+    """The activations in the JSON file ``path`` (what the ``activations`` command prints).
+
+    Raises:
+        Problem: not such a document, naming the file and the bad value's path.
+    """
+    try:
+        return activations_from_obj(load(read(path)))
+    except LayoutError as e:
+        raise Problem(f"{path}: {e.message}") from None
+
+
 def load_plan(path: str, text: bytes | None = None) -> ShardingPlan:
     """The plan in the file ``path`` (``text``: its bytes, already read).
 
@@ -232,42 +254,82 @@ def load_shapes(
         raise Problem(f"{path}: {e.message}") from None
 
 
-def config_structure(
-    path: str, shapes: Mapping[str, ParamShape]
-) -> tuple[Mapping[str, ParamShape], str | None]:
+@attrs.frozen
+class Structured:
+    """The shapes of a checkpoint with what the model its ``config.json`` describes says of
+    their dims, the line saying where that came from or why it could not (unescaped),
+    that model, built on the meta device (``None``: none was built), and its parameters'
+    FQNs in module order (the order it runs them in; headers sort them by name)."""
+
+    shapes: Mapping[str, ParamShape]
+    line: str | None
+    model: nn.Module | None = None
+    order: tuple[str, ...] = ()
+
+
+def config_structure(path: str, shapes: Mapping[str, ParamShape]) -> Structured:
     """``shapes`` read from the checkpoint directory ``path``, with what their dims are
     made of (heads, KV heads, fused blocks, experts) from the model its ``config.json``
-    describes, and the line saying where that came from or why the head checks were
-    skipped (unescaped: the report escapes it); ``None`` for other paths (a file, a DCP
-    checkpoint), whose shapes stay as they are.
+    describes, the line saying where that came from or why the head checks were skipped
+    (unescaped: the report escapes it; ``None`` for other paths: a file, a DCP
+    checkpoint, whose shapes stay as they are), and the model.
 
     Headers only give shapes: the model transformers builds from the config on the meta
     device gives the structure (``shapes_from_module``); the headers' shapes and dtypes
     win, and tensors whose shapes the model does not share keep none, said in the line.
     """
     if not is_directory(path) or _reads_dcp(path):
-        return shapes, None
+        return Structured(shapes, None)
     where = clip(path)
-    if not os.path.isfile(os.path.join(path, _CONFIG)):
-        return shapes, (
+    if not has_config(path):
+        return Structured(
+            shapes,
             f"head checks skipped: {where} has no {_CONFIG}, so no dim is known to hold "
             "heads or fused blocks; give --shapes a shapes.json written from "
-            "shapes_from_module(model) to check them"
+            "shapes_from_module(model) to check them",
         )
     try:
-        # torch and transformers load only for a directory that has a config to build
-        from layout_algebra.torch_bridge._pretrained import shapes_from_config  # noqa: PLC0415
-
-        name, built = shapes_from_config(path, max_layers=len(shapes))
+        name, model = config_model(path, max_layers=len(shapes))
     except ImportError as e:
         missing = "torch" if (e.name or "").startswith("torch") else "transformers"
-        return shapes, (
+        return Structured(
+            shapes,
             f"head checks skipped: reading {where}/{_CONFIG} needs {missing}, which is not "
-            f"installed (pip install {missing})"
+            f"installed (pip install {missing})",
         )
     except LayoutError as e:
-        return shapes, f"head checks skipped: {e.message}"
-    return _merged(shapes, built, f"{where}/{_CONFIG}", name)
+        return Structured(shapes, f"head checks skipped: {e.message}")
+    # torch is loaded by now: the bridge's shapes reader costs no import of its own
+    from layout_algebra.torch_bridge.shapes import shapes_from_module  # noqa: PLC0415
+
+    built = shapes_from_module(model)
+    merged, line = _merged(shapes, built, f"{where}/{_CONFIG}", name)
+    return Structured(merged, line, model, tuple(built))
+
+
+def has_config(path: str) -> bool:
+    """Whether the directory ``path`` holds the ``config.json`` ``save_pretrained`` writes."""
+    return os.path.isfile(os.path.join(path, _CONFIG))
+
+
+def is_model_folder(path: str) -> bool:
+    """Whether ``path`` is a folder whose ``config.json`` ``config_structure`` builds a
+    model from (a directory read as a DCP checkpoint is not)."""
+    return is_directory(path) and not _reads_dcp(path) and has_config(path)
+
+
+def config_model(path: str, *, max_layers: int) -> tuple[str, nn.Module]:
+    """The model the folder ``path``'s ``config.json`` describes, built on the meta
+    device, and its class's name (``torch_bridge._pretrained.model_from_config``).
+
+    Raises:
+        ImportError: torch or transformers is not installed.
+        LayoutError: the config cannot be read or its model built.
+    """
+    # torch and transformers load only for a directory that has a config to build
+    from layout_algebra.torch_bridge._pretrained import model_from_config  # noqa: PLC0415
+
+    return model_from_config(path, max_layers=max_layers)
 
 
 def _merged(

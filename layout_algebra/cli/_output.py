@@ -93,10 +93,11 @@ def say(stream: TextIO | None, line: str) -> None:
 
 
 @contextlib.contextmanager
-def loading(err: TextIO | None, what: str) -> Iterator[None]:
-    """A line on ``err`` while ``what`` loads, rubbed out once it has: only where a person
-    watches (a terminal), so a pipe, a file or a test sees nothing."""
-    line = f"{PROG}: loading {what}..."
+def loading(err: TextIO | None, what: str, *, doing: str = "loading") -> Iterator[None]:
+    """A line on ``err`` while ``what`` loads (or whatever ``doing`` says), rubbed out once
+    it has: only where a person watches (a terminal), so a pipe, a file or a test sees
+    nothing."""
+    line = f"{PROG}: {doing} {what}..."
     watched = False
     if err is not None:
         with contextlib.suppress(OSError, ValueError):

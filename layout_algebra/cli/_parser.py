@@ -6,6 +6,7 @@ import argparse
 from typing import Final
 
 from layout_algebra._args import MAX_NDIM
+from layout_algebra.activations import CHECKPOINTING, MAX_TOKENS
 from layout_algebra.cli._output import PROG
 from layout_algebra.cli._types import (
     Parser,
@@ -50,6 +51,31 @@ LINT_EXAMPLE: Final = (
     "--optimizer adamw --budget 80GiB"
 )
 """The example of ``lint --help`` (the table from ``torch_bridge.table_from_hf``)."""
+LINT_ACTIVATIONS_EXAMPLE: Final = (
+    "layout-algebra lint table.json --shapes MODEL_DIR --mesh pp=2,dp_shard=2,tp=2 "
+    "--pp-layers 8 --seq-len 4096 --batch 2 --checkpointing full --param-dtype bfloat16 "
+    "--budget 80GiB"
+)
+"""The example of ``lint --help`` with pipeline stages and activations traced from the
+folder's ``config.json``."""
+
+_ACTIVATIONS_HELP: Final = (
+    "the activations of one microbatch of a save_pretrained model, as JSON (for lint --activations)"
+)
+ACTIVATIONS_EXAMPLE: Final = (
+    "layout-algebra activations MODEL_DIR --seq-len 4096 --batch 2 --checkpointing full "
+    "--param-dtype bfloat16"
+)
+"""The example of ``activations --help``."""
+_ACTIVATIONS_DESCRIPTION: Final = (
+    "Build the model a save_pretrained folder's config.json describes on the meta device "
+    "(no weights read, nothing downloaded), run its forward once on fake tensors for a "
+    "microbatch of --batch sequences of --seq-len tokens, and print the bytes autograd "
+    "saves per fully_shard unit (torch_bridge.activations_from_module) as JSON on stdout: "
+    "what the projections and experts move under TP and EP and the hidden state a "
+    f"pipeline stage sends included. Give the file to lint --activations. E.g. "
+    f"{ACTIVATIONS_EXAMPLE} > acts.json"
+)
 
 _LINT_DESCRIPTION: Final = (
     "Lint TABLE_OR_PLAN.json against the parameters' shapes on the world of --mesh "
@@ -64,7 +90,10 @@ _LINT_DESCRIPTION: Final = (
     "no module names stay plain tensors until FSDP; its patterns (layers.*.attn) are "
     "matched against the FQNs of --shapes. Any training flag adds each rank's training "
     "state and traffic, and the report lists what it assumed. For a transformers model "
-    f"saved with save_pretrained: {LINT_EXAMPLE}. Exit 1 when there are problems."
+    f"saved with save_pretrained: {LINT_EXAMPLE}. --seq-len traces the activations of "
+    "that folder's model on fake tensors (or --activations reads them) and adds each "
+    "rank's peak over the step and the traffic of TP, EP and the pipeline; with stages, "
+    f"each stage's peak: {LINT_ACTIVATIONS_EXAMPLE}. Exit 1 when there are problems."
 )
 
 
@@ -190,7 +219,63 @@ def build_parser() -> argparse.ArgumentParser:
     add_owned_arguments(drw)
     _add_reshard(sub.add_parser("reshard", help=_RESHARD_HELP, description=_RESHARD_DESCRIPTION))
     _add_lint(sub.add_parser("lint", help=_LINT_HELP, description=_LINT_DESCRIPTION))
+    acts = sub.add_parser(
+        "activations", help=_ACTIVATIONS_HELP, description=_ACTIVATIONS_DESCRIPTION
+    )
+    acts.add_argument(
+        "model", metavar="MODEL_DIR", help="a folder save_pretrained wrote (its config.json)"
+    )
+    _add_trace_arguments(acts, required=True)
+    acts.add_argument(
+        "--param-dtype",
+        type=dtype_arg,
+        default=None,
+        metavar="DTYPE",
+        help=(
+            "the dtype FSDP2 computes in (MixedPrecisionPolicy.param_dtype), which the "
+            "model is traced in (default: the config's dtype, else float32)"
+        ),
+    )
     return parser
+
+
+def _add_trace_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """The microbatch and checkpointing a trace of the activations runs with."""
+    parser.add_argument(
+        "--seq-len",
+        type=lambda text: bounded_int(text, MAX_TOKENS, "--seq-len", low=1),
+        required=required,
+        default=None,
+        metavar="N",
+        help=(
+            "the tokens of a sequence"
+            + (
+                ""
+                if required
+                else (
+                    ": trace the activations of the model of --shapes MODEL_DIR (its "
+                    "config.json, built on the meta device) on fake tensors"
+                )
+            )
+        ),
+    )
+    parser.add_argument(
+        "--batch",
+        type=lambda text: bounded_int(text, MAX_TOKENS, "--batch", low=1),
+        default=None,
+        metavar="N",
+        help="the sequences of one microbatch (default 1)",
+    )
+    parser.add_argument(
+        "--checkpointing",
+        choices=list(CHECKPOINTING),
+        default=None,
+        help=(
+            "activation checkpointing of the repeated blocks, as torchtitan applies it: "
+            "none (default), full (a block keeps its inputs, recomputed in backward) or "
+            "selective (torchtitan's per-op policy)"
+        ),
+    )
 
 
 def _add_checkpoint_meshes(parser: argparse.ArgumentParser) -> None:
@@ -460,7 +545,7 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
         metavar="DTYPE",
         help=(
             "FSDP2's MixedPrecisionPolicy.param_dtype: the dtype it all-gathers and "
-            "computes in (default: the parameter's own)"
+            "computes in (default: the parameter's own), and --seq-len traces in"
         ),
     )
     lnt.add_argument(
@@ -489,9 +574,28 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
         help=(
             "memory per rank, e.g. 80GiB, 1.5TiB or 500MB (KiB..EiB are powers of 1024, "
             "KB..EB of 1000; worked out exactly, a fraction of a byte dropped, never rounded "
-            "up): a rank whose training state exceeds it is a problem"
+            "up): a rank whose peak over the step exceeds it is a problem"
         ),
     )
     _add_stages(lnt)
+    _add_trace_arguments(lnt, required=False)
+    lnt.add_argument(
+        "--activations",
+        default=None,
+        metavar="FILE",
+        help=(
+            "the activations of one microbatch as JSON (what the activations command "
+            "prints), instead of tracing them with --seq-len"
+        ),
+    )
+    lnt.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help=(
+            "tensor parallelism also splits the sequence outside its regions (torchtitan's "
+            "and DTensor's SequenceParallel): the residual stream's activations and the "
+            "hidden state a stage sends divide by tp"
+        ),
+    )
     lnt.add_argument("--json", action="store_true", help="print the report as JSON")
     add_owned_arguments(lnt)

@@ -43,13 +43,17 @@ DEMO_WORLD_SIZE: Final = 8
 _DIGITS: Final = re.compile(r"[0-9]+", re.ASCII)
 
 
-def bounded_int(text: str, limit: int, what: str) -> int:
-    """``text`` as an int of plain ASCII digits (no sign, no spaces) at most ``limit``."""
+def bounded_int(text: str, limit: int, what: str, *, low: int = 0) -> int:
+    """``text`` as an int of plain ASCII digits (no sign, no spaces) from ``low`` to
+    ``limit``."""
     if _DIGITS.fullmatch(text) is None:
         msg = f"{clip(text)!r}: {what} is written in plain digits 0-9, e.g. 4"
         raise argparse.ArgumentTypeError(msg)
     if len(text) > len(str(limit)) or int(text) > limit:
         msg = f"{clip(text)!r}: {what} is at most {limit}"
+        raise argparse.ArgumentTypeError(msg)
+    if int(text) < low:
+        msg = f"{clip(text)!r}: {what} is at least {low}"
         raise argparse.ArgumentTypeError(msg)
     return int(text)
 

@@ -1,6 +1,7 @@
 """The model a ``save_pretrained`` folder's ``config.json`` describes, built on the meta
-device, for what its checkpoint's headers cannot say: which dims are heads, KV heads,
-fused blocks or experts.
+device, for what its checkpoint's headers cannot say (which dims are heads, KV heads,
+fused blocks or experts) and for the activations its forward saves, traced on fake
+tensors.
 
 This is the one place the package imports transformers itself, and only when asked: the
 config is read from the folder alone (no hub, no network), code the folder names
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from layout_algebra._text import clip
+from layout_algebra.activations import Activations
 from layout_algebra.errors import LayoutError
-from layout_algebra.shapes import ParamShape
-from layout_algebra.torch_bridge.shapes import shapes_from_module
+from layout_algebra.shapes import as_dtype
+from layout_algebra.torch_bridge.activations import activations_from_module
 
-__all__ = ["shapes_from_config"]
+__all__ = ["config_dtype", "model_from_config", "traced_activations"]
 
 
 def _transformers() -> ModuleType:
@@ -64,10 +65,9 @@ def _model(transformers: ModuleType, config: Any) -> nn.Module:
     return model
 
 
-def shapes_from_config(directory: str, *, max_layers: int) -> tuple[str, Mapping[str, ParamShape]]:
-    """The model class transformers builds from ``directory``'s ``config.json`` and its
-    parameters' shapes, with what their dims are made of (``shapes_from_module`` of it,
-    built on the meta device).
+def model_from_config(directory: str, *, max_layers: int) -> tuple[str, nn.Module]:
+    """The model transformers builds on the meta device from ``directory``'s
+    ``config.json``, and its class's name.
 
     Args:
         directory: a folder as ``save_pretrained`` writes it.
@@ -110,4 +110,38 @@ def shapes_from_config(directory: str, *, max_layers: int) -> tuple[str, Mapping
         raise LayoutError(msg) from e
     finally:
         hf_logging.set_verbosity(level)
-    return type(model).__name__, shapes_from_module(model)
+    return type(model).__name__, model
+
+
+def config_dtype(model: nn.Module) -> str | None:
+    """The dtype ``model``'s config names (its ``dtype``, which transformers also reads
+    from an older config's ``torch_dtype``), ``None`` when it names none the package
+    knows."""
+    value = getattr(getattr(model, "config", None), "dtype", None)
+    if value is None:
+        return None
+    try:
+        return as_dtype(str(value))
+    except LayoutError:
+        return None
+
+
+def traced_activations(
+    model: nn.Module, *, dtype: str, batch: int, seq_len: int, checkpointing: str
+) -> Activations:
+    """``activations_from_module`` of ``model`` (as ``model_from_config`` built it, on the
+    meta device) with its floating parameters cast to ``dtype``, the dtype FSDP2 computes
+    in: a model left in float32 would save float32 copies where the run saves ``dtype``.
+
+    Raises:
+        LayoutError: as ``activations_from_module``.
+    """
+    wanted = getattr(torch, dtype)
+    if not wanted.is_floating_point:
+        msg = (
+            f"cannot trace the activations in {dtype}: FSDP2 computes in a floating dtype; "
+            "give one such as 'bfloat16'"
+        )
+        raise LayoutError(msg)
+    model.to(wanted)  # casts floating parameters and buffers only
+    return activations_from_module(model, batch=batch, seq_len=seq_len, checkpointing=checkpointing)

@@ -6,10 +6,13 @@ about twenty distinct (layout, shape) signatures, FSDP over ``dp_shard``. Each f
 a ratio in this process: against building the table from its plan (``build_table``), and
 against the same call on a 16-rank world; the memory is the peak of building the table
 and its shapes and linting it (``--quick``: 8 layers, where the work per world weighs
-more against the work per tensor). Then torch's own load planning beside
-``reshard_plan`` on a smaller case (4 layers, 64 ranks; ``--full``: 8 layers, the
-largest torch plans in about a minute here). Run alone with
-``python -m tests.bench.bench_world [--quick] [--full]``.
+more against the work per tensor). Lint with pipeline stages and training, then with
+the activations of a 4096-token microbatch too (an ``Activations`` of the same shapes,
+every projection and experts module named, built here without torch), against lint
+alone and lint with training. Then torch's own load planning beside ``reshard_plan`` on
+a smaller case (4 layers, 64 ranks; ``--full``: 8 layers, the largest torch plans in
+about a minute here). Run alone with ``python -m tests.bench.bench_world [--quick]
+[--full]``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeVar
 
+import attrs
+
 from layout_algebra import (
+    Activations,
     ModulePlan,
     ParamLayoutTable,
     Shard,
@@ -37,7 +43,16 @@ from layout_algebra.placements import Placement
 from layout_algebra.shapes import ParamShape
 from tests.bench.targets import record
 
-__all__ = ["WORLDS", "build", "deepseek_plan", "deepseek_table", "main", "run", "run_torch"]
+__all__ = [
+    "WORLDS",
+    "build",
+    "deepseek_activations",
+    "deepseek_plan",
+    "deepseek_table",
+    "main",
+    "run",
+    "run_torch",
+]
 
 T = TypeVar("T")
 
@@ -94,6 +109,11 @@ RESHARD_GROWTH_TARGET: Final = 3.0
 MEMORY_TARGET: Final = 2.0
 STAGES_TARGET: Final = 3.0
 """Lint with pipeline stages and training against the same lint without stages."""
+ACTIVATIONS_TARGET: Final = 3.0
+"""Lint with pipeline stages and activations against lint of the same world."""
+SEQ_LEN: Final = 4096
+TOP_K: Final = 8
+"""The tokens of the microbatch the activations are of, and the experts each is routed to."""
 
 
 def deepseek_plan(layers: int = LAYERS) -> tuple[ShardingPlan, dict[str, ParamShape]]:
@@ -149,6 +169,58 @@ def deepseek_plan(layers: int = LAYERS) -> tuple[ShardingPlan, dict[str, ParamSh
         mesh_axes=["dp_shard", "ep", "tp"],
     )
     return plan, shapes
+
+
+def deepseek_activations(layers: int = LAYERS) -> Activations:
+    """What ``activations_from_module`` would record for ``deepseek_plan``'s model under full
+    checkpointing (one sequence of ``SEQ_LEN`` tokens, bf16), from the shapes alone: each
+    block keeps its input and recomputes the rest, every projection's input and output,
+    the routed tokens of every experts module (``TOP_K`` copies of each token)."""
+    t, b = SEQ_LEN, 2
+    hidden = t * HIDDEN * b
+    units: dict[str, dict[str, int]] = {"": {"sequence": hidden}}
+    recompute: dict[str, int] = {}
+    modules: dict[str, tuple[str, int, int]] = {
+        "model.embed_tokens": ("embedding", t * 8, hidden),
+        "lm_head": ("linear", hidden, t * VOCAB * b),
+    }
+    routed: dict[str, int] = {}
+
+    def linear(name: str, rows: int, into: int, out: int) -> None:
+        modules[name] = ("linear", rows * into * b, rows * out * b)
+
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        units[p] = {"sequence": hidden}
+        a = f"{p}.self_attn"
+        linear(f"{a}.q_a_proj", t, HIDDEN, Q_LORA)
+        linear(f"{a}.q_b_proj", t, Q_LORA, HEADS * (NOPE + ROPE))
+        linear(f"{a}.kv_a_proj_with_mqa", t, HIDDEN, KV_LORA + ROPE)
+        linear(f"{a}.kv_b_proj", t, KV_LORA, HEADS * (NOPE + V_HEAD))
+        linear(f"{a}.o_proj", t, HEADS * V_HEAD, HIDDEN)
+        attention = t * HEADS * (2 * NOPE + ROPE + V_HEAD) * b
+        m = f"{p}.mlp"
+        mlps = [(m, t, INTER)] if i < DENSE_LAYERS else [(f"{m}.shared_experts", t, MOE_INTER)]
+        if i >= DENSE_LAYERS:
+            linear(f"{m}.gate", t, HIDDEN, EXPERTS)
+            routed[f"{m}.experts"] = t * TOP_K * HIDDEN * b
+            per = t * TOP_K // EXPERTS  # balanced routing
+            mlps.extend((f"{m}.experts.{e}", per, MOE_INTER) for e in range(EXPERTS))
+        for name, rows, inter in mlps:
+            linear(f"{name}.gate_proj", rows, HIDDEN, inter)
+            linear(f"{name}.up_proj", rows, HIDDEN, inter)
+            linear(f"{name}.down_proj", rows, inter, HIDDEN)
+        recompute[p] = 4 * hidden + attention + 3 * t * (INTER if i < DENSE_LAYERS else MOE_INTER)
+    return Activations(
+        units=units,
+        batch=1,
+        seq_len=t,
+        checkpointing="full",
+        recompute=recompute,
+        boundary=hidden,
+        modules=modules,
+        routed=routed,
+    )
 
 
 def build(plan: ShardingPlan) -> ParamLayoutTable:
@@ -289,9 +361,10 @@ def run_torch(*, layers: int, worlds: tuple[str, str]) -> None:
 
 def _staged(
     table: ParamLayoutTable, shapes: Mapping[str, ParamShape], layers: int, repeats: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Seconds of lint with training on 16,384 ranks with pipeline stages over ``pp``
-    (16, or 4 for a few layers), and without: the same world's other axes, no ``pp``."""
+    (16, or 4 for a few layers), with stages and activations, and with neither: the
+    same world's other axes, no ``pp``."""
     pp = 16 if layers >= 2 * 16 else 4
     stages = Stages.balanced(
         "pp",
@@ -302,6 +375,7 @@ def _staged(
         last=["model.norm", "lm_head"],
     )
     training = Training(units=["model.layers.*"], param_dtype="bfloat16")
+    traced = attrs.evolve(training, activations=deepseek_activations(layers))
     world = WORLDS["16384"]
     piped = {role: {"pp": pp, **sizes} for role, sizes in world.items()}
     for sizes in piped.values():
@@ -310,12 +384,17 @@ def _staged(
         lambda: lint(table, shapes, mesh_sizes=piped, fsdp=FSDP, training=training, stages=stages),
         repeats,
     )
+    with_acts, _ = _best(
+        lambda: lint(table, shapes, mesh_sizes=piped, fsdp=FSDP, training=traced, stages=stages),
+        repeats,
+    )
     alone, _ = _best(
         lambda: lint(table, shapes, mesh_sizes=world, fsdp=FSDP, training=training), repeats
     )
     print(f"  lint + {pp} stages + training, 16k   {seconds:8.3f} s")
+    print(f"  ... + activations, 16k             {with_acts:8.3f} s")
     print(f"  lint + training, 16,384 ranks      {alone:8.3f} s")
-    return seconds, alone
+    return seconds, with_acts, alone
 
 
 def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
@@ -349,7 +428,7 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
     memory_large = _peak(
         lambda: lint(*deepseek_table(layers), mesh_sizes=WORLDS["16384"], fsdp=FSDP)
     )
-    staged, plain = _staged(table, shapes, layers, repeats)
+    staged, with_acts, plain = _staged(table, shapes, layers, repeats)
     n = len(table)
     kinds = len(report.coverage)
     print(f"world scale: DeepSeek-V3-shaped table, {layers} layers, {n:,} tensors, {kinds} kinds")
@@ -374,6 +453,8 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
         ),
         ("table + lint peak memory, 16,384 / 16 ranks", memory_large / memory_small, MEMORY_TARGET),
         ("lint with stages / without, 16,384 ranks", staged / plain, STAGES_TARGET),
+        ("stages + activations / lint, 16,384 ranks", with_acts / lint_large, ACTIVATIONS_TARGET),
+        ("stages + activations / lint + training", with_acts / plain, ACTIVATIONS_TARGET),
     ]
     met = 0
     for measure, value, target in checks:
