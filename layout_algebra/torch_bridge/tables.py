@@ -50,7 +50,10 @@ def _complete(
     # The importer knows which ties survive (torch unties a tied weight it distributes).
     names = [name for name, _ in named_parameters(model)]
     table = build_table(plan, dense, expert_axes=expert, fqns=names)
-    return complete_default(table, names, dense, plain=True, tied_pairs=plan.tied_pairs)
+    table = complete_default(table, names, dense, plain=True, tied_pairs=plan.tied_pairs)
+    # in module order, as the model runs: the step model follows its units by position
+    # (the plan's parameters would otherwise come before the ones it leaves plain)
+    return ParamLayoutTable({name: table[name] for name in names}, tied=table.tied)
 
 
 def _fsdp_axis(mesh: Mesh) -> str | None:
