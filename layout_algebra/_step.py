@@ -786,10 +786,15 @@ class _Step:
         - ``"tp"``: a projection whose weight shards over ``tp`` (DTensor's column- and
           row-wise styles on a replicated input): a column-wise ``nn.Linear`` (``S(0)``)
           all-reduces its input's gradient in backward, a row-wise one (``S(1)``) its
-          output in forward; a sharded embedding all-reduces or gathers its output.
+          output in forward, and again where a checkpointed unit's backward reruns it
+          (the traced output bytes count those calls); a sharded embedding all-reduces
+          or gathers its output.
         - ``"ep_all_to_all"``: an experts module whose parameters shard over ``ep``
           dispatches the token rows routed to it and combines them back, in forward and
-          again in backward (four exchanges of those bytes, routing balanced).
+          again in backward (four exchanges of those bytes, routing balanced); six in a
+          unit under full checkpointing, whose backward reruns the dispatch and the
+          combine (tensors autograd saves follow both: the experts' inputs, the
+          combine's indices). torchtitan's selective policy saves the exchanges' outputs.
         """
         acts = self.training.activations
         if acts is None:
@@ -823,7 +828,14 @@ class _Step:
             if sharded(fqn, EP_AXIS):
                 parts = fqn.split(".")
                 experts.update(".".join(parts[:i]) for i in range(1, len(parts)))
-        ep = sum(4 * -(-n // cp) for name, n in acts.routed.items() if name in experts)
+        rerun: tuple[str, ...] = ()
+        if acts.checkpointing == "full":
+            rerun = tuple(f"{m}." for unit in acts.recompute for m in unit.split(","))
+        ep = sum(
+            (6 if name.startswith(rerun) else 4) * -(-n // cp)
+            for name, n in acts.routed.items()
+            if name in experts
+        )
         world, times = self.world, self.microbatches
         return {
             "tp": [tp * times] * world,
