@@ -530,6 +530,22 @@ class StepCost:
     peak: list[int]
 
 
+_TRAFFIC_SAID: Final = (
+    "tp traffic: DTensor's column- and row-wise styles on a replicated input, per "
+    "projection whose weight shards over 'tp': a column-wise one all-reduces its input's "
+    "gradient in backward, a row-wise one its output in forward (again where full "
+    "checkpointing reruns it), a sharded embedding its output; under sequence parallelism "
+    "the same bytes as all-gathers and reduce-scatters, still counted per projection "
+    "(torchtitan gathers a region's shared input once)",
+    "ep traffic: as torchtitan's ExpertParallel and transformers' all-to-all expert "
+    "parallelism train: an experts module whose parameters shard over 'ep' dispatches its "
+    "routed token rows and combines them by all-to-all, in forward and backward (and again "
+    "where full checkpointing reruns it), routing balanced; the token counts exchanged "
+    "beside them are not counted",
+)
+"""What the traffic of tensor and expert parallelism assumes, as the report says it."""
+
+
 @attrs.frozen
 class _Acts:
     """The calls with their activations' classes, each class's bytes held and
@@ -776,6 +792,8 @@ class _Step:
         excess = None if budget is None else self.over_budget(by_kind, peak, budget)
         said = self.assumptions(names, calls, rows, largest)
         said.extend(acts.said)
+        if self.training.activations is not None:
+            said.extend(_TRAFFIC_SAID)
         return StepCost(by_kind, traffic, largest, said, excess, peak)
 
     def parallel_traffic(self) -> dict[str, list[int]]:
@@ -786,10 +804,15 @@ class _Step:
         - ``"tp"``: a projection whose weight shards over ``tp`` (DTensor's column- and
           row-wise styles on a replicated input): a column-wise ``nn.Linear`` (``S(0)``)
           all-reduces its input's gradient in backward, a row-wise one (``S(1)``) its
-          output in forward; a sharded embedding all-reduces or gathers its output.
+          output in forward, and again where a checkpointed unit's backward reruns it
+          (the traced output bytes count those calls); a sharded embedding all-reduces
+          or gathers its output.
         - ``"ep_all_to_all"``: an experts module whose parameters shard over ``ep``
           dispatches the token rows routed to it and combines them back, in forward and
-          again in backward (four exchanges of those bytes, routing balanced).
+          again in backward (four exchanges of those bytes, routing balanced); six in a
+          unit under full checkpointing, whose backward reruns the dispatch and the
+          combine (tensors autograd saves follow both: the experts' inputs, the
+          combine's indices). torchtitan's selective policy saves the exchanges' outputs.
         """
         acts = self.training.activations
         if acts is None:
@@ -827,7 +850,16 @@ class _Step:
             while module and module not in experts:
                 experts.add(module)
                 module = module.rpartition(".")[0]
-        ep = sum(4 * -(-n // cp) for name, n in acts.routed.items() if name in experts)
+        # full checkpointing recomputes a unit's forward: its experts dispatch and
+        # combine again (torchtitan's selective policy saves those outputs)
+        rerun: tuple[str, ...] = ()
+        if acts.checkpointing == "full":
+            rerun = tuple(f"{m}." for unit in acts.recompute for m in unit.split(","))
+        ep = sum(
+            (6 if name.startswith(rerun) else 4) * -(-n // cp)
+            for name, n in acts.routed.items()
+            if name in experts
+        )
         world, times = self.world, self.microbatches
         return {
             "tp": [tp * times] * world,

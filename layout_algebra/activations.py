@@ -211,7 +211,10 @@ class Activations:
             output), which a pipeline stage sends on; 0 when not traced.
         modules: each ``nn.Linear`` and ``nn.Embedding`` run, by module FQN, as ``(kind,
             input bytes, output bytes)`` over its calls: what tensor parallelism
-            all-reduces around it.
+            all-reduces around it. The output also counts the calls a checkpointed
+            unit's backward makes again: it reruns its forward until autograd has saved
+            the unit's last tensor (``torch.utils.checkpoint`` stops early there), so a
+            projection followed by a saved tensor runs twice.
         routed: each experts module (by FQN), the bytes of the token rows routed into
             it (top-k copies of a token): what expert parallelism dispatches and
             combines.

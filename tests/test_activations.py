@@ -391,6 +391,36 @@ def test_selective_equals_torchtitans_policy_per_block(
     assert {fqn: sum(traced.units[fqn].values()) for fqn in kept} == kept
 
 
+def test_a_checkpointed_blocks_rerun_counts_its_projections_outputs_again() -> None:
+    """A checkpointed block's backward reruns its forward until autograd has saved the
+    block's last tensor (``torch.utils.checkpoint`` stops early there): every projection
+    of a Llama block runs twice but ``down_proj``, whose input is the last tensor saved,
+    and its output is counted again (what a row-wise projection all-reduces again; the
+    whole-step gloo oracle measures it). Inputs, and what is outside the blocks, stay."""
+    none = activations_from_module(hf_llama(), batch=BATCH, seq_len=SEQ)
+    full = activations_from_module(hf_llama(), batch=BATCH, seq_len=SEQ, checkpointing="full")
+    assert set(full.modules) == set(none.modules)
+    for name, (kind, given, made) in none.modules.items():
+        again = name.startswith("model.layers.") and not name.endswith(".mlp.down_proj")
+        assert full.modules[name] == (kind, given, made * (2 if again else 1)), name
+
+
+def test_routed_rows_count_each_token_top_k_times() -> None:
+    """transformers hands its experts (tokens, dim) rows beside (tokens, k) indices;
+    torchtitan (batch, seq, dim) beside (batch, seq, k): each token's row counts k times
+    either way (bfloat16, 2 bytes a value)."""
+    hf: Any = moe_bf16()
+    titan: Any = titan_moe()
+    router = titan.layers["0"].moe.router
+    cases = {
+        "model.layers.0.mlp.experts": (hf, hf.config.num_experts_per_tok, hf.config.hidden_size),
+        "layers.0.moe.routed_experts": (titan, router.top_k, router.gate.in_features),
+    }
+    for fqn, (model, k, dim) in cases.items():
+        routed = activations_from_module(model, batch=BATCH, seq_len=SEQ).routed
+        assert routed[fqn] == BATCH * SEQ * k * dim * 2, fqn
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_selective_lies_between_full_and_none(name: str) -> None:
     make = MODELS[name]

@@ -222,6 +222,13 @@ class _Tracer:
     """Per ``nn.Linear``/``nn.Embedding``, its kind and input and output bytes so far."""
     routed: dict[str, int] = attrs.field(factory=dict)
     """Per experts module, the bytes of the token rows routed into it so far."""
+    packs: int = 0
+    """The tensors autograd has saved so far (parameters too)."""
+    last: dict[str, int] = attrs.field(factory=dict)
+    """Per checkpointed call, the number of the last tensor autograd saved in it."""
+    ran: list[tuple[str, str, int, int]] = attrs.field(factory=list)
+    """Each projection run in a checkpointed call: the call, its FQN, its output's
+    bytes and ``packs`` when it returned."""
 
     def call(self) -> _Call | None:
         """The innermost running call (``None``: the root)."""
@@ -269,6 +276,10 @@ class _Tracer:
         self.events.append(_Event(key, storage.nbytes(), name, self.kind(tensor.shape, key), how))
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        call = self.call()
+        if call is not None and call.checkpointed:
+            self.last[call.name] = self.packs
+        self.packs += 1
         self.add(tensor, "saved")
         return tensor
 
@@ -327,13 +338,21 @@ class _Tracer:
         if kind is not None and given and made:
             _, a, b = self.modules.get(fqn, (kind, 0, 0))
             self.modules[fqn] = (kind, a + _nbytes(given[0]), b + _nbytes(made[0]))
+            call = self.call()
+            if call is not None and call.checkpointed:
+                self.ran.append((call.name, fqn, _nbytes(made[0]), self.packs))
         elif fqn.rpartition(".")[2] in _EXPERTS and given:
             rows = given[0]
+            # the top-k indices: integers shaped as the rows but their last dim, (tokens,
+            # k) beside transformers' (tokens, dim), (batch, seq, k) beside torchtitan's
+            # (batch, seq, dim)
             k = next(
                 (
                     t.shape[-1]
                     for t in given[1:]
-                    if not t.is_floating_point() and t.dim() == 2 and t.shape[0] == rows.shape[0]
+                    if not t.is_floating_point()
+                    and t.dim() == rows.dim()
+                    and t.shape[:-1] == rows.shape[:-1]
                 ),
                 1,
             )
@@ -514,6 +533,15 @@ def compose(
         if e.call in checkpointed and e.how == "saved" and e.key not in held:
             held.add(e.key)  # counted once: a storage saved twice is one
             recompute[e.call] += e.nbytes
+    # A checkpointed call's backward runs its forward again only until autograd has
+    # saved its last tensor (torch.utils.checkpoint stops early there): a projection
+    # that returned before that runs twice, and tensor parallelism moves its output
+    # again (a row-wise projection's forward all-reduce).
+    modules = dict(traced.modules)
+    for name, fqn, made, at in traced.ran:
+        if traced.last.get(name, -1) >= at:
+            kind, given, out = modules[fqn]
+            modules[fqn] = (kind, given, out + made)
     return Activations(
         units=units,
         batch=batch,
@@ -521,6 +549,6 @@ def compose(
         checkpointing=checkpointing,
         recompute=recompute,
         boundary=traced.boundary,
-        modules=traced.modules,
+        modules=modules,
         routed=traced.routed,
     )
