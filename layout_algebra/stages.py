@@ -245,7 +245,8 @@ class Stages:
         n = pp * per_rank
         units = layers + first_weight + last_weight
         each, extra = divmod(units, n)
-        if each == 0 or first_weight > each or last_weight > each:
+        # one stage holds everything, however few the units (torchtitan's rule too)
+        if n > 1 and (each == 0 or first_weight > each or last_weight > each):
             msg = (
                 f"Stages.balanced: {layers} layers (with first_weight={first_weight}, "
                 f"last_weight={last_weight}: {units} units) cannot be dealt over {n} stages "

@@ -44,6 +44,8 @@ from layout_algebra.torch_bridge import (
     plan_from_hf,
     plan_from_parallelize,
     shapes_from_module,
+    stages_from_parts,
+    stages_from_torchtitan,
     table_from_hf,
     table_from_module,
     table_from_parallelize,
@@ -113,6 +115,7 @@ READERS: dict[str, Callable[[nn.Module], object]] = {
     "table_from_hf": lambda m: table_from_hf(m, mesh_axes=["tp"]),
     "plan_from_torchtitan": lambda m: plan_from_torchtitan(m, mesh_axes=["tp"]),
     "training_from_module": training_from_module,
+    "stages_from_parts": lambda m: stages_from_parts([m]),
 }
 
 
@@ -681,6 +684,18 @@ NEW_READERS: Final[dict[str, Callable[[], object]]] = {
         "tp=2",
     ),
     "table_from_torchtitan-empty": lambda: table_from_torchtitan(nn.Linear(2, 2), {}),
+    "stages_from_parts-None": lambda: stages_from_parts(None),  # type: ignore[arg-type]
+    "stages_from_parts-str": lambda: stages_from_parts("layers.0"),
+    "stages_from_parts-huge": lambda: stages_from_parts(iter(lambda: nn.Linear(1, 1), None)),
+    "stages_from_parts-empty": lambda: stages_from_parts([nn.Module()]),
+    "stages_from_torchtitan-None": lambda: stages_from_torchtitan(None, nn.Linear(2, 2)),
+    "stages_from_torchtitan-str": lambda: stages_from_torchtitan("pp=2", nn.Linear(2, 2)),
+    "stages_from_torchtitan-huge": lambda: stages_from_torchtitan(
+        {"pipeline_parallel_degree": 2**70}, nn.Linear(2, 2)
+    ),
+    "stages_from_torchtitan-empty": lambda: stages_from_torchtitan(
+        {"pipeline_parallel_degree": 2}, nn.Module()
+    ),
 }
 
 

@@ -862,6 +862,8 @@ def test_the_bridge_surface() -> None:
         "shapes_from_checkpoint",
         "shapes_from_module",
         "shard_dims_from_torchtitan",
+        "stages_from_parts",
+        "stages_from_torchtitan",
         "state_dict_fqn",
         "table_from_dcp",
         "table_from_hf",
@@ -896,6 +898,15 @@ class Calls:
         self.distributed = make_model()
         distribute(self.distributed, self.table, meshes)
         self.linear = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4))
+        # a decoder laid out as torchtitan's, and its two pipeline stages split by hand
+        self.decoder = nn.Module()
+        self.decoder.tok_embeddings = nn.Embedding(8, 4)
+        self.decoder.layers = nn.ModuleDict({"0": nn.Linear(4, 4), "1": nn.Linear(4, 4)})
+        self.decoder.norm = nn.LayerNorm(4)
+        self.decoder.lm_head = nn.Linear(4, 8)
+        self.parts = [nn.Module(), nn.Module()]
+        self.parts[0].tok_embeddings = nn.Embedding(8, 4)
+        self.parts[1].lm_head = nn.Linear(4, 8)
 
     def kwargs(self, name: str) -> dict[str, object]:
         from torch.distributed.tensor.parallel import ColwiseParallel  # noqa: PLC0415
@@ -960,6 +971,11 @@ class Calls:
                 "meshes": {"dense": Mesh({"tp": 2})},
             },
             "state_dict_fqn": lambda: {"name": "layers.0._checkpoint_wrapped_module.w"},
+            "stages_from_parts": lambda: {"parts": self.parts},
+            "stages_from_torchtitan": lambda: {
+                "config": {"pipeline_parallel_degree": 2},
+                "model": self.decoder,
+            },
             # refused, as it should be: not a transformers model (its own tests save them)
             "shapes_from_checkpoint": lambda: {"model": self.linear, "path": "model.safetensors"},
             # refused, as it should be: no checkpoint there (its own tests write them)
@@ -1062,6 +1078,11 @@ WRONG: list[tuple[str, str, object, str]] = [
     ("tied_pairs_from_module", "module", None, "a torch.nn.Module"),
     ("tied_pairs_from_module", "module", {"emb": 1}, "a torch.nn.Module"),
     ("training_from_module", "model", None, "a torch.nn.Module"),
+    ("stages_from_parts", "parts", [None], "a torch.nn.Module (a model part) or a"),
+    ("stages_from_parts", "parts", ["layers.0"], "a torch.nn.Module (a model part) or a"),
+    ("stages_from_torchtitan", "config", None, "torchtitan's job config (Trainer.Config)"),
+    ("stages_from_torchtitan", "config", ["pp", 2], "torchtitan's job config (Trainer.Config)"),
+    ("stages_from_torchtitan", "model", None, "a torch.nn.Module"),
 ]
 
 
@@ -1191,6 +1212,7 @@ MODULE_ARGS: Final = [
     ("shapes_from_checkpoint", "model"),
     ("training_from_module", "model"),
     ("activations_from_module", "model"),
+    ("stages_from_torchtitan", "model"),
 ]
 
 

@@ -32,6 +32,9 @@ This package is the only part of layout_algebra that imports torch (install it w
   a model's complete table from those plans in one call;
 - ``training``: ``training_from_module``, the ``Training`` a model implies (its frozen
   parameters, the units transformers or torchtitan would shard it by);
+- ``stages``: ``stages_from_parts`` and ``stages_from_torchtitan``, the pipeline
+  ``Stages`` a split made (its model parts or ``PipelineStage`` objects) or a torchtitan
+  job will make (its parallelism config and model);
 - ``activations``: ``activations_from_module``, the bytes autograd saves per unit for one
   microbatch, traced on fake tensors.
 """
@@ -55,6 +58,7 @@ from layout_algebra.torch_bridge.models import (
 from layout_algebra.torch_bridge.parallelize import plan_from_parallelize
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 from layout_algebra.torch_bridge.shapes import shapes_from_module
+from layout_algebra.torch_bridge.stages import stages_from_parts, stages_from_torchtitan
 from layout_algebra.torch_bridge.tables import (
     table_from_hf,
     table_from_parallelize,
@@ -85,6 +89,8 @@ __all__ = [
     "shapes_from_checkpoint",
     "shapes_from_module",
     "shard_dims_from_torchtitan",
+    "stages_from_parts",
+    "stages_from_torchtitan",
     "state_dict_fqn",
     "table_from_dcp",
     "table_from_hf",
