@@ -836,10 +836,9 @@ def _bounds(sums: _Sums, replicate: int, fsdp: int, tp: int, ep: int) -> tuple[i
 
 
 def _peak(report: LintReport) -> int:
-    """The worst rank's bytes at the step's highest point: the sum of its training memory
-    by kind (model state and FSDP2's buffers)."""
-    rows = report.memory.by_kind.values()
-    return max(map(sum, zip(*rows, strict=True)), default=0)
+    """The worst rank's bytes at the step's highest point (``memory.peak``: its model
+    state, FSDP2's buffers, gradients and activations as the step holds them at once)."""
+    return max(report.memory.peak, default=0)
 
 
 _Bound: TypeAlias = tuple[int, int, tuple[int, int, int, int]]
