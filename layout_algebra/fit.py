@@ -21,6 +21,7 @@ lints, not thousands.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -40,7 +41,13 @@ from layout_algebra.mesh import MAX_WORLD, Mesh, as_role_sizes
 from layout_algebra.shapes import DTYPE_BYTES, ParamShape
 from layout_algebra.stages import Stages, assign_stages
 from layout_algebra.structure import EXPERTS
-from layout_algebra.training import Training, as_assumptions, as_text, assumption_lines
+from layout_algebra.training import (
+    PARALLEL_TRAFFIC,
+    Training,
+    as_assumptions,
+    as_text,
+    assumption_lines,
+)
 
 __all__ = ["AXES", "FitReport", "FitRow", "fit"]
 
@@ -562,6 +569,15 @@ class _Model:
             self.expert.append(expert)
         self.layers = _layers(self.fqns)
         self.shapes = shapes
+        acts = training.activations
+        # the hidden state of one microbatch a pipeline stage sends on (a rank's share is
+        # a cp-th, and a tp-th under sequence parallelism: the bound takes both)
+        self.boundary = 0 if acts is None else acts.boundary
+        self.activations = acts is not None
+        self.sequence_parallel = training.sequence_parallel
+        # how many rounded-up shares make one step's activation traffic, per microbatch: a
+        # projection's input and output, an experts module's four exchanges, a stage's sends
+        self.terms = 0 if acts is None else 2 * len(acts.modules) + 4 * len(acts.routed) + 2
 
     def stages_for(self, pp: int, given: Stages | None) -> Stages | str:
         """The stages of a pipeline of ``pp`` ranks: ``given`` where it fits them, else
@@ -641,18 +657,16 @@ class _Sums:
 
 @attrs.frozen
 class _Group:
-    """Candidates alike for the model: the splits of FSDP's ``fsdp`` ranks between
-    ``dp_shard`` and ``cp`` (``count`` of them). ``bound`` is a lower bound on their
-    ranking: (bytes through the busiest collective, peak), then the tie-break."""
+    """The candidates one lint stands for: a (dp_shard, cp) ``split`` of FSDP's ``fsdp``
+    ranks, shown in the row, standing for ``count`` splits alike."""
 
     pp: int
     replicate: int
     fsdp: int
     tp: int
     ep: int
+    split: tuple[int, int]
     count: int
-    split: tuple[int, int]  # the (dp_shard, cp) the row shows
-    bound: _Bound
 
     def meshes(self) -> FrozenMap[str, Mesh]:
         """The meshes by role ``plan_for`` is given and the row shows."""
@@ -683,6 +697,45 @@ class _Group:
             if role == "dense" or self.ep > 1:
                 out[role] = ("dp_replicate", shard) if self.replicate > 1 else shard
         return out
+
+
+_Bound: TypeAlias = tuple[int, int, tuple[int, int, int, int, int]]
+"""A ranking, or a lower bound on one: the busiest collective's bytes, the peak, then
+the tie-break (fewer pipeline stages, then smaller tp, ep, dp_replicate and cp)."""
+
+
+@attrs.frozen
+class _Family:
+    """The candidates of one (pp, dp_replicate, dp_shard * cp, tp, ep): one plan, one
+    mesh for lint; they differ only in how ``cp`` divides the activations.
+
+    ``members`` are the (dp_shard, cp) splits linted apart, ``cp`` descending: with
+    activations a larger ``cp`` holds and sends less of what it divides and the same of
+    the rest, so each member ranks at least as well as the next and fails where the one
+    before it fails. Without activations one split stands for them all (``counts``).
+    ``keys`` and ``peak`` are the arithmetic lower bounds, ``microbatches`` the step's.
+    """
+
+    pp: int
+    replicate: int
+    fsdp: int
+    tp: int
+    ep: int
+    members: tuple[tuple[int, int], ...]
+    counts: tuple[int, ...]
+    keys: tuple[int, ...]
+    peak: int
+    microbatches: int
+
+    def group(self, i: int) -> _Group:
+        """The lint of member ``i``."""
+        fields = (self.pp, self.replicate, self.fsdp, self.tp, self.ep)
+        return _Group(*fields, self.members[i], self.counts[i])
+
+    def bound(self, i: int) -> _Bound:
+        """The arithmetic lower bound on member ``i``'s ranking."""
+        cp = self.members[i][1]
+        return (self.keys[i], self.peak, (self.pp, self.tp, self.ep, self.replicate, cp))
 
 
 class _Enumeration:
@@ -727,8 +780,8 @@ class _Enumeration:
             self.pruned[reason] += count
             self.examples.setdefault(reason, example)
 
-    def groups(self, budget: int) -> Iterator[_Group]:
-        """Every group not skipped, bounded; the skipped counted by reason."""
+    def families(self, budget: int) -> Iterator[_Family]:
+        """Every family not skipped, bounded; the skipped counted by reason."""
         model = self.model
         for pp in self._of("pp", self.ranks):
             rest = self.ranks // pp
@@ -743,35 +796,56 @@ class _Enumeration:
                     continue
                 stages = found
             sums = model.sums(stages, pp)
+            microbatches = (stages.microbatches or pp) if stages is not None else 1
+            sends = model.boundary * _hops(stages, pp)
             for tp in tps:
                 cut = next((c for c in model.heads if c % tp), None)
                 if cut is not None:
                     self._skip(CUT_HEADS, self._count(rest // tp, tp), _cut_message(tp, cut, model))
                     continue
-                yield from self._dp(pp, tp, rest // tp, sums, budget)
+                yield from self._dp(pp, tp, rest // tp, (sums, sends, microbatches), budget)
             self.stages[pp] = stages
 
-    def _dp(self, pp: int, tp: int, n: int, sums: _Sums, budget: int) -> Iterator[_Group]:
+    def _split_list(self, fsdp: int) -> list[tuple[int, int]]:
+        """The (dp_shard, cp) pairs of ``fsdp`` ranks, ``cp`` ascending."""
+        shard, cp = "dp_shard" in self.axes, "cp" in self.axes
+        if shard and cp:
+            return [(fsdp // c, c) for c in self.divisors if fsdp % c == 0]
+        if shard or cp:
+            return [(fsdp, 1) if shard else (1, fsdp)]
+        return [(1, 1)] if fsdp == 1 else []
+
+    def _dp(
+        self, pp: int, tp: int, n: int, held: tuple[_Sums, int, int], budget: int
+    ) -> Iterator[_Family]:
+        sums, sends, microbatches = held
+        model = self.model
+        # a stage sends its share of the hidden state: a cp-th, a tp-th too under sequence
+        # parallelism
+        over = tp if model.sequence_parallel else 1
         for replicate in self._of("dp_replicate", n):
             fsdp = n // replicate
-            count = self._splits(fsdp)
-            if not count:
+            splits = self._split_list(fsdp)
+            if not splits:
                 continue
-            split = (fsdp, 1) if "dp_shard" in self.axes else (1, fsdp)
+            members: tuple[tuple[int, int], ...] = (splits[0],)
+            counts: tuple[int, ...] = (len(splits),)
+            if model.activations:  # cp divides them: each split its own lint, cp descending
+                members, counts = tuple(reversed(splits)), (1,) * len(splits)
             for ep in self._of("ep", fsdp * tp):
-                why = _ep_misfit(ep, self.model)
+                why = _ep_misfit(ep, model)
                 if why is not None:
-                    self._skip(EXPERTS_REASON, count, why)
+                    self._skip(EXPERTS_REASON, len(splits), why)
                     continue
                 key, peak = _bounds(sums, replicate, fsdp, tp, ep)
                 self.least = peak if self.least is None else min(self.least, peak)
-                group = _Group(
-                    pp, replicate, fsdp, tp, ep, count, split, (key, peak, (pp, tp, ep, replicate))
-                )
+                keys = tuple(max(key, sends // (cp * over)) for _, cp in members)
+                fields = (pp, replicate, fsdp, tp, ep)
+                family = _Family(*fields, members, counts, keys, peak, microbatches)
                 if peak > budget:
-                    self._skip(BUDGET, count, _budget_message(group, peak, budget))
+                    self._skip(BUDGET, len(splits), _budget_message(family, peak, budget))
                     continue
-                yield group
+                yield family
 
 
 def _cut_message(tp: int, count: int, model: _Model) -> str:
@@ -797,10 +871,10 @@ def _ep_misfit(ep: int, model: _Model) -> str | None:
     )
 
 
-def _budget_message(group: _Group, peak: int, budget: int) -> str:
-    ways = group.fsdp * group.tp
+def _budget_message(family: _Family, peak: int, budget: int) -> str:
+    ways = family.fsdp * family.tp
     return (
-        f"{_meshes_text(group.meshes())}: at least {exact_bytes(peak)} a rank, the model "
+        f"{_meshes_text(family.group(0).meshes())}: at least {exact_bytes(peak)} a rank, the model "
         f"state of its busiest pipeline stage over the {ways:,} ranks sharding it, above "
         f"the budget of {exact_bytes(budget)}"
     )
@@ -831,6 +905,16 @@ def _bounds(sums: _Sums, replicate: int, fsdp: int, tp: int, ep: int) -> tuple[i
     return max(gather, reduce, hsdp), peak
 
 
+def _hops(stages: Stages | None, pp: int) -> int:
+    """What a pipeline stage sends per step, in hidden states of one microbatch: each
+    microbatch's forward to the next stage and its gradient back to the previous (a
+    middle stage both), as many microbatches as ``Stages`` gives, else one per rank."""
+    if stages is None or pp == 1:
+        return 0
+    n = len(stages.stages)
+    return (stages.microbatches or pp) * (2 if n > 2 else 1)
+
+
 # ---------------------------------------------------------------------------------------
 # the search
 
@@ -841,17 +925,25 @@ def _peak(report: LintReport) -> int:
     return max(report.memory.peak, default=0)
 
 
-_Bound: TypeAlias = tuple[int, int, tuple[int, int, int, int]]
-"""A ranking, or a lower bound on one: the busiest collective's bytes, the peak, then
-the tie-break (fewer pipeline stages, then smaller tp, ep and dp_replicate)."""
-
-
 @attrs.frozen(order=True)
 class _Kept:
     """A mesh that fits, by its ranking."""
 
     key: _Bound
     row: FitRow = attrs.field(order=False)
+
+
+@attrs.frozen
+class _Searched:
+    """What the search found: the meshes that fit by their ranking, the candidates left
+    out by reason (with an example each), the nearest over the budget, the counts."""
+
+    kept: list[_Kept]
+    dropped: Counter[str]
+    examples: dict[str, str]
+    nearest: FitRow | None
+    fitting: int
+    evaluated: int
 
 
 @attrs.frozen
@@ -870,14 +962,95 @@ class _Search:
     def __init__(
         self,
         shapes: Mapping[str, ParamShape],
+        *,
         training: Training,
         plan_for: PlanFor,
         budget: int,
         stages: Mapping[int, Stages | None],
+        terms: int,
     ) -> None:
         self.shapes, self.training, self.plan_for = shapes, training, plan_for
-        self.budget, self.stages = budget, stages
+        self.budget, self.stages, self.terms = budget, stages, terms
         self.assumptions: list[str] | None = None
+        self.by_cp: dict[int, Training] = {1: training}
+        # per (pp, tp, ep): for each activation collective, cp times the least bytes the
+        # busiest rank sends without cp's rounding (a sum of shares, each a cp-th)
+        self.learned: dict[tuple[int, int, int], dict[str, int]] = {}
+
+    def run(self, families: Sequence[_Family], top: int, progress: Progress | None) -> _Searched:
+        """The families' members linted in the order of their bounds until ``top`` fit and
+        the next bound is above the last of them (``progress`` told after each lint)."""
+        # the queue: (lower bound, order of entry, family, member); a family's next member
+        # enters once the one before it is linted, bounded by what that one found
+        queue = [(family.bound(0), n, n, 0) for n, family in enumerate(families)]
+        heapq.heapify(queue)
+        entered = len(queue)
+        pending = sum(len(family.members) for family in families)
+        kept: list[_Kept] = []
+        dropped: Counter[str] = Counter()
+        examples: dict[str, str] = {}
+        nearest: FitRow | None = None
+        fitting = evaluated = 0
+        while queue:
+            bound, _, n, i = queue[0]
+            if len(kept) >= top and bound > kept[top - 1].key:
+                break  # every mesh still queued is bounded above the last row too
+            heapq.heappop(queue)
+            family = families[n]
+            better = self.refine(family, i, bound)
+            if better > bound:  # what a lint of its kind found raises the bound: queue it again
+                heapq.heappush(queue, (better, entered, n, i))
+                entered += 1
+                continue
+            outcome = self.lint(family.group(i))
+            evaluated += 1
+            pending -= 1
+            row = outcome.row
+            if row is not None:
+                self.learn(family, i, row)
+            if outcome.reason is None:
+                assert row is not None  # a mesh that fits has its row
+                bisect.insort(kept, _Kept((row.slowest[1], row.peak, bound[2]), row))
+                fitting += family.counts[i]
+                if i + 1 < len(family.members):
+                    key, peak, order = family.bound(i + 1)
+                    after = (max(key, row.slowest[1]), max(peak, row.peak), order)
+                    heapq.heappush(queue, (after, entered, n, i + 1))
+                    entered += 1
+            else:  # the members after it fail as it does
+                dropped[outcome.reason] += sum(family.counts[i:])
+                pending -= len(family.members) - i - 1
+                examples.setdefault(outcome.reason, outcome.message)
+                over = row if outcome.reason == BUDGET else None
+                if over is not None and (nearest is None or over.peak < nearest.peak):
+                    nearest = over
+            if progress is not None:
+                progress(evaluated, pending)
+        return _Searched(kept, dropped, examples, nearest, fitting, evaluated)
+
+    def learn(self, family: _Family, i: int, row: FitRow) -> None:
+        """What a lint of member ``i`` says of the activation traffic of every member of
+        its kind: the same plan and stages, only ``cp`` differs, and the bytes of a
+        collective are a sum of rounded-up shares, each a ``cp``-th of a microbatch's.
+        At most ``terms`` shares a microbatch: ``cp * (sent - slack)`` is at most the
+        undivided sum, whatever ``cp`` divides it next."""
+        if not self.terms:
+            return
+        cp = family.members[i][1]
+        slack = self.terms * family.microbatches
+        known = self.learned.setdefault((family.pp, family.tp, family.ep), {})
+        for name in PARALLEL_TRAFFIC:
+            sent = row.traffic.get(name, 0)
+            known[name] = max(known.get(name, 0), cp * max(0, sent - slack))
+
+    def refine(self, family: _Family, i: int, bound: _Bound) -> _Bound:
+        """``bound`` raised by what lints of its kind found (``learn``), if they did."""
+        known = self.learned.get((family.pp, family.tp, family.ep))
+        if not known:
+            return bound
+        cp = family.members[i][1]
+        key = max(total // cp for total in known.values())
+        return (key, bound[1], bound[2]) if key > bound[0] else bound
 
     def lint(self, group: _Group) -> _Outcome:
         meshes = group.meshes()
@@ -893,13 +1066,17 @@ class _Search:
                 f"build_table), got {quote(raw)} for {where}"
             )
             raise LayoutError(msg)
+        cp = group.split[1]
+        training = self.by_cp.get(cp)
+        if training is None:
+            training = self.by_cp[cp] = _over_cp(self.training, cp)
         try:
             report = lint(
                 table,
                 self.shapes,
                 mesh_sizes=group.lint_meshes(),
                 fsdp=group.fsdp_axes(),
-                training=self.training,
+                training=training,
                 budget=self.budget,
                 stages=self.stages.get(group.pp) if group.pp > 1 else None,
             )
@@ -926,6 +1103,38 @@ class _Search:
         if kinds or peak > self.budget:
             return _Outcome(BUDGET, f"{where}: peak {exact_bytes(peak)}, above the budget", row)
         return _Outcome(None, "", row)
+
+
+def _over_cp(training: Training, cp: int) -> Training:
+    """``training`` with what one rank of ``cp``-way context parallelism keeps and sends
+    of a microbatch: its activations' token dims (every kind but ``"fixed"``), the
+    projections' inputs and outputs, the routed tokens and the hidden state a stage sends
+    on, each divided by ``cp`` and rounded up, as the step divides them by a mesh's
+    ``cp`` axis; lint's mesh folds ``cp`` into FSDP's shard axis.
+
+    (10 tokens' 40 bytes over cp=4: 10 bytes a rank, then over tp=2: 5, as ``cp=4, tp=2``
+    gives at once: a ceiling of a ceiling is the ceiling of the whole quotient.)"""
+    acts = training.activations
+    if acts is None or cp == 1:
+        return training
+
+    def part(n: int) -> int:
+        return -(-n // cp)
+
+    return attrs.evolve(
+        training,
+        activations=attrs.evolve(
+            acts,
+            units={
+                unit: {k: n if k == "fixed" else part(n) for k, n in kinds.items()}
+                for unit, kinds in acts.units.items()
+            },
+            recompute={unit: part(n) for unit, n in acts.recompute.items()},
+            boundary=part(acts.boundary),
+            modules={m: (kind, part(a), part(b)) for m, (kind, a, b) in acts.modules.items()},
+            routed={m: part(n) for m, n in acts.routed.items()},
+        ),
+    )
 
 
 def _notes(group: _Group, report: LintReport) -> tuple[str, ...]:
@@ -1031,45 +1240,31 @@ def fit(
     if not model.experts:  # no expert to place: ep > 1 would be the same run, its ranks idle
         chosen -= {"ep"}
     enumeration = _Enumeration(ranks, chosen, model, stages)
-    queue = sorted(enumeration.groups(budget), key=lambda g: g.bound)
-    search = _Search(checked, training, plan_for, budget, enumeration.stages)
-    kept: list[_Kept] = []
-    dropped: Counter[str] = Counter()
-    examples = dict(enumeration.examples)
-    nearest: FitRow | None = None
-    fitting = evaluated = 0
-    for at, group in enumerate(queue):
-        if len(kept) >= top and group.bound > kept[top - 1].key:
-            break  # every group after it is bounded above the last row too
-        outcome = search.lint(group)
-        evaluated += 1
-        if outcome.reason is None:
-            row = outcome.row
-            assert row is not None  # a mesh that fits has its row
-            bisect.insort(kept, _Kept((row.slowest[1], row.peak, group.bound[2]), row))
-            fitting += group.count
-        else:
-            dropped[outcome.reason] += group.count
-            examples.setdefault(outcome.reason, outcome.message)
-            over = outcome.row if outcome.reason == BUDGET else None
-            if over is not None and (nearest is None or over.peak < nearest.peak):
-                nearest = over
-        if progress is not None:
-            progress(evaluated, len(queue) - at - 1)
-    done = fitting + sum(dropped.values())
-    bounded = sum(g.count for g in queue) - done
+    families = list(enumeration.families(budget))
+    search = _Search(
+        checked,
+        training=training,
+        plan_for=plan_for,
+        budget=budget,
+        stages=enumeration.stages,
+        terms=model.terms,
+    )
+    found = search.run(families, top, progress)
+    examples = {**enumeration.examples, **found.examples}
+    done = found.fitting + sum(found.dropped.values())
+    bounded = sum(sum(family.counts) for family in families) - done
     return FitReport._found(
-        rows=tuple(k.row for k in kept[:top]),
+        rows=tuple(k.row for k in found.kept[:top]),
         ranks=ranks,
         budget=budget,
         candidates=enumeration.candidates,
-        evaluated=evaluated,
-        fitting=fitting,
+        evaluated=found.evaluated,
+        fitting=found.fitting,
         bounded=bounded,
         pruned=FrozenMap(dict(enumeration.pruned.most_common())),
-        dropped=FrozenMap(dict(dropped.most_common())),
+        dropped=FrozenMap(dict(found.dropped.most_common())),
         examples=FrozenMap(examples),
-        nearest=nearest,
+        nearest=found.nearest,
         least=enumeration.least,
         assumptions=as_assumptions(
             _assumptions(chosen, model, stages, tie_note) + (search.assumptions or []),
@@ -1130,11 +1325,26 @@ def _assumptions(
             "pruned by arithmetic: tp must divide every head count of the shapes' structure "
             "(parts of units larger than one), ep every expert count; a peak bound (the "
             "model state of a stage over dp_shard * cp * tp ranks) above the budget",
-            "ranking: the bytes per step through the busiest collective lint reports "
-            "(FSDP2's all-gather, reduce-scatter and HSDP's all-reduce), then the peak; "
-            "tensor- and expert-parallel, pipeline and context-parallel traffic and the "
-            "activations are not counted, which favours meshes with large tp, ep, pp and cp",
             tie_note,
         ]
     )
+    if model.activations:
+        lines[-1:-1] = [
+            "ranking: the bytes per step through the busiest collective lint reports "
+            "(FSDP2's all-gather, reduce-scatter and HSDP's all-reduce, tensor "
+            "parallelism's all-reduces, expert parallelism's all-to-all and the pipeline's "
+            "sends), then the peak",
+            "cp: lint's mesh folds cp into FSDP's shard axis (as fully_shard does), and the "
+            "activations, the projections' traffic and a stage's sends are divided by cp "
+            "before it, as the step divides them by a cp axis",
+        ]
+    else:
+        lines.insert(
+            -1,
+            "ranking: the bytes per step through the busiest collective lint reports "
+            "(FSDP2's all-gather, reduce-scatter and HSDP's all-reduce), then the peak; "
+            "without Training(activations=...) the activations and the traffic of tensor, "
+            "expert, pipeline and context parallelism are not counted, which favours large "
+            "tp, ep, pp and cp, and splits of dp_shard * cp are one row",
+        )
     return lines

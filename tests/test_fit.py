@@ -34,9 +34,13 @@ from layout_algebra import (
     fit,
     lint,
 )
-from layout_algebra.fit import AXES, MAX_TOP, PlanFor, _Enumeration, _Model, _Search
+from layout_algebra.fit import AXES, MAX_TOP, PlanFor, _Enumeration, _Family, _Model, _Search
 from layout_algebra.serialization import shapes_to_json
-from layout_algebra.torch_bridge import shapes_from_module, table_from_hf
+from layout_algebra.torch_bridge import (
+    activations_from_module,
+    shapes_from_module,
+    table_from_hf,
+)
 from tests.test_cli import assert_one_line_usage_error, run
 
 TRAINING: Final = Training(units=["model.layers.*"])
@@ -175,19 +179,39 @@ def _key(row: FitRow) -> tuple[int, int]:
     return (row.slowest[1], row.peak)
 
 
-@pytest.mark.parametrize(
-    ("make", "ranks", "training"),
-    [
-        (_llama, 8, TRAINING),
-        (_llama, 12, Training(param_dtype="bfloat16", reduce_dtype="float32")),
-        (lambda: _moe(4), 8, Training(units=["model.layers.*"], optimizer="sgd")),
-        (lambda: _moe(4), 16, Training(frozen=["model.embed_tokens"], master_dtype="float64")),
-    ],
-)
+def _traced(model: nn.Module, **training: Any) -> Training:
+    """The setup ``training_from_module`` infers, with the activations of 2 x 16 tokens,
+    the model (and so its shapes) in bfloat16: torch's grouped matmul of experts takes no
+    other dtype."""
+    from layout_algebra.torch_bridge import training_from_module  # noqa: PLC0415
+
+    model.to(torch.bfloat16)
+    acts = activations_from_module(model, batch=2, seq_len=16)
+    return training_from_module(model, activations=acts, **training)
+
+
+RANKED: Final = [
+    (_llama, 8, lambda m: TRAINING),
+    (_llama, 12, lambda m: Training(param_dtype="bfloat16", reduce_dtype="float32")),
+    (lambda: _moe(4), 8, lambda m: Training(units=["model.layers.*"], optimizer="sgd")),
+    (
+        lambda: _moe(4),
+        16,
+        lambda m: Training(frozen=["model.embed_tokens"], master_dtype="float64"),
+    ),
+    (_llama, 16, _traced),
+    (lambda: _llama(layers=4), 32, lambda m: _traced(m, sequence_parallel=True)),
+    (lambda: _moe(4), 16, lambda m: _traced(m, optimizer="sgd")),
+]
+"""Models, worlds and setups (of the model): without activations, and with them."""
+
+
+@pytest.mark.parametrize(("make", "ranks", "setup"), RANKED)
 def test_the_best_rows_are_those_of_a_search_of_every_mesh(
-    make: Any, ranks: int, training: Training
+    make: Any, ranks: int, setup: Any
 ) -> None:
     model = make()
+    training = setup(model)
     every = _fit(model, ranks, training=training, top=MAX_TOP)
     assert every.bounded == 0
     assert [_key(r) for r in every.rows] == sorted(_key(r) for r in every.rows)
@@ -199,34 +223,57 @@ def test_the_best_rows_are_those_of_a_search_of_every_mesh(
 
 
 @pytest.mark.parametrize(
-    ("make", "ranks", "training"),
+    ("make", "ranks", "setup"),
     [
-        (_llama, 8, TRAINING),
-        (lambda: _llama(tie_word_embeddings=True), 8, TRAINING),
-        (_llama, 12, Training(param_dtype="bfloat16", reduce_dtype="float32")),
-        (lambda: _moe(4), 16, Training(units=["model.layers.*"], optimizer="adagrad")),
-        (lambda: _moe(4), 8, Training(frozen=["model.layers.0"], optimizer="nadam")),
+        (_llama, 8, lambda m: TRAINING),
+        (lambda: _llama(tie_word_embeddings=True), 8, lambda m: TRAINING),
+        (_llama, 12, lambda m: Training(param_dtype="bfloat16", reduce_dtype="float32")),
+        (lambda: _moe(4), 16, lambda m: Training(units=["model.layers.*"], optimizer="adagrad")),
+        (lambda: _moe(4), 8, lambda m: Training(frozen=["model.layers.0"], optimizer="nadam")),
+        (lambda: _llama(layers=4), 16, lambda m: _traced(m, sequence_parallel=True)),
+        (lambda: _moe(4), 8, _traced),
     ],
 )
-def test_each_bound_is_at_or_below_what_the_lint_finds(
-    make: Any, ranks: int, training: Training
-) -> None:
-    """The lower bounds on the busiest collective and on the peak, mesh by mesh."""
+def test_each_bound_is_at_or_below_what_the_lint_finds(make: Any, ranks: int, setup: Any) -> None:
+    """The lower bounds on the busiest collective and on the peak, mesh by mesh; and
+    with activations, each split of dp_shard * cp ranks as well as the next (larger cp
+    first), and the bounds learnt from a lint hold for the others of its kind."""
     model = make()
+    training = setup(model)
     shapes = shapes_from_module(model)
     plan_for = _plan_for(model)
     tied = plan_for({"dense": Mesh({"dp_shard": ranks})}).tied
-    enumeration = _Enumeration(ranks, frozenset(AXES), _Model(shapes, training, tied), None)
-    groups = list(enumeration.groups(HUGE))
-    search = _Search(shapes, training, plan_for, HUGE, enumeration.stages)
+    model = _Model(shapes, training, tied)
+    enumeration = _Enumeration(ranks, frozenset(AXES), model, None)
+    families = list(enumeration.families(HUGE))
+    search = _Search(
+        shapes,
+        training=training,
+        plan_for=plan_for,
+        budget=HUGE,
+        stages=enumeration.stages,
+        terms=model.terms,
+    )
     checked = 0
-    for group in groups:
-        row = search.lint(group).row
-        if row is not None:
-            key, peak, _ = group.bound
-            assert key <= row.slowest[1] and peak <= row.peak, (group, row)
+    rows: list[tuple[_Family, int, FitRow]] = []
+    for family in families:
+        before: FitRow | None = None
+        for i in range(len(family.members)):
+            row = search.lint(family.group(i)).row
+            if row is None:
+                continue
+            key, peak, _ = family.bound(i)
+            assert key <= row.slowest[1] and peak <= row.peak, (family, row)
+            if before is not None:  # a smaller cp holds and sends no less
+                assert before.slowest[1] <= row.slowest[1] and before.peak <= row.peak
+            before = row
+            rows.append((family, i, row))
             checked += 1
-    assert checked > len(groups) // 2
+    assert checked > len(families) // 2
+    for family, i, row in rows:
+        search.learn(family, i, row)
+    for family, i, row in rows:
+        assert search.refine(family, i, family.bound(i))[0] <= row.slowest[1], (family, i)
 
 
 def test_a_row_is_what_lint_reports_on_its_meshes() -> None:
@@ -554,14 +601,55 @@ def test_fit_that_finds_nothing_exits_1_saying_so(
     assert "no mesh fits" in out and "left out, by reason: budget" in out
 
 
-@pytest.mark.parametrize("flags", [["--seq-len", "4096"], ["--batch", "8"]])
-def test_activation_flags_are_refused_until_they_are_counted(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+def test_fit_with_a_sequence_length_counts_the_activations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from layout_algebra.torch_bridge import training_from_module  # noqa: PLC0415
+    from layout_algebra.torch_bridge._pretrained import model_from_config  # noqa: PLC0415
+
+    folder = _folder(tmp_path)
+    flags = ["--seq-len", "16", "--batch", "2", "--checkpointing", "full", "--json"]
+    code, out, err = run(["fit", folder, "--ranks", "8", "--budget", "1GiB", *flags], capsys)
+    assert code == 0
+    assert "note: activations: traced on the meta device for 2 x 16 tokens" in err
+    model = model_from_config(folder, max_layers=64)
+    acts = activations_from_module(model, batch=2, seq_len=16, checkpointing="full")
+    report = fit(
+        shapes_from_module(model),
+        ranks=8,
+        budget=2**30,
+        training=training_from_module(model, optimizer="adamw", activations=acts),
+        plan_for=_plan_for(model),
+    )
+    assert json.loads(out) == report.to_dict()
+    assert "tp" in report.rows[0].traffic
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--batch", "8"], "--batch shapes the activations: give --seq-len N too"),
+        (["--checkpointing", "full"], "--checkpointing shapes the activations"),
+    ],
+)
+def test_activation_flags_need_a_sequence_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], says: str
 ) -> None:
     folder = _folder(tmp_path)
     code, out, err = run(["fit", folder, "--ranks", "8", "--budget", "1GiB", *flags], capsys)
     assert_one_line_usage_error(code, out, err, "layout-algebra fit")
-    assert f"{flags[0]}: fit does not count activations yet" in err
+    assert says in err
+
+
+def test_shapes_alone_have_no_activations_to_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "shapes.json"
+    path.write_text(shapes_to_json(shapes_from_module(_llama())), encoding="utf-8")
+    argv = ["fit", str(path), "--ranks", "4", "--budget", "1GiB", "--seq-len", "16"]
+    code, out, err = run(argv, capsys)
+    assert_one_line_usage_error(code, out, err, "layout-algebra fit")
+    assert "whose activations cannot be traced" in err
 
 
 @pytest.mark.parametrize(

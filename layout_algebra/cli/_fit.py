@@ -19,6 +19,7 @@ from typing import Final, TextIO
 
 from layout_algebra._text import clip, escape
 from layout_algebra._units import repeated_blocks
+from layout_algebra.activations import CHECKPOINTING
 from layout_algebra.cli._inputs import is_directory, load_shapes, torch_missing
 from layout_algebra.cli._output import PROG, Usage, loading, plural, say
 from layout_algebra.cli._types import bounded_int, bytes_arg, dtype_arg, patterns_arg
@@ -132,14 +133,29 @@ def add_fit(parser: argparse.ArgumentParser) -> None:
         type=lambda text: bounded_int(text, 1 << 24, "--seq-len"),
         default=None,
         metavar="N",
-        help="tokens per sequence, for the activations (not counted yet: refused)",
+        help=(
+            "tokens per sequence: count the activations, traced on the meta device "
+            "(torch_bridge.activations_from_module), and the traffic of tensor, expert, "
+            "pipeline and context parallelism"
+        ),
     )
     parser.add_argument(
         "--batch",
         type=lambda text: bounded_int(text, 1 << 20, "--batch"),
         default=None,
         metavar="N",
-        help="sequences per microbatch, for the activations (not counted yet: refused)",
+        help="sequences per microbatch, with --seq-len (default 1)",
+    )
+    parser.add_argument(
+        "--checkpointing",
+        choices=list(CHECKPOINTING),
+        default="none",
+        help="activation checkpointing of the blocks, with --seq-len (default none)",
+    )
+    parser.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="tensor parallelism also splits the sequence outside its regions",
     )
     parser.add_argument(
         "--top",
@@ -165,7 +181,10 @@ def _from_model(
     with loading(err, "torch and transformers"):  # seconds of silence otherwise
         try:
             # torch and transformers load only for a folder with a config to build
+            import torch  # noqa: PLC0415
+
             from layout_algebra.torch_bridge import (  # noqa: PLC0415
+                activations_from_module,
                 shapes_from_checkpoint,
                 shapes_from_module,
                 table_from_hf,
@@ -197,11 +216,24 @@ def _from_model(
     def plan_for(meshes: Mapping[str, Mesh]) -> ParamLayoutTable:
         return table_from_hf(model, mesh_axes=meshes["dense"], expert_axes=meshes.get("expert"))
 
+    acts = None
+    if args.seq_len is not None:
+        if args.param_dtype is not None:  # traced as FSDP2 computes: in param_dtype
+            model.to(getattr(torch, args.param_dtype))
+        acts = activations_from_module(
+            model, batch=args.batch or 1, seq_len=args.seq_len, checkpointing=args.checkpointing
+        )
+        notes.append(
+            f"activations: traced on the meta device for {args.batch or 1} x {args.seq_len} "
+            f"tokens a microbatch, checkpointing {args.checkpointing!r}"
+        )
     training = training_from_module(
         model,
         optimizer=args.optimizer,
         param_dtype=args.param_dtype,
         reduce_dtype=args.reduce_dtype,
+        activations=acts,
+        sequence_parallel=args.sequence_parallel,
         **({} if args.units is None else {"units": args.units}),
     )
     if args.units is None:
@@ -234,6 +266,7 @@ def _from_shapes(
         param_dtype=args.param_dtype,
         reduce_dtype=args.reduce_dtype,
         units=units,
+        sequence_parallel=args.sequence_parallel,
     )
     return shapes, lambda meshes: table, training
 
@@ -269,20 +302,18 @@ def _progress(err: TextIO | None) -> Iterator[Callable[[int, int], object] | Non
 
 def fit_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> int:
     """The meshes that fit, best first; 1 when none does."""
-    given = [
-        flag for flag, value in (("--seq-len", args.seq_len), ("--batch", args.batch)) if value
-    ]
-    if given:
-        msg = (
-            f"{' and '.join(given)}: fit does not count activations yet (the training "
-            "setup has none to give lint), so the figures would not depend on them; drop "
-            f"{'it' if len(given) == 1 else 'them'}: the peak is the model state and FSDP2's "
-            "buffers alone"
-        )
-        raise Usage(msg)
     notes: list[str] = []
     path: str = args.model
     from_model = _has_config(path)
+    if args.seq_len is None and (args.batch is not None or args.checkpointing != "none"):
+        flag = "--batch" if args.batch is not None else "--checkpointing"
+        raise Usage(f"{flag} shapes the activations: give --seq-len N too")
+    if args.seq_len is not None and not from_model:
+        msg = (
+            f"--seq-len: {clip(path)} holds shapes without a model, whose activations cannot "
+            "be traced; give a save_pretrained folder with its config.json, or drop --seq-len"
+        )
+        raise Usage(msg)
     if from_model:
         shapes, plan_for, training = _from_model(path, args, err, notes)
         axes = args.axes or AXES
