@@ -971,6 +971,7 @@ class _Search:
     ) -> None:
         self.shapes, self.training, self.plan_for = shapes, training, plan_for
         self.budget, self.stages, self.terms = budget, stages, terms
+        self.order = list(shapes)
         self.assumptions: list[str] | None = None
         self.by_cp: dict[int, Training] = {1: training}
         # per (pp, tp, ep): for each activation collective, cp times the least bytes the
@@ -1066,6 +1067,7 @@ class _Search:
                 f"build_table), got {quote(raw)} for {where}"
             )
             raise LayoutError(msg)
+        table = _in_order(table, self.order)
         cp = group.split[1]
         training = self.by_cp.get(cp)
         if training is None:
@@ -1103,6 +1105,17 @@ class _Search:
         if kinds or peak > self.budget:
             return _Outcome(BUDGET, f"{where}: peak {exact_bytes(peak)}, above the budget", row)
         return _Outcome(None, "", row)
+
+
+def _in_order(table: ParamLayoutTable, order: Sequence[str]) -> ParamLayoutTable:
+    """``table`` with its entries in ``order`` (the shapes', module order), any others
+    after: the step runs units in the order of their parameters, and an importer lists
+    the parameters its plan places before the others."""
+    if all(a == b for a, b in zip(table, order, strict=False)):
+        return table
+    entries = {fqn: table[fqn] for fqn in order if fqn in table}
+    entries.update((fqn, layout) for fqn, layout in table.items() if fqn not in entries)
+    return ParamLayoutTable(entries, tied=table.tied)
 
 
 def _over_cp(training: Training, cp: int) -> Training:
@@ -1204,7 +1217,9 @@ def fit(
 
     Args:
         shapes: every parameter's shape and dtype, with the structure of its dims where
-            known (``torch_bridge.shapes_from_module`` gives heads and experts).
+            known (``torch_bridge.shapes_from_module`` gives heads and experts), in
+            module order: each plan's table is linted in this order, the order the step
+            runs its units in.
         ranks: the world's size.
         budget: bytes per rank (``parse_bytes("80GiB")``).
         training: the training setup the step is costed with (``Training``).

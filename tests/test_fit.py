@@ -97,6 +97,11 @@ def _fit(model: nn.Module, ranks: int, **kwargs: Any) -> FitReport:
     return fit(shapes_from_module(model), ranks=ranks, plan_for=_plan_for(model), **kwargs)
 
 
+def in_order(table: ParamLayoutTable, shapes: Mapping[str, ParamShape]) -> ParamLayoutTable:
+    """``table`` in the shapes' order (module order), as ``fit`` lints it."""
+    return ParamLayoutTable({fqn: table[fqn] for fqn in shapes}, tied=table.tied)
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -287,7 +292,7 @@ def test_a_row_is_what_lint_reports_on_its_meshes() -> None:
         if "dp_replicate" in row.mesh["dense"]:
             fsdp = {"dense": ("dp_replicate", "dp_shard"), "expert": ("dp_replicate", "efsdp")}
         linted = lint(
-            _plan_for(model)(row.mesh),
+            in_order(_plan_for(model)(row.mesh), shapes),
             shapes,
             mesh_sizes=dict(row.mesh),
             fsdp=fsdp,
@@ -349,7 +354,7 @@ def test_given_stages_are_used_for_their_size() -> None:
     report = _fit(model, 4, axes=("pp", "dp_shard"), stages=stages, top=MAX_TOP)
     row = next(r for r in report.rows if r.mesh["dense"].get("pp") == 2)
     linted = lint(
-        _plan_for(model)(row.mesh),
+        in_order(_plan_for(model)(row.mesh), shapes),
         shapes,
         mesh_sizes=row.mesh["dense"],
         fsdp={"dense": "dp_shard"},
