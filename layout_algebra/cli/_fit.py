@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final, TextIO
 
+import attrs
+
 from layout_algebra._text import clip, escape
 from layout_algebra._units import repeated_blocks
 from layout_algebra.activations import CHECKPOINTING
@@ -27,6 +29,7 @@ from layout_algebra.fit import AXES, FitReport, fit
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.mesh import MAX_WORLD, Mesh
 from layout_algebra.shapes import ParamShape
+from layout_algebra.structure import EXPERTS
 from layout_algebra.training import OPTIMIZERS, Training
 
 __all__ = ["FIT_DESCRIPTION", "FIT_HELP", "add_fit", "fit_command"]
@@ -237,9 +240,23 @@ def _from_model(
         **({} if args.units is None else {"units": args.units}),
     )
     if args.units is None:
+        experts = _experts_modules(shapes)
+        if experts:  # with ep, transformers shards them on their own mesh: their own call
+            training = attrs.evolve(training, units=(*experts, *training.units))
         shown = ", ".join(str(unit) for unit in training.units)
         notes.append(f"units: as transformers wraps the model: {shown} (give --units to choose)")
     return shapes, plan_for, training
+
+
+def _experts_modules(shapes: Mapping[str, ParamShape]) -> tuple[str, ...]:
+    """The modules holding expert weights (a dim made of ``Part("experts", ...)``), as
+    unit patterns: ``model.layers.*.mlp.experts``."""
+    found: dict[str, None] = {}
+    for fqn, shape in shapes.items():
+        if any(p.name == EXPERTS for packed in shape.structure.values() for p in packed.parts):
+            module = fqn.rpartition(".")[0]
+            found[".".join("*" if s.isdigit() else s for s in module.split("."))] = None
+    return tuple(p for p in found if p)
 
 
 def _from_shapes(
