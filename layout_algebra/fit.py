@@ -874,7 +874,7 @@ def _ep_misfit(ep: int, model: _Model) -> str | None:
 def _budget_message(family: _Family, peak: int, budget: int) -> str:
     ways = family.fsdp * family.tp
     return (
-        f"{_meshes_text(family.group(0).meshes())}: at least {exact_bytes(peak)} a rank, the model "
+        f"{_meshes_text(family.group(len(family.members) - 1).meshes())}: at least {exact_bytes(peak)} a rank, the model "
         f"state of its busiest pipeline stage over the {ways:,} ranks sharding it, above "
         f"the budget of {exact_bytes(budget)}"
     )
