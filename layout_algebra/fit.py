@@ -873,8 +873,9 @@ def _ep_misfit(ep: int, model: _Model) -> str | None:
 
 def _budget_message(family: _Family, peak: int, budget: int) -> str:
     ways = family.fsdp * family.tp
+    smallest_cp = family.group(len(family.members) - 1)
     return (
-        f"{_meshes_text(family.group(len(family.members) - 1).meshes())}: at least {exact_bytes(peak)} a rank, the model "
+        f"{_meshes_text(smallest_cp.meshes())}: at least {exact_bytes(peak)} a rank, the model "
         f"state of its busiest pipeline stage over the {ways:,} ranks sharding it, above "
         f"the budget of {exact_bytes(budget)}"
     )

@@ -21,8 +21,8 @@ import attrs
 
 from layout_algebra._text import clip, escape
 from layout_algebra._units import repeated_blocks
-from layout_algebra.activations import CHECKPOINTING
-from layout_algebra.cli._inputs import is_directory, load_shapes, torch_missing
+from layout_algebra.activations import CHECKPOINTING, MAX_TOKENS
+from layout_algebra.cli._inputs import config_model, is_model_folder, load_shapes, torch_missing
 from layout_algebra.cli._output import PROG, Usage, loading, plural, say
 from layout_algebra.cli._types import bounded_int, bytes_arg, dtype_arg, patterns_arg
 from layout_algebra.fit import AXES, FitReport, fit
@@ -133,7 +133,7 @@ def add_fit(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seq-len",
-        type=lambda text: bounded_int(text, 1 << 24, "--seq-len"),
+        type=lambda text: bounded_int(text, MAX_TOKENS, "--seq-len", low=1),
         default=None,
         metavar="N",
         help=(
@@ -144,7 +144,7 @@ def add_fit(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch",
-        type=lambda text: bounded_int(text, 1 << 20, "--batch"),
+        type=lambda text: bounded_int(text, MAX_TOKENS, "--batch", low=1),
         default=None,
         metavar="N",
         help="sequences per microbatch, with --seq-len (default 1)",
@@ -152,7 +152,7 @@ def add_fit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpointing",
         choices=list(CHECKPOINTING),
-        default="none",
+        default=None,
         help="activation checkpointing of the blocks, with --seq-len (default none)",
     )
     parser.add_argument(
@@ -173,10 +173,6 @@ def add_fit(parser: argparse.ArgumentParser) -> None:
 PlanFor = Callable[[Mapping[str, Mesh]], ParamLayoutTable]
 
 
-def _has_config(path: str) -> bool:
-    return is_directory(path) and os.path.isfile(os.path.join(path, _CONFIG))
-
-
 def _from_model(
     path: str, args: argparse.Namespace, err: TextIO | None, notes: list[str]
 ) -> tuple[dict[str, ParamShape], PlanFor, Training]:
@@ -184,19 +180,20 @@ def _from_model(
     with loading(err, "torch and transformers"):  # seconds of silence otherwise
         try:
             # torch and transformers load only for a folder with a config to build
-            import torch  # noqa: PLC0415
-
             from layout_algebra.torch_bridge import (  # noqa: PLC0415
-                activations_from_module,
                 shapes_from_checkpoint,
                 shapes_from_module,
                 table_from_hf,
                 training_from_module,
             )
-            from layout_algebra.torch_bridge._pretrained import model_from_config  # noqa: PLC0415
+            from layout_algebra.torch_bridge._pretrained import (  # noqa: PLC0415
+                config_dtype,
+                traced_activations,
+            )
+
+            name, model = config_model(path, max_layers=_MAX_LAYERS)
         except ImportError as e:
             raise torch_missing(e, f"fit {clip(path)} builds the model and") from None
-        model = model_from_config(path, max_layers=_MAX_LAYERS)
     checkpoint = next(
         (os.path.join(path, n) for n in _CHECKPOINTS if os.path.isfile(os.path.join(path, n))),
         None,
@@ -205,14 +202,14 @@ def _from_model(
     if checkpoint is None:
         shapes = dict(shapes_from_module(model))
         notes.append(
-            f"the model: {type(model).__name__} built from {where}/{_CONFIG} on the meta "
-            "device, its parameters' dtypes the config's (no checkpoint in the folder)"
+            f"the model: {name} built from {where}/{_CONFIG} on the meta device, its "
+            "parameters' dtypes the config's (no checkpoint in the folder)"
         )
     else:
         shapes = dict(shapes_from_checkpoint(model, checkpoint))
         notes.append(
-            f"the model: {type(model).__name__} built from {where}/{_CONFIG} on the meta "
-            f"device, its shapes and dtypes from {clip(os.path.basename(checkpoint))}'s headers"
+            f"the model: {name} built from {where}/{_CONFIG} on the meta device, its shapes "
+            f"and dtypes from {clip(os.path.basename(checkpoint))}'s headers"
         )
     notes.append("the plan: transformers' own tp_plan and ep_plan on each mesh (table_from_hf)")
 
@@ -221,14 +218,19 @@ def _from_model(
 
     acts = None
     if args.seq_len is not None:
-        if args.param_dtype is not None:  # traced as FSDP2 computes: in param_dtype
-            model.to(getattr(torch, args.param_dtype))
-        acts = activations_from_module(
-            model, batch=args.batch or 1, seq_len=args.seq_len, checkpointing=args.checkpointing
+        # traced in the dtype FSDP2 computes in, after the shapes are read in their own
+        dtype = args.param_dtype or config_dtype(model) or "float32"
+        checkpointing = args.checkpointing or "none"
+        acts = traced_activations(
+            model,
+            dtype=dtype,
+            batch=args.batch or 1,
+            seq_len=args.seq_len,
+            checkpointing=checkpointing,
         )
         notes.append(
-            f"activations: traced on the meta device for {args.batch or 1} x {args.seq_len} "
-            f"tokens a microbatch, checkpointing {args.checkpointing!r}"
+            f"activations: traced on the meta device in {dtype} for {args.batch or 1} x "
+            f"{args.seq_len} tokens a microbatch, checkpointing {checkpointing!r}"
         )
     training = training_from_module(
         model,
@@ -321,8 +323,8 @@ def fit_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> in
     """The meshes that fit, best first; 1 when none does."""
     notes: list[str] = []
     path: str = args.model
-    from_model = _has_config(path)
-    if args.seq_len is None and (args.batch is not None or args.checkpointing != "none"):
+    from_model = is_model_folder(path)
+    if args.seq_len is None and (args.batch is not None or args.checkpointing is not None):
         flag = "--batch" if args.batch is not None else "--checkpointing"
         raise Usage(f"{flag} shapes the activations: give --seq-len N too")
     if args.seq_len is not None and not from_model:
