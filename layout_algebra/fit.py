@@ -526,49 +526,37 @@ def _layers(fqns: Sequence[str]) -> _Layers | None:
 
 class _Model:
     """What the bounds need of the model: per parameter its bytes of state, of gathers
-    and of gradient reductions, whether it is an expert weight and its unit counts."""
+    and of gradient reductions, whether it is an expert weight; and the unit counts the
+    shapes' structure holds (heads, experts), each with the first FQN holding it."""
 
     def __init__(
         self, shapes: Mapping[str, ParamShape], training: Training, tied: Iterable[Iterable[str]]
     ) -> None:
         self.fqns = list(shapes)
-        kept = training.kept
         frozen = Matcher(Rule(p, None) for p in training.frozen)
         aliases = _aliases(self.fqns, tied)
-        # per parameter: state bytes, gathered bytes, reduced bytes (0 when frozen)
         self.state: list[int] = []
         self.gather: list[int] = []
         self.reduce: list[int] = []
         self.expert: list[bool] = []
-        self.heads: dict[int, str] = {}  # unit count -> the first FQN holding it
+        self.heads: dict[int, str] = {}
         self.experts: dict[int, str] = {}
+        # a model's parameters are a few distinct shapes: each worked out once
+        per_shape: dict[tuple[ParamShape, bool], tuple[int, int, int, bool]] = {}
         for fqn, shape in shapes.items():
-            n = 0 if fqn in aliases else shape.numel  # a tied alias is no storage
             trainable = not (training.frozen and frozen.prefixes(fqn))
-            own = shape.itemsize
-            floating = shape.dtype.startswith(("float", "bfloat"))
-            compute = (
-                DTYPE_BYTES[training.param_dtype] if training.param_dtype and floating else own
-            )
-            grad = DTYPE_BYTES[training.reduce_dtype] if training.reduce_dtype else compute
-            master = training.master_dtype
-            extra = DTYPE_BYTES[master] if master is not None and master != shape.dtype else 0
-            state = own + (trainable or kept.eager) * kept.states * own
-            state += trainable * (own + extra)
-            self.state.append(n * state)
-            self.gather.append(n * compute)
-            self.reduce.append(n * grad * trainable)
-            expert = False
-            for packed in shape.structure.values():
-                for part in packed.parts:
-                    if part.name == EXPERTS:
-                        expert = True
-                        self.experts.setdefault(part.count, fqn)
-                    elif part.size > 1:
-                        self.heads.setdefault(part.count, fqn)
+            found = per_shape.get((shape, trainable))
+            if found is None:
+                found = per_shape[shape, trainable] = _bytes_of(shape, training, trainable)
+                self._units_of(fqn, shape)
+            state, gather, reduce, expert = found
+            if fqn in aliases:  # a tied alias is no storage
+                state = gather = reduce = 0
+            self.state.append(state)
+            self.gather.append(gather)
+            self.reduce.append(reduce)
             self.expert.append(expert)
         self.layers = _layers(self.fqns)
-        self.shapes = shapes
         acts = training.activations
         # the hidden state of one microbatch a pipeline stage sends on (a rank's share is
         # a cp-th, and a tp-th under sequence parallelism: the bound takes both)
@@ -578,6 +566,16 @@ class _Model:
         # how many rounded-up shares make one step's activation traffic, per microbatch: a
         # projection's input and output, an experts module's four exchanges, a stage's sends
         self.terms = 0 if acts is None else 2 * len(acts.modules) + 4 * len(acts.routed) + 2
+
+    def _units_of(self, fqn: str, shape: ParamShape) -> None:
+        """The unit counts ``shape``'s structure holds: experts, and heads (the parts of
+        units larger than one)."""
+        for packed in shape.structure.values():
+            for part in packed.parts:
+                if part.name == EXPERTS:
+                    self.experts.setdefault(part.count, fqn)
+                elif part.size > 1:
+                    self.heads.setdefault(part.count, fqn)
 
     def stages_for(self, pp: int, given: Stages | None) -> Stages | str:
         """The stages of a pipeline of ``pp`` ranks: ``given`` where it fits them, else
@@ -622,6 +620,23 @@ class _Model:
         return sums
 
 
+def _bytes_of(shape: ParamShape, training: Training, trainable: bool) -> tuple[int, int, int, bool]:
+    """One parameter's model state (itself, its gradient, the optimizer's states, a master
+    copy, in their dtypes), the bytes FSDP2 gathers of it (in ``param_dtype``) and
+    reduces of its gradient (in ``reduce_dtype``; none when frozen), and whether it is an
+    expert weight (a dim made of ``Part("experts", ...)``)."""
+    kept, n, own = training.kept, shape.numel, shape.itemsize
+    floating = shape.dtype.startswith(("float", "bfloat"))  # FSDP2 casts only those
+    wanted = training.param_dtype
+    compute = DTYPE_BYTES[wanted] if wanted is not None and floating else own
+    grad = DTYPE_BYTES[training.reduce_dtype] if training.reduce_dtype else compute
+    master = training.master_dtype
+    extra = DTYPE_BYTES[master] if master is not None and master != shape.dtype else 0
+    state = own + (trainable or kept.eager) * kept.states * own + trainable * (own + extra)
+    expert = any(p.name == EXPERTS for packed in shape.structure.values() for p in packed.parts)
+    return n * state, n * compute, n * grad * trainable, expert
+
+
 def _aliases(fqns: Sequence[str], tied: Iterable[Iterable[str]]) -> set[str]:
     """The tied FQNs that are no storage of their own: all but each group's first."""
     order = {fqn: i for i, fqn in enumerate(fqns)}
@@ -647,8 +662,8 @@ class _Sums:
 
     def add(self, k: int, expert: bool, state: int, gather: int, reduce: int) -> None:
         self.state[k] += state
-        self.gather[k][expert] += gather
-        self.reduce[k][expert] += reduce
+        self.gather[k][int(expert)] += gather
+        self.reduce[k][int(expert)] += reduce
 
 
 # ---------------------------------------------------------------------------------------
