@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import pickle
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -41,6 +43,7 @@ from layout_algebra.torch_bridge import (
     shapes_from_module,
     table_from_hf,
 )
+from tests import test_no_torch
 from tests.test_cli import assert_one_line_usage_error, run
 
 TRAINING: Final = Training(units=["model.layers.*"])
@@ -479,6 +482,9 @@ def test_a_report_is_made_by_fit_only() -> None:
     assert repr(report).startswith("FitReport(ranks=2, budget=")
     assert report == _fit(_llama(), 2) and hash(report) == hash(_fit(_llama(), 2))
     assert json.loads(json.dumps(report.to_dict()))["rows"][0]["mesh"]["dense"]
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(report, protocol)) == report
+        assert pickle.loads(pickle.dumps(report.rows[0], protocol)) == report.rows[0]
 
 
 SHAPES: Final = {"layers.0.w": ParamShape((8, 8), "float32")}
@@ -702,3 +708,28 @@ def test_progress_shows_on_a_terminal_and_is_rubbed_out(
     assert "\rlayout-algebra: fit: 1 lint, at most " in terminal.text
     assert terminal.text.endswith("\r")
     assert capsys.readouterr().out.startswith("4 ranks of 1.00 GiB")
+
+
+@pytest.fixture
+def without_torch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of an interpreter that cannot import torch (``test_no_torch``'s)."""
+    site = tmp_path_factory.mktemp("no_torch")
+    (site / "sitecustomize.py").write_text(test_no_torch._SITECUSTOMIZE)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(site), str(test_no_torch.ROOT), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    return env
+
+
+def test_fit_of_shapes_alone_runs_without_torch(
+    without_torch: dict[str, str], tmp_path: Path
+) -> None:
+    shapes = {f"layers.{i}.w": ParamShape((64, 64), "float32") for i in range(4)}
+    path = tmp_path / "shapes.json"
+    path.write_text(shapes_to_json(shapes), encoding="utf-8")
+    argv = ["-m", "layout_algebra", "fit", str(path), "--ranks", "4", "--budget", "1MiB"]
+    result = test_no_torch.run(without_torch, argv)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("4 ranks of 1.00 MiB: ")
+    assert "every parameter is a plain tensor FSDP shards" in result.stdout
