@@ -4,8 +4,8 @@ The model is Llama-3-8B-shaped (transformers' own, built from a config object on
 device; nothing downloads), its plan ``table_from_hf``'s, trained in bf16 with fp32
 reduction under AdamW, 80 GiB a rank. ``fit`` searches every mesh of 16,384 ranks
 (thousands of factorizations) for the best ten; the baseline is 100 calls of what it
-does per mesh it does not skip, the plan built and linted, on the first 100 meshes of
-its enumeration. Both run in this process. The target: the whole search at most the time
+does per mesh it does not skip, the plan built and linted, on 100 meshes spread evenly
+over its enumeration. Both run in this process. The target: the whole search at most the time
 of those 100 calls. Twice: the model state alone, and with the activations of 8,192
 tokens under full checkpointing (traced once, outside both timings), where each ``cp``
 is a lint of its own. ``--quick``: 1,024 ranks. Run alone with ``python -m
@@ -60,8 +60,9 @@ def llama3_8b() -> nn.Module:
 
 
 def _calls(model: nn.Module, training: Training, ranks: int) -> tuple[float, int]:
-    """Seconds of ``CALLS`` import + lint calls, on the first meshes ``fit`` would lint
-    (in the order it enumerates them, not of their bounds), and how many were made."""
+    """Seconds of ``CALLS`` import + lint calls on meshes ``fit`` would lint, spread evenly
+    over its enumeration (every pipeline depth and tensor-parallel size, not the order of
+    their bounds), and how many were made."""
     shapes = shapes_from_module(model)
 
     def plan_for(meshes: Mapping[str, Mesh]) -> ParamLayoutTable:
@@ -70,11 +71,12 @@ def _calls(model: nn.Module, training: Training, ranks: int) -> tuple[float, int
     tied = plan_for({"dense": Mesh({"dp_shard": ranks})}).tied
     found = _Model(shapes, training, tied)
     enumeration = _Enumeration(ranks, frozenset(AXES) - {"ep"}, found, None)
-    groups = [
+    every = [
         family.group(i)
         for family in enumeration.families(BUDGET)
         for i in range(len(family.members))
-    ][:CALLS]
+    ]
+    groups = every[:: max(1, len(every) // CALLS)][:CALLS]  # spread over every pp and tp
     search = _Search(
         shapes,
         training=training,
