@@ -1125,8 +1125,8 @@ class _Search:
 
 def _in_order(table: ParamLayoutTable, order: Sequence[str]) -> ParamLayoutTable:
     """``table`` with its entries in ``order`` (the shapes', module order), any others
-    after: the step runs units in the order of their parameters, and an importer lists
-    the parameters its plan places before the others."""
+    after: the step runs units in the order of their parameters, and a plan built by hand
+    may list the parameters it places before the others."""
     if all(a == b for a, b in zip(table, order, strict=False)):
         return table
     entries = {fqn: table[fqn] for fqn in order if fqn in table}
