@@ -29,6 +29,7 @@ from layout_algebra.errors import (
     TiedLayoutConflict,
     UnknownAxisError,
 )
+from layout_algebra.fit import FitReport, FitRow, fit
 from layout_algebra.fsdp import compose_fsdp, compose_table
 from layout_algebra.geometry import local_runs, local_shape_and_offset
 from layout_algebra.jax_bridge import from_partition_spec, to_partition_spec
@@ -59,6 +60,8 @@ __all__ = [
     "Chunk",
     "Drop",
     "FSDPUnit",
+    "FitReport",
+    "FitRow",
     "LayoutError",
     "LintNote",
     "LintProblem",
@@ -96,6 +99,7 @@ __all__ = [
     "compose_table",
     "dcp_chunks",
     "diff",
+    "fit",
     "format_placement",
     "from_partition_spec",
     "lint",

@@ -111,6 +111,17 @@ TRAINING = layout_algebra.Training(param_dtype="bfloat16", units=["norm"])
 STAGES = layout_algebra.Stages("pp", [["emb"], ["head"]])
 
 
+def _plain_plan(meshes: Mapping[str, object]) -> ParamLayoutTable:
+    """A plan that leaves every parameter of ``SHAPES`` to FSDP, on any mesh."""
+    del meshes
+    return ParamLayoutTable({fqn: SourceLayout("dense", (), ()) for fqn in SHAPES})
+
+
+def _told(done: int, left: int) -> None:
+    """A ``fit`` progress callback that keeps nothing."""
+    del done, left
+
+
 @functools.cache
 def _safetensors() -> str:
     """A real ``.safetensors`` file (header and data) of one float32 (4, 8) tensor."""
@@ -350,6 +361,31 @@ def _shapes() -> dict[str, Case]:
         ),
         "training.BudgetExcess": Case(training.BudgetExcess, ("over", "w", (0, 1))),
         "_frozen.FrozenMap": Case(FrozenMap, ({"tp": 2},)),
+        "fit": Case(
+            layout_algebra.fit,
+            (SHAPES,),
+            {
+                "ranks": 4,
+                "budget": 2**20,
+                "training": TRAINING,
+                "plan_for": _plain_plan,
+                "axes": ["pp", "dp_shard"],
+                "stages": None,
+                "top": 2,
+                "progress": _told,
+            },
+        ),
+        # FitReport is made only by fit: its case is that call.
+        "FitReport": Case(
+            layout_algebra.fit,
+            (SHAPES,),
+            {"ranks": 2, "budget": 2**20, "training": TRAINING, "plan_for": _plain_plan},
+        ),
+        "FitRow": Case(
+            layout_algebra.FitRow,
+            ({"dense": layout_algebra.Mesh({"dp_shard": 2})}, 8, {"all_gather": 4}),
+            {"notes": ("a note",)},
+        ),
     }
 
 

@@ -79,6 +79,10 @@ TOP_LEVEL = frozenset(
         "reshard_plan",
         "to_partition_spec",
         "from_partition_spec",
+        # the meshes that fit
+        "fit",
+        "FitReport",
+        "FitRow",
     }
 )
 """What API.md names at the top level (``Mesh`` among them), plus ``local_runs``,

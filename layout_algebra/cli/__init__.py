@@ -31,6 +31,9 @@ Subcommands:
 - ``activations MODEL_DIR --seq-len N [--batch N] [--checkpointing full]``: the
   activations of one microbatch of a ``save_pretrained`` folder's model, as JSON for
   ``lint --activations``.
+- ``fit MODEL_OR_SHAPES --ranks N --budget SIZE``: the meshes of N ranks whose plan fits
+  SIZE a rank, least traffic through the busiest collective first (torch and
+  transformers load only for a ``save_pretrained`` folder, whose model they build).
 
 Commands that strip FSDP's axes (``check``, ``table``, ``draw``, ``lint``) take
 ``--owned AXIS,...`` (replace ``FSDP_OWNED_AXES``) and ``--also-owned AXIS,...`` (add to it).

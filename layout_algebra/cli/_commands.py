@@ -19,6 +19,7 @@ from layout_algebra._units import repeated_blocks
 from layout_algebra.activations import MAX_UNITS, Activations, activations_to_obj
 from layout_algebra.algebra import TableDiff, build_table, diff
 from layout_algebra.checkpoint import reshard_plan
+from layout_algebra.cli._fit import fit_command
 from layout_algebra.cli._inputs import (
     Structured,
     config_model,
@@ -1109,5 +1110,6 @@ COMMANDS: Final[Mapping[str, Command]] = {
     "reshard": reshard_command,
     "lint": lint_command,
     "activations": activations_command,
+    "fit": fit_command,
 }
 """Every command by name."""

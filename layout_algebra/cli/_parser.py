@@ -7,6 +7,7 @@ from typing import Final
 
 from layout_algebra._args import MAX_NDIM
 from layout_algebra.activations import CHECKPOINTING, MAX_TOKENS
+from layout_algebra.cli._fit import FIT_DESCRIPTION, FIT_HELP, add_fit
 from layout_algebra.cli._output import PROG
 from layout_algebra.cli._types import (
     Parser,
@@ -236,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
             "model is traced in (default: the config's dtype, else float32)"
         ),
     )
+    add_fit(sub.add_parser("fit", help=FIT_HELP, description=FIT_DESCRIPTION))
     return parser
 
 

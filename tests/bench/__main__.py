@@ -5,9 +5,10 @@ by pattern, to a table; completing and tying the table; the JSON round trip; pla
 checkpoint reshard; binding a table to a live model; linting a whole table with its
 shapes; lint and reshard_plan of a DeepSeek-V3-shaped table on 16,384 ranks, and
 torch's load planning beside reshard_plan (``--full``: on the largest case it plans in
-about a minute); the same reshard from fused gate_up weights to their parts. Each
-compares against a baseline measured in this same process and prints its own report; the
-end prints every target in one table (``tests.bench.targets``) with PASS or MISS.
+about a minute); the same reshard from fused gate_up weights to their parts; fit over
+16,384 ranks against 100 of the import and lint calls it is made of. Each compares
+against a baseline measured in this same process and prints its own report; the end
+prints every target in one table (``tests.bench.targets``) with PASS or MISS.
 ``--quick`` runs smaller scales as a smoke test. The exit status is 0 either way: timings
 depend on the machine.
 """
@@ -23,6 +24,7 @@ from tests.bench import (
     bench_complete,
     bench_dcp,
     bench_e2e,
+    bench_fit,
     bench_json,
     bench_lint,
     bench_parts,
@@ -61,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     bench_dcp.run(quick=args.quick)
     print()
     bench_parts.run(quick=args.quick)
+    print()
+    bench_fit.run(quick=args.quick)
     print()
     print(targets.summary())
 

@@ -189,5 +189,27 @@ def activations() -> None:
     assert_type(acts.total, int)
 
 
+def fitting(table: ParamLayoutTable, shapes: dict[str, layout_algebra.ParamShape]) -> None:
+    report = layout_algebra.fit(
+        shapes,
+        ranks=8,
+        budget=2**30,
+        training=layout_algebra.Training(),
+        plan_for=lambda meshes: table,
+        axes=["dp_shard", "tp"],
+    )
+    assert_type(report, layout_algebra.FitReport)
+    row = report.rows[0]
+    assert_type(row, layout_algebra.FitRow)
+    assert_type(row.mesh["dense"], layout_algebra.Mesh)
+    assert_type(row.peak, int)
+    assert_type(row.traffic["all_gather"], int)
+    assert_type(row.slowest, tuple[str, int])
+    assert_type(row.notes, tuple[str, ...])
+    assert_type(report.pruned["cut heads"], int)
+    assert_type(report.nearest, layout_algebra.FitRow | None)
+    assert_type(report.least, int | None)
+
+
 def exports() -> None:
     assert_type(layout_algebra.__all__, list[str])
