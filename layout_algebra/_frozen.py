@@ -302,6 +302,12 @@ class DictView(Mapping[K, V]):
         return self._items.items()
 
 
+def items_copy(view: DictView[K, V]) -> dict[K, V]:
+    """A new dict of ``view``'s items, copied by the dict that holds them: their hashes
+    come with them, so no key is read (a large view's keys are spread over memory)."""
+    return dict(view._items)
+
+
 def _by_items(other: Mapping[Any, Any]) -> bool:
     """Whether ``other`` compares by its items alone, as ``dict`` does: a view may equal
     it. A mapping class with an equality of its own (a ``Mesh``, whose axes' order is

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, count
+from operator import attrgetter, lt
 from typing import Final
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
+from layout_algebra._frozen import items_copy
 from layout_algebra._text import clip, did_you_mean, quote, some_of
 from layout_algebra.axes import FSDP_OWNED_AXES, AxisLike
 from layout_algebra.errors import BindError, LayoutError
@@ -33,18 +37,20 @@ from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
 
 __all__ = ["bind", "default_binding", "managed_bindings"]
 
+_NDIM: Final = attrgetter("ndim")
+"""A parameter's number of dims, for a pass of ``map`` over many."""
+
 DEFAULT_FQN: Final = "<default>"
 """The ``fqn`` of a ``default_binding`` before ``managed_bindings`` names its parameter."""
 
 
 class _Binder:
-    """Each distinct layout prepared once: its binding (mesh slice, torch placements) and
-    the dims a parameter needs for it; each distinct (mesh role, axes) sliced once."""
+    """Layouts prepared: each its binding (mesh slice, torch placements) and the dims a
+    parameter needs for it; each distinct (mesh role, axes) sliced once."""
 
     def __init__(self, meshes: Mapping[str, DeviceMesh]) -> None:
         self.meshes = meshes
         self.slices: dict[tuple[str, tuple[str, ...]], DeviceMesh] = {}
-        self.prepared: dict[SourceLayout, tuple[Binding, int]] = {}
 
     def prepare(self, fqn: str, layout: SourceLayout) -> tuple[Binding, int]:
         """The binding of ``layout`` (named ``fqn``, the first parameter it binds) and the
@@ -173,62 +179,105 @@ def _alias_conflict(
     return BindError(msg, fqn=fqn, axis=axis, placement=placement)
 
 
+def _bindings(
+    fqns: Sequence[str],
+    params: list[nn.Parameter],
+    layouts: Sequence[SourceLayout],
+    binder: _Binder,
+) -> list[Binding]:
+    """The binding of the parameter at each position, from the layout at that position,
+    one ``Binding`` shared by all parameters of a layout. Raises the error of the first
+    position that has one: its layout cannot be bound (each layout is prepared at its
+    first position), or its parameter lacks a dim its layout shards.
+
+    Each step is a pass of builtins over whole lists: no Python code runs per parameter
+    but a layout's hash, once.
+    """
+    # each distinct layout numbered in the order first met, and each position's number
+    numbers: defaultdict[SourceLayout, int] = defaultdict(count().__next__)
+    numbered = list(map(numbers.__getitem__, layouts))
+    shared: list[Binding] = []
+    needs: list[int] = []  # the dims a parameter needs, by layout number
+    for number, layout in enumerate(numbers):
+        first = numbered.index(number)
+        try:
+            binding, ndim = binder.prepare(fqns[first], layout)
+        except BindError:
+            # a parameter before it may lack a dim: that error comes first
+            _check_dims(fqns[:first], params[:first], layouts[:first], numbered[:first], needs)
+            raise
+        shared.append(binding)
+        needs.append(ndim)
+    _check_dims(fqns, params, layouts, numbered, needs)
+    return list(map(shared.__getitem__, numbered))
+
+
+def _check_dims(
+    fqns: Sequence[str],
+    params: list[nn.Parameter],
+    layouts: Sequence[SourceLayout],
+    numbered: list[int],
+    needs: list[int],
+) -> None:
+    """Raise for the first parameter with fewer dims than its layout needs: the
+    parameter at ``at`` needs ``needs[numbered[at]]``."""
+    lacking = list(map(lt, map(_NDIM, params), map(needs.__getitem__, numbered)))
+    if True in lacking:
+        at = lacking.index(True)
+        raise _too_few_dims(fqns[at], layouts[at], params[at])
+
+
+def _first_repeat(names: Sequence[str]) -> int:
+    """The position of the first name of ``names`` met before it (there is one)."""
+    seen: set[str] = set()
+    for at, name in enumerate(names):
+        if name in seen:
+            return at
+        seen.add(name)
+    raise AssertionError("no name repeats")
+
+
 def _matched(
     table: ParamLayoutTable, module: nn.Module, binder: _Binder
-) -> Iterator[tuple[str, nn.Parameter, Binding]]:
-    """Each ``(fqn, param, binding)`` of the walk of ``module`` whose FQN ``table``
-    mentions, in walk order; raises ``bind``'s errors of a walk against a table.
+) -> tuple[tuple[str, ...], list[nn.Parameter], list[Binding]]:
+    """The FQN, parameter and binding of each parameter of the walk of ``module`` whose
+    FQN ``table`` mentions, in walk order; raises ``bind``'s errors of a walk against a
+    table, the first in walk order first.
 
-    They are kept in three lists, not as a tuple each: every object kept until the map
-    is filled brings the collector's next pass over the whole heap (the model's modules
-    and tensors) nearer, and a parameter's weak entry is the one object it needs.
-
-    A table built from the model lists its FQNs in the walk's order, so they are met one
-    after the other with no lookup; from the first FQN met out of that order on, the rest
-    of the table is looked up by FQN. Either way a parameter meets the same entry.
+    The walk only lists names and parameters; they are matched to the table afterwards,
+    a pass of builtins over whole lists at a time. A table built from the model lists
+    its FQNs in the walk's order, so the two lists of names are equal and the table's
+    own FQNs and layouts are the ones met.
     """
-    fqns, layouts = list(table), list(table.values())
-    count = len(fqns)
-    at = 0  # fqns[:at] have been met; while unfound is None, the walk meets fqns[at] next
-    unfound: dict[str, SourceLayout] | None = None  # the rest, once met out of order
-    prepared = binder.prepared
-    met_fqns: list[str] = []
-    met_params: list[nn.Parameter] = []
-    met_bindings: list[Binding] = []
+    # tuples: a tuple of strings kept by the result drops out of the collector's walks
+    fqns, layouts = tuple(table), tuple(table.values())
+    names: list[str] = []
+    params: list[nn.Parameter] = []
     try:  # torch's walk itself, named as _walk.named_parameters names it
         for walked, param in module.named_parameters(remove_duplicate=False):
-            name = walked if WRAPPER_SEGMENT not in walked else state_dict_fqn(walked)
-            if unfound is None and at < count and name == fqns[at]:
-                fqn, layout = fqns[at], layouts[at]  # the table's string: the walk's is not kept
-                at += 1
-            else:
-                if unfound is None:
-                    if name not in table:
-                        continue  # a parameter the table does not mention
-                    unfound = dict(zip(fqns[at:], layouts[at:], strict=True))
-                found = unfound.pop(name, None)
-                if found is None:
-                    if name in table:  # met before: a second parameter under one FQN
-                        raise _named_twice(name, module)
-                    continue
-                fqn, layout = name, found
-            ready = prepared.get(layout)
-            if ready is None:  # the first parameter of this layout
-                ready = prepared[layout] = binder.prepare(fqn, layout)
-            binding, min_ndim = ready
-            if min_ndim and param.dim() < min_ndim:  # a layout sharding no dim fits any
-                raise _too_few_dims(fqn, layout, param)
-            met_fqns.append(fqn)
-            met_params.append(param)
-            met_bindings.append(binding)
+            names.append(walked if WRAPPER_SEGMENT not in walked else state_dict_fqn(walked))
+            params.append(param)
     except RecursionError:  # a cycle of submodules, or a tree that deep
         raise walk_error(module) from None
+    if tuple(names) == fqns:  # the table's strings are kept: the walk's are not
+        return fqns, params, _bindings(fqns, params, layouts, binder)
 
-    missing = fqns[at:] if unfound is None else list(unfound)
-    if missing:
-        names = [fqn for fqn, _ in named_parameters(module)]
-        raise _unknown_fqn(missing[0], module, names)
-    return zip(met_fqns, met_params, met_bindings, strict=True)
+    unfound = items_copy(table)  # each entry until a parameter meets it
+    mentioned = list(map(unfound.__contains__, names))
+    met_fqns = tuple(compress(names, mentioned))
+    params = list(compress(params, mentioned))
+    try:
+        met_layouts = list(map(unfound.pop, met_fqns))
+    except KeyError:  # an FQN met twice: two parameters under one FQN
+        at = _first_repeat(met_fqns)
+        earlier = [table[fqn] for fqn in met_fqns[:at]]
+        _bindings(met_fqns[:at], params[:at], earlier, binder)  # an earlier error first
+        raise _named_twice(met_fqns[at], module) from None
+    bindings = _bindings(met_fqns, params, met_layouts, binder)
+    if unfound:  # the table's first FQN no parameter met
+        known = [fqn for fqn, _ in named_parameters(module)]
+        raise _unknown_fqn(next(iter(unfound)), module, known)
+    return met_fqns, params, bindings
 
 
 def bind(
@@ -264,12 +313,12 @@ def bind(
     check_table(table, "bind(table=...)")
     check_module(module, "bind(module=...)")
     binder = _Binder(check_meshes(meshes, "bind(meshes=...)"))
-    matched = _matched(table, module, binder)
+    fqns, params, bindings = _matched(table, module, binder)
 
     def conflict(first: str, fqn: str) -> BindError:
         return _alias_conflict(first, table[first], fqn, table[fqn])
 
-    return ParamBindings.sharing(matched, conflict)
+    return ParamBindings._shared(fqns, params, bindings, conflict)
 
 
 def default_binding(mesh: DeviceMesh, *, owned: Iterable[AxisLike] = FSDP_OWNED_AXES) -> Binding:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
 
 import attrs
 from torch import nn
@@ -100,29 +101,42 @@ class Binding:
         return Binding(fqn, self.mesh, self.placements)
 
 
-class _Entry(weakref.ref[nn.Parameter]):
-    """A weak reference to a bound parameter that carries its FQN and binding.
+class _Deaths:
+    """The callback of each weak reference of one ``ParamBindings``: counts its collected
+    parameters, so that ``len`` is one subtraction."""
 
-    ``binding`` may be one shared by many parameters (``ParamBindings.sharing``), under
-    another FQN: the parameter's own is made from it when first read.
-    """
+    __slots__ = ("count",)
 
-    __slots__ = ("binding", "fqn", "key")
-    key: int
-    """The parameter's ``id``: its entry's key while it lives."""
-    fqn: str
-    binding: Binding
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, _: weakref.ref[nn.Parameter]) -> None:
+        self.count += 1
 
 
-def _dropper(refs: dict[int, _Entry]) -> Callable[[_Entry], None]:
-    # a closure over the dict, not over the mapping: a dropped mapping is not kept alive
-    def drop(ref: _Entry) -> None:
-        # runs while the parameter is being collected, before its id can be reused, so
-        # an entry in the dict always refers to the live object with that id
-        if refs.get(ref.key) is ref:
-            del refs[ref.key]
-
-    return drop
+def _firsts(
+    fqns: Sequence[str],
+    params: list[nn.Parameter],
+    bindings: list[Binding],
+    conflict: Callable[[str, str], Exception] | None,
+) -> tuple[Sequence[str], list[nn.Parameter], list[Binding], dict[int, int]]:
+    """The three lists with each parameter at its first position only, and the position
+    of each by ``id``; a parameter given again with another ``Binding`` raises
+    ``conflict(first_fqn, fqn)`` (with no ``conflict``, the first binding wins)."""
+    index: dict[int, int] = {}
+    kept: list[int] = []
+    for at, param in enumerate(params):
+        first = index.setdefault(id(param), len(kept))  # by identity, held weakly
+        if first == len(kept):
+            kept.append(at)
+        elif conflict is not None and bindings[kept[first]] is not bindings[at]:
+            raise conflict(fqns[kept[first]], fqns[at])
+    return (
+        [fqns[at] for at in kept],
+        [params[at] for at in kept],
+        [bindings[at] for at in kept],
+        index,
+    )
 
 
 def _pairs(items: Iterable[tuple[nn.Parameter, Binding]]) -> Iterator[tuple[nn.Parameter, Binding]]:
@@ -174,10 +188,29 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
     Iteration yields the parameters still alive, in binding order.
     """
 
-    # Keyed by each parameter's id, its entry a weak reference to it whose callback
-    # removes the entry before the id can be reused (what torch.utils.weak's
-    # WeakIdKeyDictionary does, with one object per parameter instead of a key and a value).
-    __slots__ = ("__weakref__", "_drop", "_fqn_index", "_refs")
+    # Each bound parameter has a position: its weak reference, FQN and binding sit there
+    # in three lists, so the reference is the one object kept per parameter (each kept
+    # object brings the collector's next walk of the whole heap nearer). ``_index`` maps
+    # each parameter's id to its position; a position found is the parameter's only if
+    # its reference gives back that very object, since a collected parameter's id may be
+    # reused. A collected parameter's position stays, skipped, until the mapping goes.
+    __slots__ = (
+        "__weakref__",
+        "_bindings",
+        "_deaths",
+        "_fqn_index",
+        "_fqns",
+        "_index",
+        "_refs",
+    )
+    _refs: list[weakref.ref[nn.Parameter]]
+    _fqns: Sequence[str]
+    _bindings: list[Binding]
+    """A parameter's own binding, or one shared by its layout under another FQN."""
+    _index: dict[int, int]
+    _deaths: _Deaths
+    _fqn_index: dict[str, int] | None
+    """Each live parameter's position by its FQN, made when first looked up."""
 
     def __init__(self, items: Iterable[tuple[nn.Parameter, Binding]] = ()) -> None:
         """Bindings for ``items``; the first binding of a parameter given twice wins.
@@ -185,10 +218,14 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         Raises:
             BindError: ``items`` is not an iterable of ``(nn.Parameter, Binding)`` pairs.
         """
-        self._refs: dict[int, _Entry] = {}
-        self._fqn_index: dict[str, int] | None = None
-        self._drop = _dropper(self._refs)
-        self._fill(((binding.fqn, param, binding) for param, binding in _pairs(items)), None)
+        fqns: list[str] = []
+        params: list[nn.Parameter] = []
+        bindings: list[Binding] = []
+        for param, binding in _pairs(items):
+            fqns.append(binding.fqn)
+            params.append(param)
+            bindings.append(binding)
+        self._fill(fqns, params, bindings, None)
 
     @classmethod
     def sharing(
@@ -224,20 +261,11 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
                 "lambda first, fqn: BindError(...)"
             )
             raise BindError(msg)
-        out = cls()
-        out._fill(items, conflict)
-        return out
-
-    def _fill(
-        self,
-        items: Iterable[tuple[object, object, object]],
-        conflict: Callable[[str, str], Exception] | None,
-    ) -> None:
-        """Bind each parameter of ``items`` not bound yet; one given again with another
-        ``Binding`` raises ``conflict(first_fqn, fqn)`` (with no ``conflict``, the first
-        binding wins)."""
-        refs, drop = self._refs, self._drop
-        for item in items:
+        fqns: list[str] = []
+        params: list[nn.Parameter] = []
+        bindings: list[Binding] = []
+        triples: Iterable[tuple[object, object, object]] = items  # each checked below
+        for item in triples:
             try:
                 fqn, param, binding = item
             except (TypeError, ValueError):  # not three things
@@ -248,26 +276,59 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
                 and isinstance(binding, Binding)
             ):
                 raise _not_a_triple(f"({kind(fqn)}, {kind(param)}, {kind(binding)})")
-            key = id(param)  # by identity, held weakly: see the class comment
-            if key not in refs:
-                entry = refs[key] = _Entry(param, drop)
-                entry.key, entry.fqn, entry.binding = key, fqn, binding
-            elif conflict is not None:
-                first = refs[key]  # an entry found is alive: see _dropper
-                if first.binding is not binding:
-                    raise conflict(first.fqn, fqn)
+            fqns.append(fqn)
+            params.append(param)
+            bindings.append(binding)
+        return cls._shared(fqns, params, bindings, conflict)
 
-    @staticmethod
-    def _binding(entry: _Entry) -> Binding:
-        """The parameter's own binding, made from a shared one when first read."""
-        binding = entry.binding
-        if binding.fqn != entry.fqn:
-            binding = entry.binding = binding.with_fqn(entry.fqn)
+    @classmethod
+    def _shared(
+        cls,
+        fqns: Sequence[str],
+        params: list[nn.Parameter],
+        bindings: list[Binding],
+        conflict: Callable[[str, str], Exception],
+    ) -> ParamBindings:
+        """``sharing`` of the items at each position of three lists already checked
+        (``bind``'s), which the mapping may keep."""
+        out = cls()
+        out._fill(fqns, params, bindings, conflict)
+        return out
+
+    def _fill(
+        self,
+        fqns: Sequence[str],
+        params: list[nn.Parameter],
+        bindings: list[Binding],
+        conflict: Callable[[str, str], Exception] | None,
+    ) -> None:
+        """Bind the parameter at each position of the lists, each once (see ``_firsts``)."""
+        count = len(params)
+        index = dict(zip(map(id, params), range(count), strict=True))  # by identity, held weakly
+        if len(index) < count:  # a parameter given again: only its first position binds it
+            fqns, params, bindings, index = _firsts(fqns, params, bindings, conflict)
+        deaths = _Deaths()
+        self._refs = list(map(weakref.ref, params, repeat(deaths)))
+        self._fqns, self._bindings, self._index, self._deaths = fqns, bindings, index, deaths
+        self._fqn_index = None
+
+    def _binding(self, at: int) -> Binding:
+        """The binding at ``at``, the parameter's own made from a shared one when first read."""
+        binding, fqn = self._bindings[at], self._fqns[at]
+        if binding.fqn != fqn:
+            binding = self._bindings[at] = binding.with_fqn(fqn)
         return binding
 
+    def _live(self) -> Iterator[tuple[int, nn.Parameter]]:
+        """The position and parameter of each bound parameter still alive, in order."""
+        for at, ref in enumerate(self._refs):
+            param = ref()
+            if param is not None:
+                yield at, param
+
     def __getitem__(self, param: nn.Parameter) -> Binding:
-        entry = self._refs.get(id(param))  # by identity: see the class comment
-        if entry is None or entry() is not param:
+        at = self._index.get(id(param))  # by identity: see the class comment
+        if at is None or self._refs[at]() is not param:
             raw: object = param
             shown = (
                 f"this parameter (shape {tuple(param.shape)})"
@@ -279,20 +340,20 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
                 "the bindings with managed_bindings(..., default=...)"
             )
             raise _MissingBinding(msg)
-        return self._binding(entry)
+        return self._binding(at)
 
     def __iter__(self) -> Iterator[nn.Parameter]:
-        for entry in list(self._refs.values()):
-            param = entry()
+        for ref in self._refs:
+            param = ref()
             if param is not None:
                 yield param
 
     def __len__(self) -> int:
-        return len(self._refs)
+        return len(self._refs) - self._deaths.count
 
     def __contains__(self, param: object) -> bool:
-        entry = self._refs.get(id(param))  # by identity: see the class comment
-        return entry is not None and entry() is param
+        at = self._index.get(id(param))  # by identity: see the class comment
+        return at is not None and self._refs[at]() is param
 
     def __repr__(self) -> str:
         return f"ParamBindings(<{len(self)} parameters>)"
@@ -306,25 +367,20 @@ class ParamBindings(Mapping[nn.Parameter, Binding]):
         """
         check_type(fqn, str, "ParamBindings.by_fqn(fqn=...)", "a str", "give a parameter's FQN")
         if self._fqn_index is None:
-            # entries are only ever removed, never added, so the index never goes stale:
-            # a removed entry's id is simply no longer found
-            self._fqn_index = {entry.fqn: key for key, entry in self._refs.items()}
-        key = self._fqn_index.get(fqn)
-        entry = None if key is None else self._refs.get(key)
-        param = None if entry is None else entry()
-        if entry is None or param is None:
+            # positions never change, so the index never goes stale: a parameter
+            # collected since is found dead at its position
+            self._fqn_index = {self._fqns[at]: at for at, _ in self._live()}
+        at = self._fqn_index.get(fqn)
+        param = None if at is None else self._refs[at]()
+        if at is None or param is None:
             close = did_you_mean(fqn, self._fqn_index)
             msg = (
                 f"{clip(fqn)}: no live parameter is bound under this FQN{close}; bind the "
                 "parameter first (a table entry), or look it up by the FQN it was bound under"
             )
             raise _MissingBinding(msg, fqn=fqn)
-        return param, self._binding(entry)
+        return param, self._binding(at)
 
     def fqns(self) -> dict[str, Binding]:
         """Every binding of a live parameter, by the FQN it was bound under."""
-        return {
-            entry.fqn: self._binding(entry)
-            for entry in list(self._refs.values())
-            if entry() is not None
-        }
+        return {self._fqns[at]: self._binding(at) for at, _ in self._live()}
