@@ -4,10 +4,10 @@ mapping's values in another's order."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["OncePerKey", "group_index", "values_by_fqn"]
+__all__ = ["OncePerKey", "first_positions", "group_index", "values_by_fqn"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -22,6 +22,16 @@ def group_index(keys: Iterable[K]) -> tuple[dict[K, int], list[int]]:
     """
     groups: dict[K, int] = {}
     return groups, [groups.setdefault(key, len(groups)) for key in keys]
+
+
+def first_positions(index: Sequence[K]) -> dict[K, int]:
+    """Where each key of ``index`` first occurs (a dict keeps a key's last value: the
+    positions are read from the end).
+
+    >>> first_positions([0, 1, 0, 2])
+    {2: 3, 0: 0, 1: 1}
+    """
+    return dict(zip(reversed(index), range(len(index) - 1, -1, -1), strict=True))
 
 
 def values_by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:

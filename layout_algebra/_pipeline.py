@@ -18,12 +18,10 @@ import attrs
 from layout_algebra import _step
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._ranks import Factor, index_vector
-from layout_algebra._step import over_limit
+from layout_algebra._step import Params, over_limit
 from layout_algebra.activations import Activations, divisors, split_activations
 from layout_algebra.errors import LayoutError
-from layout_algebra.layout import SourceLayout
 from layout_algebra.mesh import Mesh
-from layout_algebra.shapes import ParamShape
 from layout_algebra.stages import StageAssignment, Stages, assign_stages
 from layout_algebra.training import (
     ACTIVATIONS,
@@ -149,20 +147,19 @@ def place(
     return Placed(stages, assign_stages(stages, fqns), pp, tuple(index), sub)
 
 
-def _per_stage(training: Training, stage_fqns: Sequence[Sequence[str]]) -> list[Training]:
+def _per_stage(training: Training, stage_heads: Sequence[Iterable[str]]) -> list[Training]:
     """``training`` for each stage: its units and frozen patterns that name something in
-    the stage. A pattern naming nothing in any stage stays in the first stage's, whose
-    cost refuses it as the whole model's would."""
+    the stage, read from the heads of its parameters (``_step.heads``: what a pattern
+    names depends on those first segments alone). A pattern naming nothing in any stage
+    stays in the first stage's, whose cost refuses it as the whole model's would."""
     patterns = [
         *(p for u in training.units for p in (u.modules if isinstance(u, FSDPUnit) else (u,))),
         *training.frozen,
     ]
     used: list[set[str]] = []
-    # what a pattern names depends on an FQN's first segments, as many as it has
-    depth = max((len(p.split(".")) for p in patterns), default=0)
-    for fqns in stage_fqns:
+    for heads in stage_heads:
         matcher = Matcher(Rule(p, p) for p in patterns)
-        for head in dict.fromkeys(".".join(f.split(".", depth)[:depth]) for f in fqns):
+        for head in heads:
             matcher.prefixes(head)
         unused = {r.key for r in matcher.unused()}
         used.append({p for p in patterns if p not in unused})
@@ -228,49 +225,47 @@ def _stage_activations(
     return split_activations(given, lambda name: stage_of.get(name, count - 1), count)
 
 
-def _stage_of_modules(stage_by_fqn: Mapping[str, int | None]) -> dict[str, int]:
+def _stage_of_modules(fqns: Iterable[str], stage_of: Iterable[int | None]) -> dict[str, int]:
     """Each module's stage: that of its first parameter (a module of two stages is
-    refused by lint already)."""
+    refused by lint already); each parameter's modules walked up to the first one met
+    before (the rest were walked then)."""
     out: dict[str, int] = {}
-    for fqn, s in stage_by_fqn.items():
+    for fqn, s in zip(fqns, stage_of, strict=True):
         if s is None:
             continue
-        parts = fqn.split(".")
-        for i in range(len(parts) - 1, 0, -1):
-            module = ".".join(parts[:i])
-            if module in out:
-                break
+        module = fqn.rpartition(".")[0]
+        while module and module not in out:
             out[module] = s
+            module = module.rpartition(".")[0]
     return out
 
 
 def staged_cost(
     placed: Placed,
-    layouts: Mapping[str, SourceLayout],
-    shapes: Mapping[str, ParamShape],
+    params: Params,
     meshes: Mapping[str, Mesh],
     training: Training,
     *,
-    stage_by_fqn: Mapping[str, int | None],
+    stage_of: Sequence[int | None],
+    table: Sequence[str],
     tied: Iterable[frozenset[str]],
     owned: frozenset[str],
     budget: int | None,
 ) -> StagedCost:
-    """Each stage's step (``training_cost`` of its parameters), on the ranks running it.
+    """Each stage's step (``training_cost`` of its parameters), on the ranks running it:
+    ``stage_of`` gives each parameter's stage; ``table`` is every FQN, in the order of
+    ``placed.assignment``.
 
     Raises:
         LayoutError: what ``training_cost`` raises for a stage.
     """
     n = placed.count
-    fqns: list[list[str]] = [[] for _ in range(n)]
-    for fqn in layouts:
-        s = stage_by_fqn.get(fqn)
-        if s is not None:
-            fqns[s].append(fqn)
-    trainings = _per_stage(training, fqns)
+    parts = _split(params, stage_of, _step.heads(params.fqns, training), n)
+    trainings = _per_stage(training, [dict.fromkeys(part.heads or ()) for part in parts])
     acts = training.activations
     if acts is not None:
-        split = _stage_activations(acts, _stage_of_modules(stage_by_fqn), n)
+        modules = _stage_of_modules(table, placed.assignment.of)
+        split = _stage_activations(acts, modules, n)
         trainings = [attrs.evolve(t, activations=a) for t, a in zip(trainings, split, strict=True)]
     groups = list(tied)
     # each stage costed on the world of one pipeline rank, summed per pipeline rank
@@ -282,11 +277,10 @@ def staged_cost(
     by_rank = {name: [[0] * width for _ in range(placed.pp)] for name in names}
     said: list[list[str]] = []
     sends = _sends(placed, training, small) if acts is not None else [0] * n
-    for s in range(n):
-        mine = set(fqns[s])
+    for s, part in enumerate(parts):
+        mine = set(part.fqns) if groups else set()
         cost = _step.cost(
-            [(f, layouts[f]) for f in fqns[s]],
-            {f: shapes[f] for f in fqns[s] if f in shapes},
+            part,
             small,
             trainings[s],
             tied=[g & mine for g in groups if len(g & mine) > 1],
@@ -310,6 +304,25 @@ def staged_cost(
     peak = placed.spread(by_rank["peak"])
     excess = None if budget is None else _over_budget(placed, by_kind, peak, budget)
     return StagedCost(by_kind, traffic, _assumptions(placed, said, training), excess, peak)
+
+
+def _split(
+    params: Params, stage_of: Sequence[int | None], heads: Sequence[str], n: int
+) -> list[Params]:
+    """``params`` (with their ``heads``) split by stage, in one pass over them."""
+    positions: list[list[int]] = [[] for _ in range(n)]
+    for p, s in enumerate(stage_of):
+        if s is not None:
+            positions[s].append(p)
+    return [
+        Params(
+            list(map(params.fqns.__getitem__, at)),
+            list(map(params.index.__getitem__, at)),
+            params.signatures,
+            list(map(heads.__getitem__, at)),
+        )
+        for at in positions
+    ]
 
 
 def _sends(placed: Placed, training: Training, meshes: Mapping[str, Mesh]) -> list[int]:

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import compress
 from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
 
 import attrs
 
 from layout_algebra._args import as_items
+from layout_algebra._grouping import OncePerKey, first_positions, group_index
 from layout_algebra._patterns import WILDCARD, Matcher, Rule
 from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
 from layout_algebra._shards import check_dims, check_layout, chunk_bounds, size_of
@@ -42,7 +44,7 @@ from layout_algebra.shapes import DTYPE_BYTES, ParamShape
 if TYPE_CHECKING:
     from layout_algebra.training import Training
 
-__all__ = ["SCALAR_BYTES", "StepCost", "cost", "measure"]
+__all__ = ["SCALAR_BYTES", "Params", "StepCost", "cost", "heads", "measure"]
 
 SCALAR_BYTES: Final = 4
 """An optimizer's scalar (``step``, ``mu_product``): a 0-d float32 tensor (torch's
@@ -563,15 +565,30 @@ class _Acts:
 def _aliases(fqns: Sequence[str], tied: Iterable[Iterable[str]]) -> dict[str, str]:
     """The tied aliases that are no storage of their own (all but each group's first),
     each with the group's first member."""
-    order = {fqn: i for i, fqn in enumerate(fqns)}
+    groups = as_items(tied, "tied", "(frozenset({'emb.weight', 'head.weight'}),)")
+    if not groups:
+        return {}
+    order = dict(zip(fqns, range(len(fqns)), strict=True))
     aliases: dict[str, str] = {}
-    for group in as_items(tied, "tied", "(frozenset({'emb.weight', 'head.weight'}),)"):
+    for group in groups:
         members = sorted(
             (m for m in as_items(group, "tied: a group", "{'a', 'b'}") if m in order),
             key=order.__getitem__,
         )
         aliases.update((m, members[0]) for m in members[1:])
     return aliases
+
+
+def _modules_of(fqns: Iterable[str]) -> set[str]:
+    """The modules holding ``fqns``: each parameter's modules, walked up to the first one
+    met before (the rest were walked then)."""
+    found: set[str] = set()
+    for fqn in fqns:
+        module = fqn.rpartition(".")[0]
+        while module and module not in found:
+            found.add(module)
+            module = module.rpartition(".")[0]
+    return found
 
 
 def _per_rank(total: RankSum, sizes: Mapping[str, Mesh], world: int) -> list[int]:
@@ -586,9 +603,32 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
 
 
+@attrs.frozen
+class Params:
+    """The parameters of a step, grouped by signature: each FQN in module order, the
+    number of its signature, and each signature's (composed layout, shape) as given
+    (checked where a parameter with it is first counted). ``heads``: each parameter's
+    first segments (``heads``), when its caller has them."""
+
+    fqns: Sequence[str]
+    index: Sequence[int]
+    signatures: Sequence[tuple[SourceLayout, object]]
+    heads: Sequence[str] | None = None
+
+
+def heads(fqns: Iterable[str], training: Training) -> list[str]:
+    """Each FQN's first segments, as many as the longest of ``training``'s unit and
+    frozen patterns has and one more (the whole FQN when shorter): a pattern names only
+    names of its own length, so parameters with one head are alike in units and
+    frozen-ness (the one more keeps a parameter's own name apart from its module's)."""
+    units = (u.modules if not isinstance(u, str) else (u,) for u in training.units)
+    patterns = [*(p for named in units for p in named), *training.frozen]
+    depth = max((p.count(".") + 1 for p in patterns), default=0) + 1
+    return [".".join(f.split(".", depth)[:depth]) for f in fqns]
+
+
 def cost(
-    items: Sequence[tuple[str, SourceLayout]],
-    shapes: Mapping[str, ParamShape],
+    params: Params,
     sizes: Mapping[str, Mesh],
     training: Training,
     *,
@@ -598,29 +638,31 @@ def cost(
     in_flight: int = 1,
     microbatches: int = 1,
 ) -> StepCost:
-    """One step of ``training`` over the parameters ``items`` (FQN and composed layout,
-    in module order) on the world ``sizes`` lays out; ``budget`` bytes per rank or none.
-    With activations: ``in_flight`` microbatches' held at once, ``microbatches`` run.
+    """One step of ``training`` over ``params`` on the world ``sizes`` lays out;
+    ``budget`` bytes per rank or none. With activations: ``in_flight`` microbatches'
+    held at once, ``microbatches`` run.
 
     Raises:
         LayoutError: see ``training_cost``.
     """
-    aliases = _aliases([f for f, _ in items], tied)
+    aliases = _aliases(params.fqns, tied)
     step = _Step(training, sizes, owned, frozenset((*aliases, *aliases.values())))
     step.in_flight, step.microbatches = in_flight, microbatches
-    step.layouts = dict(items)
-    for position, (fqn, layout) in enumerate(items):
-        step.add(position, fqn, layout, shapes.get(fqn), aliases.get(fqn))
+    step.count(params, aliases)
     step.check(aliases)
-    return step.result(len(items), budget)
+    return step.result(len(params.fqns), budget)
+
+
+_ALIAS: Final = -1
+"""The signature of a tied alias in ``_Step.count``: no storage of its own."""
 
 
 class _Step:
     """The parameters by signature and by unit, and what they cost.
 
-    Each distinct (layout, shape) is numbered once; a storage is then counted by a small
-    int, ``number * 2 + trainable`` (``_Held``), so that counting a parameter hashes no
-    layout or shape again.
+    Parameters are counted by group (``count``); each distinct (layout, shape) is
+    numbered once, and a storage is then counted by a small int, ``number * 2 +
+    trainable`` (``_Held``).
     """
 
     def __init__(
@@ -648,57 +690,77 @@ class _Step:
         self.first_trainable: int | None = None
         self.instances: list[_Instance] = []
         self.in_flight = self.microbatches = 1
-        self.layouts: dict[str, SourceLayout] = {}
+        self.params = Params((), (), ())
 
     def decode(self, held: int) -> tuple[_Key, Sharded, bool]:
         """A counted storage's signature, what it is on the ranks, whether trainable."""
         number, trainable = divmod(held, 2)
         return self.keys[number], self.sharded[number], bool(trainable)
 
-    def add(
-        self, position: int, fqn: str, layout: SourceLayout, shape: object, alias_of: str | None
-    ) -> None:
-        """One parameter: its place in its units' spans, and (unless a tied alias, which
-        is no storage) its storage, measured once per signature and counted in its unit."""
-        holding = self.units.holding(fqn)
+    def count(self, params: Params, aliases: Mapping[str, str]) -> None:
+        """Every parameter, by group: parameters with one signature and one head
+        (``heads``) are alike in units, frozen-ness and storage, so each group is worked
+        out once, as at its first parameter (groups in the order of their first), and
+        counted for all of its parameters."""
+        self.params = params
+        fqns = params.fqns
+        signature: Sequence[int] = params.index
+        position: dict[str, int] = {}
+        if self.tied:
+            position = dict(zip(fqns, range(len(fqns)), strict=True))
+            signature = list(signature)
+            for alias in aliases:
+                signature[position[alias]] = _ALIAS
+        named = heads(fqns, self.training) if params.heads is None else params.heads
+        groups, of = group_index(zip(named, signature, strict=True))
+        sizes = Counter(of)
+        last = dict(zip(of, range(len(of)), strict=True))  # a dict keeps a key's last value
+        first = first_positions(of)
+        owners = [
+            self.group(head, number, (first[g], last[g]), sizes[g])
+            for g, (head, number) in enumerate(groups)
+        ]
+        for fqn in self.tied:
+            self.owner[fqn] = owners[of[position[fqn]]]
+
+    def group(self, head: str, number: int, span: tuple[int, int], n: int) -> _Instance:
+        """``n`` parameters alike, from position ``span[0]`` to ``span[1]``: their place
+        in their units' spans, and (unless tied aliases, which are no storage) their
+        storage, measured once per signature and counted in their unit. The unit owning
+        them."""
+        start, end = span
+        holding = self.units.holding(head)
         for instance in holding:
-            span = self.spans.get(instance)
-            if span is None:
-                self.spans[instance] = [position, position]
+            found = self.spans.get(instance)
+            if found is None:
+                self.spans[instance] = [start, end]
             else:
-                span[1] = position
+                found[1] = max(found[1], end)
         owner = holding[-1] if holding else _ROOT
-        if fqn in self.tied:
-            self.owner[fqn] = owner
-        if alias_of is not None:
-            return
+        if number == _ALIAS:
+            return owner
+        fqn = self.params.fqns[start]
+        layout, shape = self.params.signatures[number]
         check_layout(layout, fqn)
         if not isinstance(shape, ParamShape):
             msg = f"{fqn}: shapes has no ParamShape for it, got {quote(shape)}; give every shape"
             raise LayoutError(msg, fqn=fqn)
         key = (layout, shape)
-        number = self.numbers.get(key)
-        if number is None:
-            number = self.measure(fqn, key)
-        trainable = not self.frozen(fqn)
-        held = 2 * number + trainable
-        n = self.counts.get(held)
-        if n is None:
-            self.counts[held] = 1
-            self.first[held] = fqn
-        else:
-            self.counts[held] = n + 1
-        own = self.own.get(owner)
-        if own is None:
-            own = self.own[owner] = {}
-        n = own.get(held)
-        if n is not None:
-            own[held] = n + 1
-            return
-        own[held] = 1
+        measured = self.numbers.get(key)
+        if measured is None:
+            measured = self.measure(fqn, key)
+        trainable = not self.frozen(head)
+        held = 2 * measured + trainable
+        self.counts[held] = self.counts.get(held, 0) + n
+        self.first.setdefault(held, fqn)
+        own = self.own.setdefault(owner, {})
+        if held in own:
+            own[held] += n
+            return owner
+        own[held] = n
         if trainable:
             if self.first_trainable is None:
-                self.first_trainable = position
+                self.first_trainable = start
             # FSDP2 needs one dtype over a unit's trainable parameters (_init_mp_dtypes)
             first = self.dtypes.setdefault(owner, (fqn, shape.dtype))
             if first[1] != shape.dtype:
@@ -708,6 +770,7 @@ class _Step:
                     "parameters: cast them alike or give them their own unit"
                 )
                 raise LayoutError(msg, fqn=fqn)
+        return owner
 
     def measure(self, fqn: str, key: _Key) -> int:
         """A new signature, measured and numbered."""
@@ -818,38 +881,34 @@ class _Step:
         if acts is None:
             return {}
         _, cp = self.degrees()
-        dims: dict[tuple[SourceLayout, str], frozenset[int]] = {}
 
         def sharded(layout: SourceLayout, axis: str) -> frozenset[int]:
-            found = dims.get((layout, axis))
-            if found is None:
-                mesh = self.sizes.get(layout.mesh)
-                split = mesh is not None and mesh.get(axis, 1) > 1
-                found = dims[layout, axis] = frozenset(
-                    p.dim
-                    for a, p in zip(layout.axes, layout.placements, strict=True)
-                    if split and a.name == axis and isinstance(p, (Shard, StridedShard))
-                )
-            return found
+            mesh = self.sizes.get(layout.mesh)
+            split = mesh is not None and mesh.get(axis, 1) > 1
+            return frozenset(
+                p.dim
+                for a, p in zip(layout.axes, layout.placements, strict=True)
+                if split and a.name == axis and isinstance(p, (Shard, StridedShard))
+            )
 
-        layouts = self.layouts
+        params = self.params
+        by_tp: OncePerKey[int, frozenset[int]] = OncePerKey(
+            lambda n: sharded(params.signatures[n][0], TP_AXIS)
+        )
+        signature = dict(zip(params.fqns, params.index, strict=True))
         tp = 0
         for name, (kind, given, made) in acts.modules.items():
-            weight = layouts.get(f"{name}.weight")
-            on = frozenset() if weight is None else sharded(weight, TP_AXIS)
+            number = signature.get(f"{name}.weight")
+            on = frozenset() if number is None else by_tp[number]
             if on:
                 tp += -(-(made if kind == "embedding" or 0 not in on else given) // cp)
                 tp += -(-made // cp) if kind == "linear" and {0, 1} <= on else 0
-        # the experts modules holding a parameter sharded over ep: each such parameter's
-        # modules, walked up to the first one met before (the rest were walked then)
         experts: set[str] = set()
-        for fqn, layout in layouts.items() if acts.routed else ():
-            if not sharded(layout, EP_AXIS):
-                continue
-            module = fqn.rpartition(".")[0]
-            while module and module not in experts:
-                experts.add(module)
-                module = module.rpartition(".")[0]
+        if acts.routed:
+            by_ep: OncePerKey[int, bool] = OncePerKey(
+                lambda n: bool(sharded(params.signatures[n][0], EP_AXIS))
+            )
+            experts = _modules_of(compress(params.fqns, map(by_ep.__getitem__, params.index)))
         # full checkpointing recomputes a unit's forward: its experts dispatch and
         # combine again (torchtitan's selective policy saves those outputs)
         rerun: tuple[str, ...] = ()

@@ -31,7 +31,7 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, cast
 
 import attrs
 
@@ -51,6 +51,7 @@ from layout_algebra._ranks import (
     read_dim,
 )
 from layout_algebra._shards import role_mesh, shard_dim_of, split_factor_of
+from layout_algebra._step import Params
 from layout_algebra._structure_rules import structure_problems
 from layout_algebra._text import (
     MAX_LISTED,
@@ -90,8 +91,8 @@ from layout_algebra.training import (
     as_text,
     assumption_lines,
     cost_lines,
+    grouped_cost,
     rows_by_name,
-    training_cost,
 )
 
 __all__ = [
@@ -1060,9 +1061,9 @@ def lint(
         return LintReport(tuple(problems), tuple(notes), memory, run.coverage())
     if placed is not None:
         return _staged_report(run, placed, problems, notes, memory, training, budget)
-    cost = training_cost(
-        run.followed(),
-        run.shapes_followed(),
+    params, _ = run.followed()
+    cost = grouped_cost(
+        params,
         meshes,
         Training() if training is None else training,
         tied=table.tied,
@@ -1138,13 +1139,14 @@ def _staged_report(  # noqa: PLR0917 -- one private caller, the lint's state in 
     budget: int | None,
 ) -> LintReport:
     """The report with each stage's training cost on the ranks running it."""
+    params, stage_of = run.followed(placed.assignment.of)
     cost = staged_cost(
         placed,
-        run.followed(),
-        run.shapes_followed(),
+        params,
         run.meshes,
         Training() if training is None else training,
-        stage_by_fqn=dict(zip(run.table, placed.assignment.of, strict=True)),
+        stage_of=stage_of,
+        table=list(run.table),
         tied=run.table.tied,
         owned=run.owned,
         budget=budget,
@@ -1422,26 +1424,24 @@ class _Run:
                 first.add(stage[fqn])
         return aliases
 
-    def followed(self) -> dict[str, SourceLayout]:
-        """The composed layout of every parameter followed on every rank, in table order."""
-        out: dict[str, SourceLayout] = {}
-        for fqn, i in zip(self.table, self.index, strict=True):
-            key = None if i is None else self.signatures[i]
-            if key is None or not self.found[key].itemsize:
-                continue
-            composed = self.composed.get(key, key[0] if self.roles is None else None)
-            if composed is not None:
-                out[fqn] = composed
-        return out
-
-    def shapes_followed(self) -> dict[str, ParamShape]:
-        """The shape of every parameter followed (a tied alias takes its group's)."""
-        signatures = self.signatures
-        return {
-            fqn: signatures[i][1]
-            for fqn, i in zip(self.table, self.index, strict=True)
-            if i is not None and self.found[signatures[i]].itemsize
-        }
+    def followed(self, stage_of: Sequence[int | None] = ()) -> tuple[Params, list[int | None]]:
+        """The parameters followed on every rank, in table order, by signature: its
+        composed layout and shape (a tied alias takes its group's); and their stages, of
+        ``stage_of`` (by table position)."""
+        fqns, index = list(self.table), self.index
+        followed = [
+            bool(self.found[key].itemsize) and (self.roles is None or key in self.composed)
+            for key in self.signatures
+        ]
+        signatures = [(self.composed.get(key, key[0]), key[1]) for key in self.signatures]
+        stages = list(stage_of)
+        if self.no_shape or not all(followed):
+            kept = [i is not None and followed[i] for i in index]
+            fqns = list(itertools.compress(fqns, kept))
+            stages = list(itertools.compress(stages, kept))
+            index = list(itertools.compress(index, kept))
+        # no None left in index: a parameter without a shape is not followed
+        return Params(fqns, cast("list[int]", index), signatures), stages
 
     def coverage(self) -> tuple[Coverage, ...]:
         """Per signature examined, whether a checkpoint's chunks cover it exactly once."""
