@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["OncePerKey", "first_positions", "group_index", "values_by_fqn"]
+__all__ = ["OncePerKey", "first_positions", "group_index", "heads", "values_by_fqn"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -32,6 +32,17 @@ def first_positions(index: Sequence[K]) -> dict[K, int]:
     {2: 3, 0: 0, 1: 1}
     """
     return dict(zip(reversed(index), range(len(index) - 1, -1, -1), strict=True))
+
+
+def heads(fqns: Iterable[str], depth: int) -> list[str]:
+    """Each FQN's first ``depth`` segments (the whole FQN when shorter): a pattern of
+    ``n`` segments names only names of ``n`` segments, so what patterns no longer than
+    ``depth`` say of an FQN or its modules is said of its head.
+
+    >>> heads(["layers.0.attn.wq.weight", "norm.weight"], 3)
+    ['layers.0.attn', 'norm.weight']
+    """
+    return [".".join(f.split(".", depth)[:depth]) for f in fqns]
 
 
 def values_by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:

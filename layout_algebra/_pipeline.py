@@ -10,19 +10,23 @@ sum of a few rows spread over the world once.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import attrs
 
 from layout_algebra import _step
+from layout_algebra._args import as_items
+from layout_algebra._grouping import heads
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._ranks import Factor, index_vector
 from layout_algebra._step import Params, over_limit
 from layout_algebra.activations import Activations, divisors, split_activations
 from layout_algebra.errors import LayoutError
+from layout_algebra.layout import check_fqns
 from layout_algebra.mesh import Mesh
-from layout_algebra.stages import StageAssignment, Stages, assign_stages
+from layout_algebra.stages import StageAssignment, Stages, assign_by_heads, pattern_depth
 from layout_algebra.training import (
     ACTIVATIONS,
     KINDS,
@@ -56,14 +60,24 @@ def pipeline_problem(meshes: Mapping[str, Mesh]) -> str | None:
 
 @attrs.frozen
 class Placed:
-    """The stages on the world: each parameter's stage (by table position), the pipeline
-    axis's size and every global rank's coordinate on it."""
+    """The stages on the world: each parameter's stage (by table position) and head
+    (``heads``, of ``depth`` segments), the pipeline axis's size and every global rank's
+    coordinate on it; ``at``: each global rank's place in the rows of the pipeline ranks
+    (each on the world of one pipeline rank) laid end to end, ``None`` when that is the
+    rank itself (the pipeline axis outermost, as torchtitan lays it)."""
 
     stages: Stages
     assignment: StageAssignment
+    heads: list[str]
+    depth: int
     pp: int
     pp_index: tuple[int, ...]
-    sub: tuple[int, ...]
+    at: tuple[int, ...] | None
+
+    @property
+    def width(self) -> int:
+        """The ranks of one pipeline rank's world."""
+        return len(self.pp_index) // self.pp
 
     @property
     def count(self) -> int:
@@ -89,15 +103,22 @@ class Placed:
     def spread(self, rows: Sequence[Sequence[int]]) -> list[int]:
         """Every global rank's figure: ``rows[k]`` holds pipeline rank ``k``'s on the
         collapsed world, and a global rank reads its own pipeline rank's row at its rank
-        with the pipeline digit removed (``sub``: the pipeline axis has one stride in every
-        role's mesh, as ``place`` checked)."""
-        return [rows[p][i] for p, i in zip(self.pp_index, self.sub, strict=True)]
+        with the pipeline digit removed (the pipeline axis has one stride in every role's
+        mesh, as ``place`` checked)."""
+        laid = list(itertools.chain.from_iterable(rows))
+        return laid if self.at is None else list(map(laid.__getitem__, self.at))
 
 
 def place(
-    stages: Stages, fqns: Iterable[str], meshes: Mapping[str, Mesh], owned: frozenset[str]
+    stages: Stages,
+    fqns: Iterable[str],
+    meshes: Mapping[str, Mesh],
+    owned: frozenset[str],
+    *,
+    depth: int = 0,
 ) -> Placed:
-    """``stages`` checked against the meshes, and each of ``fqns`` given its stage.
+    """``stages`` checked against the meshes, and each of ``fqns`` given its stage and its
+    head: its first segments, as many as the longest stage pattern has, and ``depth``.
 
     Raises:
         LayoutError: naming ``stages``: its axis is not owned, a role's mesh lacks it,
@@ -142,9 +163,36 @@ def place(
         if name == axis:
             break
         stride *= size
-    # a rank with its pipeline digit removed: 8 ranks of (pp=2, dp=4) put rank 5 at 1
-    sub = tuple((r // (stride * pp)) * stride + r % stride for r in range(mesh.size))
-    return Placed(stages, assign_stages(stages, fqns), pp, tuple(index), sub)
+    # rank (o * pp + k) * stride + i is pipeline rank k's o * stride + i: in the rows of
+    # the pipeline ranks laid end to end, at k * width + o * stride + i
+    outer, width = mesh.size // (stride * pp), mesh.size // pp
+    at = None
+    if outer > 1:
+        at = tuple(
+            itertools.chain.from_iterable(
+                range(k * width + o * stride, k * width + (o + 1) * stride)
+                for o in range(outer)
+                for k in range(pp)
+            )
+        )
+    names = as_items(fqns, "fqns", "['layers.0.w', 'norm.weight']")
+    check_fqns(names, "fqns")
+    depth = max(depth, pattern_depth(stages))
+    head_of = heads(names, depth)
+    assignment = assign_by_heads(stages, names, head_of)
+    return Placed(stages, assignment, head_of, depth, pp, tuple(index), at)
+
+
+def staged_depth(training: object) -> int:
+    """How many first segments of each parameter's FQN the stages' steps of ``training``
+    read (``_step.depth``), and ``_stage_activations`` (one more than a traced unit has):
+    0 for anything but a ``Training``."""
+    if not isinstance(training, Training):
+        return 0
+    acts = training.activations
+    units = () if acts is None else (*acts.units, *acts.recompute)
+    modules = [m for unit in units for m in unit.split(",")]
+    return max([_step.depth(training), *(m.count(".") + 2 for m in modules)])
 
 
 def _per_stage(training: Training, stage_heads: Sequence[Iterable[str]]) -> list[Training]:
@@ -157,9 +205,9 @@ def _per_stage(training: Training, stage_heads: Sequence[Iterable[str]]) -> list
         *training.frozen,
     ]
     used: list[set[str]] = []
-    for heads in stage_heads:
+    for named in stage_heads:
         matcher = Matcher(Rule(p, p) for p in patterns)
-        for head in heads:
+        for head in named:
             matcher.prefixes(head)
         unused = {r.key for r in matcher.unused()}
         used.append({p for p in patterns if p not in unused})
@@ -218,22 +266,51 @@ def in_flight(placed: Placed, stage: int) -> int:
 
 
 def _stage_activations(
-    given: Activations, stage_of: Mapping[str, int], count: int
+    given: Activations, placed: Placed, parts: Sequence[Params]
 ) -> list[Activations]:
-    """``given`` split by stage: each unit, projection and experts module on the stage
-    holding its module's parameters; the root's (what no unit saved) on the last."""
-    return split_activations(given, lambda name: stage_of.get(name, count - 1), count)
+    """``given`` split by stage: each unit and experts module on the stage of its
+    module's first parameter (the last stage when it holds none: the root's, what no unit
+    saved); each projection on its weight's stage when that is its module's (it moves
+    bytes through its weight alone: one whose weight is not in its stage moves none, and
+    is left out).
+
+    The table's parameters are read by head (``placed.heads``): parameters with one head
+    are on one stage, so a module holding a head's parameters is on that stage, and a
+    module above the heads on that of its first head (``_stage_of_modules``).
+    """
+    staged = dict(zip(placed.heads, placed.assignment.of, strict=True))
+    by_head = {head: s for head, s in staged.items() if s is not None}
+    above = _stage_of_modules(by_head)
+    last, depth = placed.count - 1, placed.depth
+
+    def stage_of(name: str) -> int:
+        module = name.partition(",")[0]
+        if module.count(".") + 1 < depth:
+            return above.get(module, last)
+        return by_head.get(".".join(module.split(".", depth)[:depth]), last)
+
+    projections = given.modules
+    modules = []
+    for s, part in enumerate(parts):
+        names = [fqn[:-7] for fqn in part.fqns if fqn.endswith(".weight")]
+        modules.append(
+            {
+                name: entry
+                for name, entry in zip(names, map(projections.get, names), strict=True)
+                if entry is not None and above.get(name, s) == s
+            }
+        )
+    return split_activations(given, stage_of, placed.count, modules=modules)
 
 
-def _stage_of_modules(fqns: Iterable[str], stage_of: Iterable[int | None]) -> dict[str, int]:
-    """Each module's stage: that of its first parameter (a module of two stages is
-    refused by lint already); each parameter's modules walked up to the first one met
-    before (the rest were walked then)."""
+def _stage_of_modules(by_head: Mapping[str, int]) -> dict[str, int]:
+    """Each module above the heads (``by_head``, in the order of their first parameter)
+    and its stage: that of its first head (a module of two stages is refused by lint
+    already); each head's modules walked up to the first one met before (the rest were
+    walked then)."""
     out: dict[str, int] = {}
-    for fqn, s in zip(fqns, stage_of, strict=True):
-        if s is None:
-            continue
-        module = fqn.rpartition(".")[0]
+    for head, s in by_head.items():
+        module = head.rpartition(".")[0]
         while module and module not in out:
             out[module] = s
             module = module.rpartition(".")[0]
@@ -247,36 +324,35 @@ def staged_cost(
     training: Training,
     *,
     stage_of: Sequence[int | None],
-    table: Sequence[str],
     tied: Iterable[frozenset[str]],
     owned: frozenset[str],
     budget: int | None,
 ) -> StagedCost:
     """Each stage's step (``training_cost`` of its parameters), on the ranks running it:
-    ``stage_of`` gives each parameter's stage; ``table`` is every FQN, in the order of
-    ``placed.assignment``.
+    ``stage_of`` gives each parameter's stage; their heads are at least
+    ``staged_depth(training)`` segments (``place``).
 
     Raises:
         LayoutError: what ``training_cost`` raises for a stage.
     """
     n = placed.count
-    parts = _split(params, stage_of, _step.heads(params.fqns, training), n)
+    parts = _split(params, stage_of, n)
     trainings = _per_stage(training, [dict.fromkeys(part.heads or ()) for part in parts])
     acts = training.activations
     if acts is not None:
-        modules = _stage_of_modules(table, placed.assignment.of)
-        split = _stage_activations(acts, modules, n)
+        split = _stage_activations(acts, placed, parts)
         trainings = [attrs.evolve(t, activations=a) for t, a in zip(trainings, split, strict=True)]
     groups = list(tied)
     # each stage costed on the world of one pipeline rank, summed per pipeline rank
     small = placed.collapsed(meshes)
-    width = len(placed.pp_index) // placed.pp
+    width = placed.width
     names: tuple[str, ...] = (*KINDS, *TRAFFIC, "peak")
     if acts is not None:
         names = (*names, ACTIVATIONS, *PARALLEL_TRAFFIC)
     by_rank = {name: [[0] * width for _ in range(placed.pp)] for name in names}
     said: list[list[str]] = []
     sends = _sends(placed, training, small) if acts is not None else [0] * n
+    world = _step.World()  # every stage's step runs on the same world, ``small``
     for s, part in enumerate(parts):
         mine = set(part.fqns) if groups else set()
         cost = _step.cost(
@@ -288,6 +364,7 @@ def staged_cost(
             budget=None,
             in_flight=in_flight(placed, s),
             microbatches=microbatches(placed),
+            world=world,
         )
         held = placed.rank_of(s)
         sent = {name: list(row) for name, row in cost.traffic.items()}
@@ -306,10 +383,10 @@ def staged_cost(
     return StagedCost(by_kind, traffic, _assumptions(placed, said, training), excess, peak)
 
 
-def _split(
-    params: Params, stage_of: Sequence[int | None], heads: Sequence[str], n: int
-) -> list[Params]:
-    """``params`` (with their ``heads``) split by stage, in one pass over them."""
+def _split(params: Params, stage_of: Sequence[int | None], n: int) -> list[Params]:
+    """``params`` (with their heads) split by stage, in one pass over them."""
+    heads = params.heads
+    assert heads is not None  # lint's, from ``place``
     positions: list[list[int]] = [[] for _ in range(n)]
     for p, s in enumerate(stage_of):
         if s is not None:

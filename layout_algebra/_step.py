@@ -21,18 +21,18 @@ parts, each worked out once per signature and spread over the ranks once:
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import compress
 from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
 
 import attrs
 
 from layout_algebra._args import as_items
-from layout_algebra._grouping import OncePerKey, first_positions, group_index
+from layout_algebra._grouping import OncePerKey, first_positions, group_index, heads
 from layout_algebra._patterns import WILDCARD, Matcher, Rule
-from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
-from layout_algebra._shards import check_dims, check_layout, chunk_bounds, size_of
+from layout_algebra._ranks import Factor, Indices, RankSum, chain_of, chunk_lengths, read_dim
+from layout_algebra._shards import check_dims, check_layout, size_of
 from layout_algebra._text import clip, exact_bytes, human_bytes, quote, ranks_text, some_of
 from layout_algebra.errors import LayoutError
 from layout_algebra.fsdp import split_fsdp
@@ -44,7 +44,7 @@ from layout_algebra.shapes import DTYPE_BYTES, ParamShape
 if TYPE_CHECKING:
     from layout_algebra.training import Training
 
-__all__ = ["SCALAR_BYTES", "Params", "StepCost", "cost", "heads", "measure"]
+__all__ = ["SCALAR_BYTES", "Params", "StepCost", "World", "cost", "depth", "measure"]
 
 SCALAR_BYTES: Final = 4
 """An optimizer's scalar (``step``, ``mu_product``): a 0-d float32 tensor (torch's
@@ -98,10 +98,8 @@ def measure(layout: SourceLayout, shape: ParamShape, mesh: Mesh, owned: frozense
     if parts.shard is not None:
         dim, world = parts.shard_dim, mesh[parts.shard.name]
         source = read_dim(shape.shape[dim], reads[dim].chain[1:])
-        cuts: dict[int, list[int]] = {}  # by source rows held: a few distinct counts
-        for h in source.lengths:
-            if h not in cuts:
-                cuts[h] = [hi - lo for lo, hi in (chunk_bounds(h, world, f) for f in range(world))]
+        # by source rows held: a few distinct counts
+        cuts = {h: chunk_lengths(h, world) for h in dict.fromkeys(source.lengths)}
         cut = [cuts[h] for h in source.lengths]
         kept[dim] = (reads[dim].axes, [c[f] for f in range(world) for c in cut])
         padded[dim] = (source.axes, [-(-h // world) for h in source.lengths])
@@ -591,13 +589,6 @@ def _modules_of(fqns: Iterable[str]) -> set[str]:
     return found
 
 
-def _per_rank(total: RankSum, sizes: Mapping[str, Mesh], world: int) -> list[int]:
-    out = [0] * world
-    for role in sizes:
-        out = [a + b for a, b in zip(out, total.per_rank(role), strict=True)]
-    return out
-
-
 def _floating(dtype: str) -> bool:
     """Whether FSDP2 casts a parameter of ``dtype`` to ``param_dtype`` (floating only)."""
     return dtype.startswith(("float", "bfloat"))
@@ -607,24 +598,35 @@ def _floating(dtype: str) -> bool:
 class Params:
     """The parameters of a step, grouped by signature: each FQN in module order, the
     number of its signature, and each signature's (composed layout, shape) as given
-    (checked where a parameter with it is first counted). ``heads``: each parameter's
-    first segments (``heads``), when its caller has them."""
+    (checked where a parameter with it is first counted)."""
 
     fqns: Sequence[str]
     index: Sequence[int]
     signatures: Sequence[tuple[SourceLayout, object]]
     heads: Sequence[str] | None = None
+    """Each parameter's first segments, at least ``depth(training)`` of them."""
 
 
-def heads(fqns: Iterable[str], training: Training) -> list[str]:
-    """Each FQN's first segments, as many as the longest of ``training``'s unit and
-    frozen patterns has and one more (the whole FQN when shorter): a pattern names only
-    names of its own length, so parameters with one head are alike in units and
-    frozen-ness (the one more keeps a parameter's own name apart from its module's)."""
+def depth(training: Training) -> int:
+    """How many first segments of a parameter's FQN (its head, ``heads``) the step reads:
+    as many as the longest of ``training``'s unit and frozen patterns has and one more, and
+    as many as its traced experts modules have. Parameters with one head are then alike in
+    units and frozen-ness (the one more keeps a parameter's own name apart from its
+    module's), and lie in the same experts modules."""
     units = (u.modules if not isinstance(u, str) else (u,) for u in training.units)
     patterns = [*(p for named in units for p in named), *training.frozen]
-    depth = max((p.count(".") + 1 for p in patterns), default=0) + 1
-    return [".".join(f.split(".", depth)[:depth]) for f in fqns]
+    most = max((p.count(".") + 1 for p in patterns), default=0) + 1
+    routed = () if training.activations is None else training.activations.routed
+    return max([most, *(name.count(".") + 1 for name in routed)])
+
+
+class World:
+    """What the steps on one world share (a pipeline's stages, each on the world of one
+    pipeline rank): each signature measured once, each rank's index on some axes once."""
+
+    def __init__(self) -> None:
+        self.measured: dict[_Key, Sharded] = {}
+        self.indices: Indices = {}
 
 
 def cost(
@@ -637,24 +639,23 @@ def cost(
     budget: int | None,
     in_flight: int = 1,
     microbatches: int = 1,
+    world: World | None = None,
 ) -> StepCost:
     """One step of ``training`` over ``params`` on the world ``sizes`` lays out;
     ``budget`` bytes per rank or none. With activations: ``in_flight`` microbatches'
-    held at once, ``microbatches`` run.
+    held at once, ``microbatches`` run. ``world``: what the steps on these ``sizes`` and
+    ``owned`` share.
 
     Raises:
         LayoutError: see ``training_cost``.
     """
     aliases = _aliases(params.fqns, tied)
-    step = _Step(training, sizes, owned, frozenset((*aliases, *aliases.values())))
+    shared = World() if world is None else world
+    step = _Step(training, sizes, owned, frozenset((*aliases, *aliases.values())), shared)
     step.in_flight, step.microbatches = in_flight, microbatches
     step.count(params, aliases)
     step.check(aliases)
     return step.result(len(params.fqns), budget)
-
-
-_ALIAS: Final = -1
-"""The signature of a tied alias in ``_Step.count``: no storage of its own."""
 
 
 class _Step:
@@ -671,8 +672,9 @@ class _Step:
         sizes: Mapping[str, Mesh],
         owned: frozenset[str],
         tied: frozenset[str],
+        shared: World,
     ) -> None:
-        self.training, self.sizes, self.owned = training, sizes, owned
+        self.training, self.sizes, self.owned, self.shared = training, sizes, owned, shared
         self.optimizer = training.kept
         self.world = world_size(sizes, "meshes")
         self.units = _Units(training)
@@ -691,6 +693,7 @@ class _Step:
         self.instances: list[_Instance] = []
         self.in_flight = self.microbatches = 1
         self.params = Params((), (), ())
+        self.groups: list[tuple[int, int, int]] = []  # signature, first and last position
 
     def decode(self, held: int) -> tuple[_Key, Sharded, bool]:
         """A counted storage's signature, what it is on the ranks, whether trainable."""
@@ -704,30 +707,30 @@ class _Step:
         counted for all of its parameters."""
         self.params = params
         fqns = params.fqns
-        signature: Sequence[int] = params.index
+        alias: Iterable[bool] = itertools.repeat(False)
         position: dict[str, int] = {}
         if self.tied:
             position = dict(zip(fqns, range(len(fqns)), strict=True))
-            signature = list(signature)
-            for alias in aliases:
-                signature[position[alias]] = _ALIAS
-        named = heads(fqns, self.training) if params.heads is None else params.heads
-        groups, of = group_index(zip(named, signature, strict=True))
+            marked = [False] * len(fqns)
+            for fqn in aliases:
+                marked[position[fqn]] = True
+            alias = marked
+        named = heads(fqns, depth(self.training)) if params.heads is None else params.heads
+        groups, of = group_index(zip(named, params.index, alias, strict=False))  # alias: repeated
         sizes = Counter(of)
         last = dict(zip(of, range(len(of)), strict=True))  # a dict keeps a key's last value
         first = first_positions(of)
-        owners = [
-            self.group(head, number, (first[g], last[g]), sizes[g])
-            for g, (head, number) in enumerate(groups)
-        ]
+        self.groups = [(number, first[g], last[g]) for g, (_, number, _) in enumerate(groups)]
+        owners = [self.group(key, (first[g], last[g]), sizes[g]) for g, key in enumerate(groups)]
         for fqn in self.tied:
             self.owner[fqn] = owners[of[position[fqn]]]
 
-    def group(self, head: str, number: int, span: tuple[int, int], n: int) -> _Instance:
-        """``n`` parameters alike, from position ``span[0]`` to ``span[1]``: their place
-        in their units' spans, and (unless tied aliases, which are no storage) their
-        storage, measured once per signature and counted in their unit. The unit owning
-        them."""
+    def group(self, alike: tuple[str, int, bool], span: tuple[int, int], n: int) -> _Instance:
+        """``n`` parameters alike (their head, signature and whether tied aliases), from
+        position ``span[0]`` to ``span[1]``: their place in their units' spans, and (unless
+        tied aliases, which are no storage) their storage, measured once per signature and
+        counted in their unit. The unit owning them."""
+        head, number, alias = alike
         start, end = span
         holding = self.units.holding(head)
         for instance in holding:
@@ -737,7 +740,7 @@ class _Step:
             else:
                 found[1] = max(found[1], end)
         owner = holding[-1] if holding else _ROOT
-        if number == _ALIAS:
+        if alias:
             return owner
         fqn = self.params.fqns[start]
         layout, shape = self.params.signatures[number]
@@ -779,11 +782,13 @@ class _Step:
         if mesh is None:
             msg = f"{fqn}: no mesh for role {layout.mesh!r} (meshes has {sorted(self.sizes)})"
             raise LayoutError(msg, fqn=fqn)
-        try:
-            sharded = measure(layout, shape, mesh, self.owned)
-        except LayoutError as e:
-            msg = f"{fqn}: {e.message}"
-            raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
+        sharded = self.shared.measured.get(key)
+        if sharded is None:
+            try:
+                sharded = self.shared.measured[key] = measure(layout, shape, mesh, self.owned)
+            except LayoutError as e:
+                msg = f"{fqn}: {e.message}"
+                raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
         number = self.numbers[key] = len(self.keys)
         self.keys.append(key)
         self.sharded.append(sharded)
@@ -805,6 +810,10 @@ class _Step:
                 raise LayoutError(msg, fqn=alias)
 
     # -- the figures -------------------------------------------------------------------
+
+    def sum(self) -> RankSum:
+        """A new sum of figures on this world's ranks."""
+        return RankSum(self.sizes, self.shared.indices)
 
     def compute(self, shape: ParamShape) -> str:
         """The dtype FSDP2 gathers and computes ``shape``'s parameter in."""
@@ -896,19 +905,25 @@ class _Step:
             lambda n: sharded(params.signatures[n][0], TP_AXIS)
         )
         signature = dict(zip(params.fqns, params.index, strict=True))
+        weights = map(signature.get, [f"{name}.weight" for name in acts.modules])
         tp = 0
-        for name, (kind, given, made) in acts.modules.items():
-            number = signature.get(f"{name}.weight")
+        # projections alike (traced bytes, weight's signature) are counted at once
+        alike = Counter(zip(acts.modules.values(), weights, strict=True))
+        for ((kind, given, made), number), n in alike.items():
             on = frozenset() if number is None else by_tp[number]
             if on:
-                tp += -(-(made if kind == "embedding" or 0 not in on else given) // cp)
-                tp += -(-made // cp) if kind == "linear" and {0, 1} <= on else 0
+                tp += n * -(-(made if kind == "embedding" or 0 not in on else given) // cp)
+                tp += n * -(-made // cp) if kind == "linear" and {0, 1} <= on else 0
         experts: set[str] = set()
         if acts.routed:
             by_ep: OncePerKey[int, bool] = OncePerKey(
                 lambda n: bool(sharded(params.signatures[n][0], EP_AXIS))
             )
-            experts = _modules_of(compress(params.fqns, map(by_ep.__getitem__, params.index)))
+            # a group's parameters lie in the same modules as deep as ``depth`` reads,
+            # as deep as the experts modules: its first and last stand for all (two, for
+            # a parameter named as the head itself)
+            ends = (p for number, *span in self.groups if by_ep[number] for p in span)
+            experts = _modules_of(params.fqns[p] for p in ends)
         # full checkpointing recomputes a unit's forward: its experts dispatch and
         # combine again (torchtitan's selective policy saves those outputs)
         rerun: tuple[str, ...] = ()
@@ -1058,9 +1073,8 @@ class _Step:
         are copied from the shard); HSDP all-reduces the reduce-scatter's output over
         the replicate axis.
         """
-        sizes = self.sizes
         kinds = (_FLAT, _UNSHARDED, _POST_FORWARD, _GRAD, _UNSHARDED_GRAD, _SCATTER, _HSDP)
-        sums = {kind: RankSum(sizes) for kind in kinds}
+        sums = {kind: self.sum() for kind in kinds}
         for held, n in own:
             (_, shape), s, trainable = self.decode(held)
             gathered = n * s.world * DTYPE_BYTES[self.compute(shape)]
@@ -1077,13 +1091,12 @@ class _Step:
                     sums[_SCATTER].add(s.role, s.padded, n * s.world * grad)
                 if s.replicated:
                     sums[_HSDP].add(s.role, s.padded, n * grad)
-        return {kind: _per_rank(total, sizes, self.world) for kind, total in sums.items()}
+        return {kind: total.total() for kind, total in sums.items()}
 
     def state(self) -> dict[str, list[int]]:
         """Parameters and gradients (FSDP2's padded shards), the optimizer's states and
         master copies (shaped as the local shard) per rank."""
-        sizes, world = self.sizes, self.world
-        params, grads, states, master = (RankSum(sizes) for _ in range(4))
+        params, grads, states, master = (self.sum() for _ in range(4))
         optimizer = self.optimizer
         scalars = 0
         for held, n in self.counts.items():
@@ -1096,10 +1109,10 @@ class _Step:
                 states.add(s.role, s.kept, n * optimizer.states * shape.itemsize)
                 scalars += n * optimizer.scalars * SCALAR_BYTES
         return {
-            "params": _per_rank(params, sizes, world),
-            "grads": _per_rank(grads, sizes, world),
-            "optimizer": [b + scalars for b in _per_rank(states, sizes, world)],
-            "master": _per_rank(master, sizes, world),
+            "params": params.total(),
+            "grads": grads.total(),
+            "optimizer": [b + scalars for b in states.total()],
+            "master": master.total(),
         }
 
     def assumptions(
