@@ -39,10 +39,19 @@ def heads(fqns: Iterable[str], depth: int) -> list[str]:
     ``n`` segments names only names of ``n`` segments, so what patterns no longer than
     ``depth`` say of an FQN or its modules is said of its head.
 
-    >>> heads(["layers.0.attn.wq.weight", "norm.weight"], 3)
-    ['layers.0.attn', 'norm.weight']
+    >>> heads(["layers.0.attn.wq.weight", "layers.0.attn.wk.weight", "norm.weight"], 3)
+    ['layers.0.attn', 'layers.0.attn', 'norm.weight']
     """
-    return [".".join(f.split(".", depth)[:depth]) for f in fqns]
+    out: list[str] = []
+    head, under = "", ""  # the last head cut short, and what FQNs under it start with
+    for fqn in fqns:
+        # a module's parameters are listed together: the next one is under the same head
+        if not (under and fqn.startswith(under)):
+            parts = fqn.split(".", depth)
+            head = ".".join(parts[:depth])
+            under = f"{head}." if len(parts) > depth else ""
+        out.append(head)
+    return out
 
 
 def values_by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:

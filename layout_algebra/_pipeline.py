@@ -18,9 +18,10 @@ import attrs
 
 from layout_algebra import _step
 from layout_algebra._args import as_items
+from layout_algebra._frozen import frozen_map_of
 from layout_algebra._grouping import heads
 from layout_algebra._patterns import Matcher, Rule
-from layout_algebra._ranks import Factor, index_vector
+from layout_algebra._ranks import Factor, index_vector, row_sum
 from layout_algebra._step import Params, over_limit
 from layout_algebra.activations import Activations, divisors, split_activations
 from layout_algebra.errors import LayoutError
@@ -197,8 +198,8 @@ def staged_depth(training: object) -> int:
 
 def _per_stage(training: Training, stage_heads: Sequence[Iterable[str]]) -> list[Training]:
     """``training`` for each stage: its units and frozen patterns that name something in
-    the stage, read from the heads of its parameters (``_step.heads``: what a pattern
-    names depends on those first segments alone). A pattern naming nothing in any stage
+    the stage, read from the heads of its parameters (``place``: what a pattern names
+    depends on those first segments alone). A pattern naming nothing in any stage
     stays in the first stage's, whose cost refuses it as the whole model's would."""
     patterns = [
         *(p for u in training.units for p in (u.modules if isinstance(u, FSDPUnit) else (u,))),
@@ -265,14 +266,12 @@ def in_flight(placed: Placed, stage: int) -> int:
     return sum(1 for k in range(min(first, m * local)) if (k // pp) % local == mine)
 
 
-def _stage_activations(
-    given: Activations, placed: Placed, parts: Sequence[Params]
-) -> list[Activations]:
+def _stage_activations(given: Activations, placed: Placed) -> list[Activations]:
     """``given`` split by stage: each unit and experts module on the stage of its
     module's first parameter (the last stage when it holds none: the root's, what no unit
-    saved); each projection on its weight's stage when that is its module's (it moves
-    bytes through its weight alone: one whose weight is not in its stage moves none, and
-    is left out).
+    saved). A projection moves bytes through its weight alone (``parallel_traffic``), so
+    every stage is given all of them, but for those whose weight is on a stage their
+    first parameter is not (it would have been left out of its weight's stage).
 
     The table's parameters are read by head (``placed.heads``): parameters with one head
     are on one stage, so a module holding a head's parameters is on that stage, and a
@@ -289,17 +288,19 @@ def _stage_activations(
             return above.get(module, last)
         return by_head.get(".".join(module.split(".", depth)[:depth]), last)
 
-    projections = given.modules
-    modules = []
-    for s, part in enumerate(parts):
-        names = [fqn[:-7] for fqn in part.fqns if fqn.endswith(".weight")]
-        modules.append(
-            {
-                name: entry
-                for name, entry in zip(names, map(projections.get, names), strict=True)
-                if entry is not None and above.get(name, s) == s
-            }
-        )
+    # a module below the heads is on its weight's stage; one above them (its weight's
+    # head is the weight itself) may not be
+    away: list[set[str]] = [set() for _ in range(placed.count)]
+    for name in above.keys() & given.modules.keys():
+        weight = by_head.get(f"{name}.weight")
+        if weight is not None and weight != above[name]:
+            away[weight].add(name)
+    modules = [
+        given.modules
+        if not names
+        else frozen_map_of({k: v for k, v in given.modules.items() if k not in names})
+        for names in away
+    ]
     return split_activations(given, stage_of, placed.count, modules=modules)
 
 
@@ -340,7 +341,7 @@ def staged_cost(
     trainings = _per_stage(training, [dict.fromkeys(part.heads or ()) for part in parts])
     acts = training.activations
     if acts is not None:
-        split = _stage_activations(acts, placed, parts)
+        split = _stage_activations(acts, placed)
         trainings = [attrs.evolve(t, activations=a) for t, a in zip(trainings, split, strict=True)]
     groups = list(tied)
     # each stage costed on the world of one pipeline rank, summed per pipeline rank
@@ -372,7 +373,7 @@ def staged_cost(
             sent["pp_send_recv"] = [b + sends[s] for b in sent["pp_send_recv"]]
         for name, row in (*cost.by_kind.items(), *sent.items(), ("peak", cost.peak)):
             rows = by_rank[name]
-            rows[held] = [a + b for a, b in zip(rows[held], row, strict=True)]
+            rows[held] = row_sum((rows[held], row), width)
         said.append(_in_stage(cost.assumptions, training, trainings[s]))
     kinds = (*KINDS, ACTIVATIONS) if acts is not None else KINDS
     collectives = (*TRAFFIC, *PARALLEL_TRAFFIC) if acts is not None else TRAFFIC

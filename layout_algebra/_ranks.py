@@ -151,9 +151,12 @@ def _canonical_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:
     split, fsdp = chain[0][2], chain[0][1]
     piece = n // split
     chunks = _chunks(piece, fsdp)
-    offsets = [p * piece + lo if m else n for lo, m in chunks for p in range(split)]
-    lengths = [m for _, m in chunks for _ in range(split)]
-    return offsets, lengths
+    # each chunk's offset in every piece, a range apiece (an empty chunk reads as n)
+    offsets = itertools.chain.from_iterable(
+        range(lo, lo + split * piece, piece) if m else [n] * split for lo, m in chunks
+    )
+    lengths = itertools.chain.from_iterable([m] * split for _, m in chunks)
+    return list(offsets), list(lengths)
 
 
 def cover_problem(n: int, boxes: Iterable[tuple[int, int]]) -> str | None:
@@ -234,7 +237,7 @@ def index_vector(mesh: Mesh, axes: Sequence[str]) -> list[int]:
     return out
 
 
-def row_sum(rows: Iterable[Sequence[int]], world: int) -> list[int]:
+def row_sum(rows: Iterable[Iterable[int]], world: int) -> list[int]:
     """``rows`` of ``world`` ranks added rank by rank (``world`` zeros for none)."""
     out = [0] * world
     for row in rows:

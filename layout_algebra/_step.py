@@ -31,7 +31,15 @@ import attrs
 from layout_algebra._args import as_items
 from layout_algebra._grouping import OncePerKey, first_positions, group_index, heads
 from layout_algebra._patterns import WILDCARD, Matcher, Rule
-from layout_algebra._ranks import Factor, Indices, RankSum, chain_of, chunk_lengths, read_dim
+from layout_algebra._ranks import (
+    Factor,
+    Indices,
+    RankSum,
+    chain_of,
+    chunk_lengths,
+    read_dim,
+    row_sum,
+)
 from layout_algebra._shards import check_dims, check_layout, size_of
 from layout_algebra._text import clip, exact_bytes, human_bytes, quote, ranks_text, some_of
 from layout_algebra.errors import LayoutError
@@ -100,9 +108,14 @@ def measure(layout: SourceLayout, shape: ParamShape, mesh: Mesh, owned: frozense
         source = read_dim(shape.shape[dim], reads[dim].chain[1:])
         # by source rows held: a few distinct counts
         cuts = {h: chunk_lengths(h, world) for h in dict.fromkeys(source.lengths)}
-        cut = [cuts[h] for h in source.lengths]
-        kept[dim] = (reads[dim].axes, [c[f] for f in range(world) for c in cut])
-        padded[dim] = (source.axes, [-(-h // world) for h in source.lengths])
+        if len(cuts) == 1:  # every source piece alike: FSDP's index alone decides
+            ((h, cut),) = cuts.items()
+            kept[dim] = ((parts.shard.name,), cut)
+            padded[dim] = ((), [-(-h // world)])
+        else:
+            by_index = [cuts[h] for h in source.lengths]
+            kept[dim] = (reads[dim].axes, [c[f] for f in range(world) for c in by_index])
+            padded[dim] = (source.axes, [-(-h // world) for h in source.lengths])
     return Sharded(
         layout.mesh,
         tuple(kept),
@@ -847,17 +860,15 @@ class _Step:
                 ("all_reduce", made[_HSDP], uses[s]),
             ):
                 if times and any(row):
-                    traffic[name] = [a + times * b for a, b in zip(traffic[name], row, strict=True)]
-            largest = [max(a, b) for a, b in zip(largest, made[_FLAT], strict=True)]
+                    traffic[name] = row_sum((traffic[name], map(times.__mul__, row)), world)
+            largest = list(map(max, largest, made[_FLAT]))
         buffers = {key: row for key, row in rows.items() if key[1] in _FSDP_BUFFERS}
         rows.update(((c, _ACTS), [n] * world) for c, n in enumerate(acts.held))
         rows.update(((c, _RECOMPUTE), [n] * world) for c, n in enumerate(acts.again))
         state = self.state()
         by_kind = {**state, "transient": _peak(states, buffers, world)}
-        kept = [
-            sum(t) for t in zip(state["params"], state["optimizer"], state["master"], strict=True)
-        ]
-        peak = [a + b for a, b in zip(kept, _peak(states, rows, world), strict=True)]
+        kept = (state["params"], state["optimizer"], state["master"])
+        peak = row_sum((*kept, _peak(states, rows, world)), world)
         if self.training.activations is not None:
             by_kind["activations"] = [acts.total] * world
             traffic.update(self.parallel_traffic())
@@ -904,13 +915,18 @@ class _Step:
         by_tp: OncePerKey[int, frozenset[int]] = OncePerKey(
             lambda n: sharded(params.signatures[n][0], TP_AXIS)
         )
-        signature = dict(zip(params.fqns, params.index, strict=True))
-        weights = map(signature.get, [f"{name}.weight" for name in acts.modules])
+        # each weight's projection, if traced; projections alike (traced bytes, weight's
+        # signature) are counted at once
+        weights = [fqn.endswith(".weight") for fqn in params.fqns]
+        names = [fqn[:-7] for fqn in itertools.compress(params.fqns, weights)]
+        traced = map(acts.modules.get, names)
+        alike = Counter(zip(traced, itertools.compress(params.index, weights), strict=True))
         tp = 0
-        # projections alike (traced bytes, weight's signature) are counted at once
-        alike = Counter(zip(acts.modules.values(), weights, strict=True))
-        for ((kind, given, made), number), n in alike.items():
-            on = frozenset() if number is None else by_tp[number]
+        for (entry, number), n in alike.items():
+            if entry is None:
+                continue
+            kind, given, made = entry
+            on = by_tp[number]
             if on:
                 tp += n * -(-(made if kind == "embedding" or 0 not in on else given) // cp)
                 tp += n * -(-made // cp) if kind == "linear" and {0, 1} <= on else 0

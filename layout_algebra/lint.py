@@ -93,8 +93,8 @@ from layout_algebra.training import (
     as_text,
     assumption_lines,
     cost_lines,
-    grouped_cost,
     rows_by_name,
+    step_cost,
 )
 
 __all__ = [
@@ -1061,11 +1061,11 @@ def lint(
             problems.append(LintProblem(unstaged, kind="stages", fqn=_MODEL, axis="pp"))
     memory = run.memory(placed)
     if training is None and budget is None:
-        return LintReport(tuple(problems), tuple(notes), memory, run.coverage())
+        return LintReport(tuple(problems), tuple(notes), memory.value(), run.coverage())
     if placed is not None:
         return _staged_report(run, placed, problems, notes, memory, training, budget)
     params, _ = run.followed()
-    cost = grouped_cost(
+    cost = step_cost(
         params,
         meshes,
         Training() if training is None else training,
@@ -1074,17 +1074,12 @@ def lint(
         budget=budget,
     )
     if cost.over_budget is not None:
-        excess = cost.over_budget
-        problems.append(
-            LintProblem(
-                f"{excess.fqn}: {excess.message}", kind="budget", fqn=excess.fqn, ranks=excess.ranks
-            )
-        )
-    memory = attrs.evolve(memory, by_kind=cost.by_kind, peak=cost.peak)
+        message, fqn, ranks = cost.over_budget
+        problems.append(LintProblem(f"{fqn}: {message}", kind="budget", fqn=fqn, ranks=ranks))
     return LintReport(
         tuple(problems),
         tuple(notes),
-        memory,
+        memory.value(cost.by_kind, cost.peak),
         run.coverage(),
         traffic=cost.traffic,
         assumptions=cost.assumptions,
@@ -1137,7 +1132,7 @@ def _staged_report(  # noqa: PLR0917 -- one private caller, the lint's state in 
     placed: Placed,
     problems: list[LintProblem],
     notes: list[LintNote],
-    memory: RankMemory,
+    memory: _Memory,
     training: Training | None,
     budget: int | None,
 ) -> LintReport:
@@ -1159,11 +1154,34 @@ def _staged_report(  # noqa: PLR0917 -- one private caller, the lint's state in 
     return LintReport(
         tuple(problems),
         tuple(notes),
-        attrs.evolve(memory, by_kind=cost.by_kind, peak=cost.peak),
+        memory.value(cost.by_kind, cost.peak),
         run.coverage(),
         traffic=cost.traffic,
         assumptions=cost.assumptions,
     )
+
+
+@attrs.frozen
+class _Memory:
+    """The rows of a lint's ``RankMemory``, made its value once the training's rows, if
+    any, are known (a value checks every row it is given)."""
+
+    bytes_per_rank: list[int]
+    by_role: dict[str, list[int]]
+    padded_bytes_per_rank: list[int]
+    by_stage: Mapping[int, Sequence[int]]
+
+    def value(
+        self, by_kind: Mapping[str, Sequence[int]] = FrozenMap({}), peak: Sequence[int] = ()
+    ) -> RankMemory:
+        return RankMemory(
+            self.bytes_per_rank,
+            self.by_role,
+            self.padded_bytes_per_rank,
+            by_kind,
+            by_stage=self.by_stage,
+            peak=peak,
+        )
 
 
 class _Run:
@@ -1346,7 +1364,7 @@ class _Run:
             )
         return LintNote(fqns[0], message, padding * len(fqns), fqns)
 
-    def memory(self, placed: Placed | None = None) -> RankMemory:
+    def memory(self, placed: Placed | None = None) -> _Memory:
         """The bytes of every storage on every rank, by role: each signature's rows by dim,
         times its count, summed where they live and spread over the ranks once. With
         stages, each stage's storages on the ranks running it (``_stage_memory``)."""
@@ -1366,19 +1384,14 @@ class _Run:
         by_role: dict[str, list[int]],
         allocated: list[int],
         by_stage: Mapping[int, Sequence[int]] = FrozenMap({}),
-    ) -> RankMemory:
-        """The memory value of the rows kept by role and allocated."""
+    ) -> _Memory:
+        """The memory of the rows kept by role and allocated."""
         world = len(allocated)
         for found in self.found.values():  # a role no mesh has holds nothing
             by_role.setdefault(found.role, [0] * world)
-        return RankMemory(
-            tuple(row_sum(by_role.values(), world)),
-            FrozenMap({r: tuple(v) for r, v in by_role.items()}),
-            tuple(allocated),
-            by_stage=by_stage,
-        )
+        return _Memory(row_sum(by_role.values(), world), by_role, allocated, by_stage)
 
-    def _stage_memory(self, placed: Placed) -> RankMemory:
+    def _stage_memory(self, placed: Placed) -> _Memory:
         """``memory`` with stages: the storages of each (signature, stage), each stage's
         summed on the world of one pipeline rank (``placed.collapsed``) and spread onto
         the ranks of its pipeline coordinate. Tied parameters in two stages are two

@@ -1042,10 +1042,16 @@ def training_cost(
         raise LayoutError(msg)
     owned_axes = axis_name_set(owned, "owned")
     params = _by_signature(fqns, [layout for _, layout in items], list(map(shapes.get, fqns)))
-    return _priced(params, sizes, training, tied=tied, owned=owned_axes, budget=limit)
+    step = _step.cost(params, sizes, training, tied=tied, owned=owned_axes, budget=limit)
+    excess = None
+    if step.over_budget is not None:
+        excess = BudgetExcess(*step.over_budget)
+    return TrainingCost(
+        step.by_kind, step.traffic, step.largest, excess, step.assumptions, peak=step.peak
+    )
 
 
-def grouped_cost(
+def step_cost(
     params: _step.Params,
     meshes: Mapping[str, Mesh],
     training: Training,
@@ -1053,17 +1059,17 @@ def grouped_cost(
     tied: Iterable[Iterable[str]],
     owned: frozenset[str],
     budget: int | None,
-) -> TrainingCost:
-    """``training_cost`` of parameters their caller has grouped by signature (lint's, its
-    FQNs, layouts, shapes and meshes checked): ``training`` and ``budget`` are checked
-    as ``training_cost`` checks them.
+) -> _step.StepCost:
+    """The step's cost (``training_cost``'s rows) of parameters their caller has grouped
+    by signature (lint's, its FQNs, layouts, shapes and meshes checked): ``training`` and
+    ``budget`` are checked as ``training_cost`` checks them.
 
     Raises:
         LayoutError: see ``training_cost``.
     """
     training = _as_training(training)
     limit = _as_budget(budget)
-    return _priced(params, meshes, training, tied=tied, owned=owned, budget=limit)
+    return _step.cost(params, meshes, training, tied=tied, owned=owned, budget=limit)
 
 
 def _by_signature(
@@ -1081,22 +1087,3 @@ def _by_signature(
     first = first_positions(index)
     signatures = [(layouts[first[g]], shapes[first[g]]) for g in range(len(groups))]
     return _step.Params(fqns, index, signatures)
-
-
-def _priced(
-    params: _step.Params,
-    sizes: Mapping[str, Mesh],
-    training: Training,
-    *,
-    tied: Iterable[Iterable[str]],
-    owned: frozenset[str],
-    budget: int | None,
-) -> TrainingCost:
-    """The step's cost as a ``TrainingCost``."""
-    step = _step.cost(params, sizes, training, tied=tied, owned=owned, budget=budget)
-    excess = None
-    if step.over_budget is not None:
-        excess = BudgetExcess(*step.over_budget)
-    return TrainingCost(
-        step.by_kind, step.traffic, step.largest, excess, step.assumptions, peak=step.peak
-    )
