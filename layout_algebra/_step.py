@@ -1,7 +1,8 @@
 """The step as FSDP2 runs it: what one training step keeps and moves on every rank.
 
-The one model of a step, which ``training_cost`` (and through it ``lint``) calls. Three
-parts, each worked out once per signature and spread over the ranks once:
+The one model of a step, which ``training_cost`` and ``lint`` call with the parameters
+numbered by signature (``Params``). Three parts, each worked out once per signature and
+spread over the ranks once:
 
 - **the parameters** (``measure``): each distinct (composed layout, shape), per dim: the
   elements each rank keeps (``to_local()``, what the optimizer's states are shaped as) and
@@ -10,7 +11,8 @@ parts, each worked out once per signature and spread over the ranks once:
   ranks keep 3, 3, 3, 1 and allocate 3 each);
 - **the units** (``_Units``): which ``fully_shard`` call holds each parameter (the
   innermost unit whose module holds it; the root holds the rest), matched by the
-  package's one pattern matcher, and each call's span in module order;
+  package's one pattern matcher, and each call's span in module order: worked out once
+  per group of parameters alike in signature and in their first segments (``depth``);
 - **FSDP2's buffers** (``_timeline``): the flat all-gather outputs and unsharded
   parameters ``FSDPParamGroup`` allocates, keeps and frees through forward and backward
   (its unshard, its copy-out, the flat output kept until the next unit's copy-out in
@@ -720,16 +722,14 @@ class _Step:
         counted for all of its parameters."""
         self.params = params
         fqns = params.fqns
-        alias: Iterable[bool] = itertools.repeat(False)
+        alias = [False] * len(fqns)  # a tied alias is no storage of its own
         position: dict[str, int] = {}
         if self.tied:
             position = dict(zip(fqns, range(len(fqns)), strict=True))
-            marked = [False] * len(fqns)
             for fqn in aliases:
-                marked[position[fqn]] = True
-            alias = marked
+                alias[position[fqn]] = True
         named = heads(fqns, depth(self.training)) if params.heads is None else params.heads
-        groups, of = group_index(zip(named, params.index, alias, strict=False))  # alias: repeated
+        groups, of = group_index(zip(named, params.index, alias, strict=True))
         sizes = Counter(of)
         last = dict(zip(of, range(len(of)), strict=True))  # a dict keeps a key's last value
         first = first_positions(of)
