@@ -4,10 +4,10 @@ mapping's values in another's order."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-__all__ = ["OncePerKey", "group_index", "values_by_fqn"]
+__all__ = ["OncePerKey", "first_positions", "group_index", "heads", "values_by_fqn"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -22,6 +22,36 @@ def group_index(keys: Iterable[K]) -> tuple[dict[K, int], list[int]]:
     """
     groups: dict[K, int] = {}
     return groups, [groups.setdefault(key, len(groups)) for key in keys]
+
+
+def first_positions(index: Sequence[K]) -> dict[K, int]:
+    """Where each key of ``index`` first occurs (a dict keeps a key's last value: the
+    positions are read from the end).
+
+    >>> first_positions([0, 1, 0, 2])
+    {2: 3, 0: 0, 1: 1}
+    """
+    return dict(zip(reversed(index), range(len(index) - 1, -1, -1), strict=True))
+
+
+def heads(fqns: Iterable[str], depth: int) -> list[str]:
+    """Each FQN's first ``depth`` segments (the whole FQN when shorter): a pattern of
+    ``n`` segments names only names of ``n`` segments, so what patterns no longer than
+    ``depth`` say of an FQN or its modules is said of its head.
+
+    >>> heads(["layers.0.attn.wq.weight", "layers.0.attn.wk.weight", "norm.weight"], 3)
+    ['layers.0.attn', 'layers.0.attn', 'norm.weight']
+    """
+    out: list[str] = []
+    head, under = "", ""  # the last head cut short, and what FQNs under it start with
+    for fqn in fqns:
+        # a module's parameters are listed together: the next one is under the same head
+        if not (under and fqn.startswith(under)):
+            parts = fqn.split(".", depth)
+            head = ".".join(parts[:depth])
+            under = f"{head}." if len(parts) > depth else ""
+        out.append(head)
+    return out
 
 
 def values_by_fqn(mapping: Mapping[str, V], fqns: list[str]) -> list[V | None]:

@@ -10,21 +10,24 @@ sum of a few rows spread over the world once.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 import attrs
 
 from layout_algebra import _step
+from layout_algebra._args import as_items
+from layout_algebra._frozen import frozen_map_of
+from layout_algebra._grouping import heads
 from layout_algebra._patterns import Matcher, Rule
-from layout_algebra._ranks import Factor, index_vector
-from layout_algebra._step import over_limit
+from layout_algebra._ranks import Factor, index_vector, row_sum
+from layout_algebra._step import Params, over_limit
 from layout_algebra.activations import Activations, divisors, split_activations
 from layout_algebra.errors import LayoutError
-from layout_algebra.layout import SourceLayout
+from layout_algebra.layout import check_fqns
 from layout_algebra.mesh import Mesh
-from layout_algebra.shapes import ParamShape
-from layout_algebra.stages import StageAssignment, Stages, assign_stages
+from layout_algebra.stages import StageAssignment, Stages, assign_by_heads, pattern_depth
 from layout_algebra.training import (
     ACTIVATIONS,
     KINDS,
@@ -58,14 +61,24 @@ def pipeline_problem(meshes: Mapping[str, Mesh]) -> str | None:
 
 @attrs.frozen
 class Placed:
-    """The stages on the world: each parameter's stage (by table position), the pipeline
-    axis's size and every global rank's coordinate on it."""
+    """The stages on the world: each parameter's stage (by table position) and head
+    (``heads``, of ``depth`` segments), the pipeline axis's size and every global rank's
+    coordinate on it; ``at``: each global rank's place in the rows of the pipeline ranks
+    (each on the world of one pipeline rank) laid end to end, ``None`` when that is the
+    rank itself (the pipeline axis outermost, as torchtitan lays it)."""
 
     stages: Stages
     assignment: StageAssignment
+    heads: list[str]
+    depth: int
     pp: int
     pp_index: tuple[int, ...]
-    sub: tuple[int, ...]
+    at: tuple[int, ...] | None
+
+    @property
+    def width(self) -> int:
+        """The ranks of one pipeline rank's world."""
+        return len(self.pp_index) // self.pp
 
     @property
     def count(self) -> int:
@@ -91,15 +104,22 @@ class Placed:
     def spread(self, rows: Sequence[Sequence[int]]) -> list[int]:
         """Every global rank's figure: ``rows[k]`` holds pipeline rank ``k``'s on the
         collapsed world, and a global rank reads its own pipeline rank's row at its rank
-        with the pipeline digit removed (``sub``: the pipeline axis has one stride in every
-        role's mesh, as ``place`` checked)."""
-        return [rows[p][i] for p, i in zip(self.pp_index, self.sub, strict=True)]
+        with the pipeline digit removed (the pipeline axis has one stride in every role's
+        mesh, as ``place`` checked)."""
+        laid = list(itertools.chain.from_iterable(rows))
+        return laid if self.at is None else list(map(laid.__getitem__, self.at))
 
 
 def place(
-    stages: Stages, fqns: Iterable[str], meshes: Mapping[str, Mesh], owned: frozenset[str]
+    stages: Stages,
+    fqns: Iterable[str],
+    meshes: Mapping[str, Mesh],
+    owned: frozenset[str],
+    *,
+    depth: int = 0,
 ) -> Placed:
-    """``stages`` checked against the meshes, and each of ``fqns`` given its stage.
+    """``stages`` checked against the meshes, and each of ``fqns`` given its stage and its
+    head: its first segments, as many as the longest stage pattern has, and ``depth``.
 
     Raises:
         LayoutError: naming ``stages``: its axis is not owned, a role's mesh lacks it,
@@ -144,25 +164,51 @@ def place(
         if name == axis:
             break
         stride *= size
-    # a rank with its pipeline digit removed: 8 ranks of (pp=2, dp=4) put rank 5 at 1
-    sub = tuple((r // (stride * pp)) * stride + r % stride for r in range(mesh.size))
-    return Placed(stages, assign_stages(stages, fqns), pp, tuple(index), sub)
+    # rank (o * pp + k) * stride + i is pipeline rank k's o * stride + i: in the rows of
+    # the pipeline ranks laid end to end, at k * width + o * stride + i
+    outer, width = mesh.size // (stride * pp), mesh.size // pp
+    at = None
+    if outer > 1:
+        at = tuple(
+            itertools.chain.from_iterable(
+                range(k * width + o * stride, k * width + (o + 1) * stride)
+                for o in range(outer)
+                for k in range(pp)
+            )
+        )
+    names = as_items(fqns, "fqns", "['layers.0.w', 'norm.weight']")
+    check_fqns(names, "fqns")
+    depth = max(depth, pattern_depth(stages))
+    head_of = heads(names, depth)
+    assignment = assign_by_heads(stages, names, head_of)
+    return Placed(stages, assignment, head_of, depth, pp, tuple(index), at)
 
 
-def _per_stage(training: Training, stage_fqns: Sequence[Sequence[str]]) -> list[Training]:
+def staged_depth(training: object) -> int:
+    """How many first segments of each parameter's FQN the stages' steps of ``training``
+    read (``_step.depth``), and ``_stage_activations`` (one more than a traced unit has):
+    0 for anything but a ``Training``."""
+    if not isinstance(training, Training):
+        return 0
+    acts = training.activations
+    units = () if acts is None else (*acts.units, *acts.recompute)
+    modules = [m for unit in units for m in unit.split(",")]
+    return max([_step.depth(training), *(m.count(".") + 2 for m in modules)])
+
+
+def _per_stage(training: Training, stage_heads: Sequence[Iterable[str]]) -> list[Training]:
     """``training`` for each stage: its units and frozen patterns that name something in
-    the stage. A pattern naming nothing in any stage stays in the first stage's, whose
-    cost refuses it as the whole model's would."""
+    the stage, read from the heads of its parameters (``place``: what a pattern names
+    depends on those first segments alone). A pattern naming nothing in any stage
+    stays in the first stage's, whose cost refuses it as the whole model's would."""
     patterns = [
         *(p for u in training.units for p in (u.modules if isinstance(u, FSDPUnit) else (u,))),
         *training.frozen,
     ]
     used: list[set[str]] = []
-    # what a pattern names depends on an FQN's first segments, as many as it has
-    depth = max((len(p.split(".")) for p in patterns), default=0)
-    for fqns in stage_fqns:
+    for named in stage_heads:
         matcher = Matcher(Rule(p, p) for p in patterns)
-        for head in dict.fromkeys(".".join(f.split(".", depth)[:depth]) for f in fqns):
+        for head in named:
             matcher.prefixes(head)
         unused = {r.key for r in matcher.unused()}
         used.append({p for p in patterns if p not in unused})
@@ -220,73 +266,98 @@ def in_flight(placed: Placed, stage: int) -> int:
     return sum(1 for k in range(min(first, m * local)) if (k // pp) % local == mine)
 
 
-def _stage_activations(
-    given: Activations, stage_of: Mapping[str, int], count: int
-) -> list[Activations]:
-    """``given`` split by stage: each unit, projection and experts module on the stage
-    holding its module's parameters; the root's (what no unit saved) on the last."""
-    return split_activations(given, lambda name: stage_of.get(name, count - 1), count)
+def _stage_activations(given: Activations, placed: Placed) -> list[Activations]:
+    """``given`` split by stage: each unit and experts module on the stage of its
+    module's first parameter (the last stage when it holds none: the root's, what no unit
+    saved). A projection moves bytes through its weight alone (``parallel_traffic``), so
+    every stage is given all of them, but for those whose weight is on a stage their
+    first parameter is not (it would have been left out of its weight's stage).
+
+    The table's parameters are read by head (``placed.heads``): parameters with one head
+    are on one stage, so a module holding a head's parameters is on that stage, and a
+    module above the heads on that of its first head (``_stage_of_modules``).
+    """
+    staged = dict(zip(placed.heads, placed.assignment.of, strict=True))
+    by_head = {head: s for head, s in staged.items() if s is not None}
+    above = _stage_of_modules(by_head)
+    last, depth = placed.count - 1, placed.depth
+
+    def stage_of(name: str) -> int:
+        module = name.partition(",")[0]
+        if module.count(".") + 1 < depth:
+            return above.get(module, last)
+        return by_head.get(".".join(module.split(".", depth)[:depth]), last)
+
+    # a module below the heads is on its weight's stage; one above them (its weight's
+    # head is the weight itself) may not be
+    away: list[set[str]] = [set() for _ in range(placed.count)]
+    for name in above.keys() & given.modules.keys():
+        weight = by_head.get(f"{name}.weight")
+        if weight is not None and weight != above[name]:
+            away[weight].add(name)
+    modules = [
+        given.modules
+        if not names
+        else frozen_map_of({k: v for k, v in given.modules.items() if k not in names})
+        for names in away
+    ]
+    return split_activations(given, stage_of, placed.count, modules=modules)
 
 
-def _stage_of_modules(stage_by_fqn: Mapping[str, int | None]) -> dict[str, int]:
-    """Each module's stage: that of its first parameter (a module of two stages is
-    refused by lint already)."""
+def _stage_of_modules(by_head: Mapping[str, int]) -> dict[str, int]:
+    """Each module above the heads (``by_head``, in the order of their first parameter)
+    and its stage: that of its first head (a module of two stages is refused by lint
+    already); each head's modules walked up to the first one met before (the rest were
+    walked then)."""
     out: dict[str, int] = {}
-    for fqn, s in stage_by_fqn.items():
-        if s is None:
-            continue
-        parts = fqn.split(".")
-        for i in range(len(parts) - 1, 0, -1):
-            module = ".".join(parts[:i])
-            if module in out:
-                break
+    for head, s in by_head.items():
+        module = head.rpartition(".")[0]
+        while module and module not in out:
             out[module] = s
+            module = module.rpartition(".")[0]
     return out
 
 
 def staged_cost(
     placed: Placed,
-    layouts: Mapping[str, SourceLayout],
-    shapes: Mapping[str, ParamShape],
+    params: Params,
     meshes: Mapping[str, Mesh],
     training: Training,
     *,
-    stage_by_fqn: Mapping[str, int | None],
+    stage_of: Sequence[int | None],
     tied: Iterable[frozenset[str]],
     owned: frozenset[str],
     budget: int | None,
 ) -> StagedCost:
-    """Each stage's step (``training_cost`` of its parameters), on the ranks running it.
+    """Each stage's step (``training_cost`` of its parameters), on the ranks running it:
+    ``stage_of`` gives each parameter's stage; their heads are at least
+    ``staged_depth(training)`` segments (``place``).
 
     Raises:
         LayoutError: what ``training_cost`` raises for a stage.
     """
     n = placed.count
-    fqns: list[list[str]] = [[] for _ in range(n)]
-    for fqn in layouts:
-        s = stage_by_fqn.get(fqn)
-        if s is not None:
-            fqns[s].append(fqn)
-    trainings = _per_stage(training, fqns)
+    parts = _split(params, stage_of, n)
+    trainings = _per_stage(training, [dict.fromkeys(part.heads or ()) for part in parts])
     acts = training.activations
     if acts is not None:
-        split = _stage_activations(acts, _stage_of_modules(stage_by_fqn), n)
+        split = _stage_activations(acts, placed)
         trainings = [attrs.evolve(t, activations=a) for t, a in zip(trainings, split, strict=True)]
     groups = list(tied)
     # each stage costed on the world of one pipeline rank, summed per pipeline rank
     small = placed.collapsed(meshes)
-    width = len(placed.pp_index) // placed.pp
+    width = placed.width
     names: tuple[str, ...] = (*KINDS, *TRAFFIC, "peak")
     if acts is not None:
         names = (*names, ACTIVATIONS, *PARALLEL_TRAFFIC)
     by_rank = {name: [[0] * width for _ in range(placed.pp)] for name in names}
     said: list[list[str]] = []
     sends = _sends(placed, training, small) if acts is not None else [0] * n
-    for s in range(n):
-        mine = set(fqns[s])
+    world = _step.World()  # every stage's step runs on the same world, ``small``
+    for s, part in enumerate(parts):
+        mine = set(part.fqns) if groups else set()
         cost = _step.cost(
-            [(f, layouts[f]) for f in fqns[s]],
-            {f: shapes[f] for f in fqns[s] if f in shapes},
+            part,
             small,
             trainings[s],
             tied=[g & mine for g in groups if len(g & mine) > 1],
@@ -294,6 +365,7 @@ def staged_cost(
             budget=None,
             in_flight=in_flight(placed, s),
             microbatches=microbatches(placed),
+            world=world,
         )
         held = placed.rank_of(s)
         sent = {name: list(row) for name, row in cost.traffic.items()}
@@ -301,7 +373,7 @@ def staged_cost(
             sent["pp_send_recv"] = [b + sends[s] for b in sent["pp_send_recv"]]
         for name, row in (*cost.by_kind.items(), *sent.items(), ("peak", cost.peak)):
             rows = by_rank[name]
-            rows[held] = [a + b for a, b in zip(rows[held], row, strict=True)]
+            rows[held] = row_sum((rows[held], row), width)
         said.append(_in_stage(cost.assumptions, training, trainings[s]))
     kinds = (*KINDS, ACTIVATIONS) if acts is not None else KINDS
     collectives = (*TRAFFIC, *PARALLEL_TRAFFIC) if acts is not None else TRAFFIC
@@ -310,6 +382,25 @@ def staged_cost(
     peak = placed.spread(by_rank["peak"])
     excess = None if budget is None else _over_budget(placed, by_kind, peak, budget)
     return StagedCost(by_kind, traffic, _assumptions(placed, said, training), excess, peak)
+
+
+def _split(params: Params, stage_of: Sequence[int | None], n: int) -> list[Params]:
+    """``params`` (with their heads) split by stage, in one pass over them."""
+    heads = params.heads
+    assert heads is not None  # lint's, from ``place``
+    positions: list[list[int]] = [[] for _ in range(n)]
+    for p, s in enumerate(stage_of):
+        if s is not None:
+            positions[s].append(p)
+    return [
+        Params(
+            list(map(params.fqns.__getitem__, at)),
+            list(map(params.index.__getitem__, at)),
+            params.signatures,
+            list(map(heads.__getitem__, at)),
+        )
+        for at in positions
+    ]
 
 
 def _sends(placed: Placed, training: Training, meshes: Mapping[str, Mesh]) -> list[int]:

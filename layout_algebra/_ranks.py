@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TypeAlias
 
 import attrs
@@ -29,6 +30,7 @@ from layout_algebra.placements import Placement, Shard, StridedShard
 __all__ = [
     "Chain",
     "DimRead",
+    "Indices",
     "RankSum",
     "chain_of",
     "chunk_lengths",
@@ -36,6 +38,7 @@ __all__ = [
     "fsdp_runs_differ",
     "index_vector",
     "read_dim",
+    "row_sum",
     "source_runs",
 ]
 
@@ -148,9 +151,12 @@ def _canonical_chain(n: int, chain: Chain) -> tuple[list[int], list[int]]:
     split, fsdp = chain[0][2], chain[0][1]
     piece = n // split
     chunks = _chunks(piece, fsdp)
-    offsets = [p * piece + lo if m else n for lo, m in chunks for p in range(split)]
-    lengths = [m for _, m in chunks for _ in range(split)]
-    return offsets, lengths
+    # each chunk's offset in every piece, a range apiece (an empty chunk reads as n)
+    offsets = itertools.chain.from_iterable(
+        range(lo, lo + split * piece, piece) if m else [n] * split for lo, m in chunks
+    )
+    lengths = itertools.chain.from_iterable([m] * split for _, m in chunks)
+    return list(offsets), list(lengths)
 
 
 def cover_problem(n: int, boxes: Iterable[tuple[int, int]]) -> str | None:
@@ -231,8 +237,19 @@ def index_vector(mesh: Mesh, axes: Sequence[str]) -> list[int]:
     return out
 
 
+def row_sum(rows: Iterable[Iterable[int]], world: int) -> list[int]:
+    """``rows`` of ``world`` ranks added rank by rank (``world`` zeros for none)."""
+    out = [0] * world
+    for row in rows:
+        out = list(map(operator.add, out, row))
+    return out
+
+
 Factor: TypeAlias = tuple[tuple[str, ...], Sequence[int]]
 """A value by index on some axes (row-major over them): one dim's lengths on its chain."""
+
+Indices: TypeAlias = dict[tuple[str, tuple[str, ...]], list[int]]
+"""Each global rank's index on some axes of a role's mesh, by ``(role, axes)``."""
 
 
 class RankSum:
@@ -241,11 +258,13 @@ class RankSum:
     ``add(role, factors, scale)`` adds ``scale`` times the product of the factors to every
     rank of ``role``'s mesh; values that depend on the same axes are summed where they
     live (an even shard is one number for all ranks), and ``per_rank`` spreads each sum
-    over the ranks once.
+    over the ranks once. ``indices`` holds each rank's index on some axes of a role
+    (``index_vector``), shared by the sums of one world.
     """
 
-    def __init__(self, meshes: Mapping[str, Mesh]) -> None:
+    def __init__(self, meshes: Mapping[str, Mesh], indices: Indices | None = None) -> None:
         self.meshes = meshes
+        self.indices: Indices = {} if indices is None else indices
         self.sums: dict[tuple[str, tuple[str, ...]], list[int]] = {}
 
     def add(self, role: str, factors: Iterable[Factor], scale: int) -> None:
@@ -269,13 +288,35 @@ class RankSum:
 
     def per_rank(self, role: str) -> list[int]:
         """The sums on every global rank of ``role``'s mesh."""
-        mesh = self.meshes[role]
-        out = [0] * mesh.size
-        for (r, axes), values in self.sums.items():
-            if r != role:
+        return self._spread((role,), self.meshes[role].size)
+
+    def total(self) -> list[int]:
+        """The sums of every role, on every global rank (the roles' meshes span one world)."""
+        return self._spread(self.meshes, next(iter(self.meshes.values())).size)
+
+    def _spread(self, roles: Collection[str], world: int) -> list[int]:
+        """The sums of ``roles`` on each of the ``world`` ranks: what is alike on every
+        rank is added once, each other sum is spread over the ranks once."""
+        alike = 0
+        varying: list[tuple[list[int], list[int]]] = []
+        for (role, axes), values in self.sums.items():
+            if role not in roles:
                 continue
-            if not axes:
-                out = [x + values[0] for x in out]
+            if axes:
+                varying.append((values, self.index(role, axes)))
             else:
-                out = [x + values[i] for x, i in zip(out, index_vector(mesh, axes), strict=True)]
+                alike += values[0]
+        if not varying:
+            return [alike] * world
+        (values, index), *rest = varying
+        out = list(map([v + alike for v in values].__getitem__, index))
+        for values, index in rest:
+            out = list(map(operator.add, out, map(values.__getitem__, index)))
         return out
+
+    def index(self, role: str, axes: tuple[str, ...]) -> list[int]:
+        """Each global rank's index on ``axes`` of ``role``'s mesh, worked out once."""
+        found = self.indices.get((role, axes))
+        if found is None:
+            found = self.indices[role, axes] = index_vector(self.meshes[role], axes)
+        return found

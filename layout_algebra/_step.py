@@ -1,7 +1,8 @@
 """The step as FSDP2 runs it: what one training step keeps and moves on every rank.
 
-The one model of a step, which ``training_cost`` (and through it ``lint``) calls. Three
-parts, each worked out once per signature and spread over the ranks once:
+The one model of a step, which ``training_cost`` and ``lint`` call with the parameters
+numbered by signature (``Params``). Three parts, each worked out once per signature and
+spread over the ranks once:
 
 - **the parameters** (``measure``): each distinct (composed layout, shape), per dim: the
   elements each rank keeps (``to_local()``, what the optimizer's states are shaped as) and
@@ -10,7 +11,8 @@ parts, each worked out once per signature and spread over the ranks once:
   ranks keep 3, 3, 3, 1 and allocate 3 each);
 - **the units** (``_Units``): which ``fully_shard`` call holds each parameter (the
   innermost unit whose module holds it; the root holds the rest), matched by the
-  package's one pattern matcher, and each call's span in module order;
+  package's one pattern matcher, and each call's span in module order: worked out once
+  per group of parameters alike in signature and in their first segments (``depth``);
 - **FSDP2's buffers** (``_timeline``): the flat all-gather outputs and unsharded
   parameters ``FSDPParamGroup`` allocates, keeps and frees through forward and backward
   (its unshard, its copy-out, the flat output kept until the next unit's copy-out in
@@ -21,6 +23,7 @@ parts, each worked out once per signature and spread over the ranks once:
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
@@ -28,9 +31,18 @@ from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
 import attrs
 
 from layout_algebra._args import as_items
+from layout_algebra._grouping import OncePerKey, first_positions, group_index, heads
 from layout_algebra._patterns import WILDCARD, Matcher, Rule
-from layout_algebra._ranks import Factor, RankSum, chain_of, read_dim
-from layout_algebra._shards import check_dims, check_layout, chunk_bounds, size_of
+from layout_algebra._ranks import (
+    Factor,
+    Indices,
+    RankSum,
+    chain_of,
+    chunk_lengths,
+    read_dim,
+    row_sum,
+)
+from layout_algebra._shards import check_dims, check_layout, size_of
 from layout_algebra._text import clip, exact_bytes, human_bytes, quote, ranks_text, some_of
 from layout_algebra.errors import LayoutError
 from layout_algebra.fsdp import split_fsdp
@@ -42,7 +54,7 @@ from layout_algebra.shapes import DTYPE_BYTES, ParamShape
 if TYPE_CHECKING:
     from layout_algebra.training import Training
 
-__all__ = ["SCALAR_BYTES", "StepCost", "cost", "measure"]
+__all__ = ["SCALAR_BYTES", "Params", "StepCost", "World", "cost", "depth", "measure"]
 
 SCALAR_BYTES: Final = 4
 """An optimizer's scalar (``step``, ``mu_product``): a 0-d float32 tensor (torch's
@@ -96,13 +108,16 @@ def measure(layout: SourceLayout, shape: ParamShape, mesh: Mesh, owned: frozense
     if parts.shard is not None:
         dim, world = parts.shard_dim, mesh[parts.shard.name]
         source = read_dim(shape.shape[dim], reads[dim].chain[1:])
-        cuts: dict[int, list[int]] = {}  # by source rows held: a few distinct counts
-        for h in source.lengths:
-            if h not in cuts:
-                cuts[h] = [hi - lo for lo, hi in (chunk_bounds(h, world, f) for f in range(world))]
-        cut = [cuts[h] for h in source.lengths]
-        kept[dim] = (reads[dim].axes, [c[f] for f in range(world) for c in cut])
-        padded[dim] = (source.axes, [-(-h // world) for h in source.lengths])
+        # by source rows held: a few distinct counts
+        cuts = {h: chunk_lengths(h, world) for h in dict.fromkeys(source.lengths)}
+        if len(cuts) == 1:  # every source piece alike: FSDP's index alone decides
+            ((h, cut),) = cuts.items()
+            kept[dim] = ((parts.shard.name,), cut)
+            padded[dim] = ((), [-(-h // world)])
+        else:
+            by_index = [cuts[h] for h in source.lengths]
+            kept[dim] = (reads[dim].axes, [c[f] for f in range(world) for c in by_index])
+            padded[dim] = (source.axes, [-(-h // world) for h in source.lengths])
     return Sharded(
         layout.mesh,
         tuple(kept),
@@ -563,9 +578,12 @@ class _Acts:
 def _aliases(fqns: Sequence[str], tied: Iterable[Iterable[str]]) -> dict[str, str]:
     """The tied aliases that are no storage of their own (all but each group's first),
     each with the group's first member."""
-    order = {fqn: i for i, fqn in enumerate(fqns)}
+    groups = as_items(tied, "tied", "(frozenset({'emb.weight', 'head.weight'}),)")
+    if not groups:
+        return {}
+    order = dict(zip(fqns, range(len(fqns)), strict=True))
     aliases: dict[str, str] = {}
-    for group in as_items(tied, "tied", "(frozenset({'emb.weight', 'head.weight'}),)"):
+    for group in groups:
         members = sorted(
             (m for m in as_items(group, "tied: a group", "{'a', 'b'}") if m in order),
             key=order.__getitem__,
@@ -574,11 +592,16 @@ def _aliases(fqns: Sequence[str], tied: Iterable[Iterable[str]]) -> dict[str, st
     return aliases
 
 
-def _per_rank(total: RankSum, sizes: Mapping[str, Mesh], world: int) -> list[int]:
-    out = [0] * world
-    for role in sizes:
-        out = [a + b for a, b in zip(out, total.per_rank(role), strict=True)]
-    return out
+def _modules_of(fqns: Iterable[str]) -> set[str]:
+    """The modules holding ``fqns``: each parameter's modules, walked up to the first one
+    met before (the rest were walked then)."""
+    found: set[str] = set()
+    for fqn in fqns:
+        module = fqn.rpartition(".")[0]
+        while module and module not in found:
+            found.add(module)
+            module = module.rpartition(".")[0]
+    return found
 
 
 def _floating(dtype: str) -> bool:
@@ -586,9 +609,43 @@ def _floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
 
 
+@attrs.frozen
+class Params:
+    """The parameters of a step, grouped by signature: each FQN in module order, the
+    number of its signature, and each signature's (composed layout, shape) as given
+    (checked where a parameter with it is first counted)."""
+
+    fqns: Sequence[str]
+    index: Sequence[int]
+    signatures: Sequence[tuple[SourceLayout, object]]
+    heads: Sequence[str] | None = None
+    """Each parameter's first segments, at least ``depth(training)`` of them."""
+
+
+def depth(training: Training) -> int:
+    """How many first segments of a parameter's FQN (its head, ``heads``) the step reads:
+    as many as the longest of ``training``'s unit and frozen patterns has and one more, and
+    as many as its traced experts modules have. Parameters with one head are then alike in
+    units and frozen-ness (the one more keeps a parameter's own name apart from its
+    module's), and lie in the same experts modules."""
+    units = (u.modules if not isinstance(u, str) else (u,) for u in training.units)
+    patterns = [*(p for named in units for p in named), *training.frozen]
+    most = max((p.count(".") + 1 for p in patterns), default=0) + 1
+    routed = () if training.activations is None else training.activations.routed
+    return max([most, *(name.count(".") + 1 for name in routed)])
+
+
+class World:
+    """What the steps on one world share (a pipeline's stages, each on the world of one
+    pipeline rank): each signature measured once, each rank's index on some axes once."""
+
+    def __init__(self) -> None:
+        self.measured: dict[_Key, Sharded] = {}
+        self.indices: Indices = {}
+
+
 def cost(
-    items: Sequence[tuple[str, SourceLayout]],
-    shapes: Mapping[str, ParamShape],
+    params: Params,
     sizes: Mapping[str, Mesh],
     training: Training,
     *,
@@ -597,30 +654,31 @@ def cost(
     budget: int | None,
     in_flight: int = 1,
     microbatches: int = 1,
+    world: World | None = None,
 ) -> StepCost:
-    """One step of ``training`` over the parameters ``items`` (FQN and composed layout,
-    in module order) on the world ``sizes`` lays out; ``budget`` bytes per rank or none.
-    With activations: ``in_flight`` microbatches' held at once, ``microbatches`` run.
+    """One step of ``training`` over ``params`` on the world ``sizes`` lays out;
+    ``budget`` bytes per rank or none. With activations: ``in_flight`` microbatches'
+    held at once, ``microbatches`` run. ``world``: what the steps on these ``sizes`` and
+    ``owned`` share.
 
     Raises:
         LayoutError: see ``training_cost``.
     """
-    aliases = _aliases([f for f, _ in items], tied)
-    step = _Step(training, sizes, owned, frozenset((*aliases, *aliases.values())))
+    aliases = _aliases(params.fqns, tied)
+    shared = World() if world is None else world
+    step = _Step(training, sizes, owned, frozenset((*aliases, *aliases.values())), shared)
     step.in_flight, step.microbatches = in_flight, microbatches
-    step.layouts = dict(items)
-    for position, (fqn, layout) in enumerate(items):
-        step.add(position, fqn, layout, shapes.get(fqn), aliases.get(fqn))
+    step.count(params, aliases)
     step.check(aliases)
-    return step.result(len(items), budget)
+    return step.result(len(params.fqns), budget)
 
 
 class _Step:
     """The parameters by signature and by unit, and what they cost.
 
-    Each distinct (layout, shape) is numbered once; a storage is then counted by a small
-    int, ``number * 2 + trainable`` (``_Held``), so that counting a parameter hashes no
-    layout or shape again.
+    Parameters are counted by group (``count``); each distinct (layout, shape) is
+    numbered once, and a storage is then counted by a small int, ``number * 2 +
+    trainable`` (``_Held``).
     """
 
     def __init__(
@@ -629,8 +687,9 @@ class _Step:
         sizes: Mapping[str, Mesh],
         owned: frozenset[str],
         tied: frozenset[str],
+        shared: World,
     ) -> None:
-        self.training, self.sizes, self.owned = training, sizes, owned
+        self.training, self.sizes, self.owned, self.shared = training, sizes, owned, shared
         self.optimizer = training.kept
         self.world = world_size(sizes, "meshes")
         self.units = _Units(training)
@@ -648,57 +707,76 @@ class _Step:
         self.first_trainable: int | None = None
         self.instances: list[_Instance] = []
         self.in_flight = self.microbatches = 1
-        self.layouts: dict[str, SourceLayout] = {}
+        self.params = Params((), (), ())
+        self.groups: list[tuple[int, int, int]] = []  # signature, first and last position
 
     def decode(self, held: int) -> tuple[_Key, Sharded, bool]:
         """A counted storage's signature, what it is on the ranks, whether trainable."""
         number, trainable = divmod(held, 2)
         return self.keys[number], self.sharded[number], bool(trainable)
 
-    def add(
-        self, position: int, fqn: str, layout: SourceLayout, shape: object, alias_of: str | None
-    ) -> None:
-        """One parameter: its place in its units' spans, and (unless a tied alias, which
-        is no storage) its storage, measured once per signature and counted in its unit."""
-        holding = self.units.holding(fqn)
+    def count(self, params: Params, aliases: Mapping[str, str]) -> None:
+        """Every parameter, by group: parameters with one signature and one head
+        (``heads``) are alike in units, frozen-ness and storage, so each group is worked
+        out once, as at its first parameter (groups in the order of their first), and
+        counted for all of its parameters."""
+        self.params = params
+        fqns = params.fqns
+        alias = [False] * len(fqns)  # a tied alias is no storage of its own
+        position: dict[str, int] = {}
+        if self.tied:
+            position = dict(zip(fqns, range(len(fqns)), strict=True))
+            for fqn in aliases:
+                alias[position[fqn]] = True
+        named = heads(fqns, depth(self.training)) if params.heads is None else params.heads
+        groups, of = group_index(zip(named, params.index, alias, strict=True))
+        sizes = Counter(of)
+        last = dict(zip(of, range(len(of)), strict=True))  # a dict keeps a key's last value
+        first = first_positions(of)
+        self.groups = [(number, first[g], last[g]) for g, (_, number, _) in enumerate(groups)]
+        owners = [self.group(key, (first[g], last[g]), sizes[g]) for g, key in enumerate(groups)]
+        for fqn in self.tied:
+            self.owner[fqn] = owners[of[position[fqn]]]
+
+    def group(self, alike: tuple[str, int, bool], span: tuple[int, int], n: int) -> _Instance:
+        """``n`` parameters alike (their head, signature and whether tied aliases), from
+        position ``span[0]`` to ``span[1]``: their place in their units' spans, and (unless
+        tied aliases, which are no storage) their storage, measured once per signature and
+        counted in their unit. The unit owning them."""
+        head, number, alias = alike
+        start, end = span
+        holding = self.units.holding(head)
         for instance in holding:
-            span = self.spans.get(instance)
-            if span is None:
-                self.spans[instance] = [position, position]
+            found = self.spans.get(instance)
+            if found is None:
+                self.spans[instance] = [start, end]
             else:
-                span[1] = position
+                found[1] = max(found[1], end)
         owner = holding[-1] if holding else _ROOT
-        if fqn in self.tied:
-            self.owner[fqn] = owner
-        if alias_of is not None:
-            return
+        if alias:
+            return owner
+        fqn = self.params.fqns[start]
+        layout, shape = self.params.signatures[number]
         check_layout(layout, fqn)
         if not isinstance(shape, ParamShape):
             msg = f"{fqn}: shapes has no ParamShape for it, got {quote(shape)}; give every shape"
             raise LayoutError(msg, fqn=fqn)
         key = (layout, shape)
-        number = self.numbers.get(key)
-        if number is None:
-            number = self.measure(fqn, key)
-        trainable = not self.frozen(fqn)
-        held = 2 * number + trainable
-        n = self.counts.get(held)
-        if n is None:
-            self.counts[held] = 1
-            self.first[held] = fqn
-        else:
-            self.counts[held] = n + 1
-        own = self.own.get(owner)
-        if own is None:
-            own = self.own[owner] = {}
-        n = own.get(held)
-        if n is not None:
-            own[held] = n + 1
-            return
-        own[held] = 1
+        measured = self.numbers.get(key)
+        if measured is None:
+            measured = self.measure(fqn, key)
+        trainable = not self.frozen(head)
+        held = 2 * measured + trainable
+        self.counts[held] = self.counts.get(held, 0) + n
+        self.first.setdefault(held, fqn)
+        own = self.own.setdefault(owner, {})
+        if held in own:
+            own[held] += n
+            return owner
+        own[held] = n
         if trainable:
             if self.first_trainable is None:
-                self.first_trainable = position
+                self.first_trainable = start
             # FSDP2 needs one dtype over a unit's trainable parameters (_init_mp_dtypes)
             first = self.dtypes.setdefault(owner, (fqn, shape.dtype))
             if first[1] != shape.dtype:
@@ -708,6 +786,7 @@ class _Step:
                     "parameters: cast them alike or give them their own unit"
                 )
                 raise LayoutError(msg, fqn=fqn)
+        return owner
 
     def measure(self, fqn: str, key: _Key) -> int:
         """A new signature, measured and numbered."""
@@ -716,11 +795,13 @@ class _Step:
         if mesh is None:
             msg = f"{fqn}: no mesh for role {layout.mesh!r} (meshes has {sorted(self.sizes)})"
             raise LayoutError(msg, fqn=fqn)
-        try:
-            sharded = measure(layout, shape, mesh, self.owned)
-        except LayoutError as e:
-            msg = f"{fqn}: {e.message}"
-            raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
+        sharded = self.shared.measured.get(key)
+        if sharded is None:
+            try:
+                sharded = self.shared.measured[key] = measure(layout, shape, mesh, self.owned)
+            except LayoutError as e:
+                msg = f"{fqn}: {e.message}"
+                raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
         number = self.numbers[key] = len(self.keys)
         self.keys.append(key)
         self.sharded.append(sharded)
@@ -742,6 +823,10 @@ class _Step:
                 raise LayoutError(msg, fqn=alias)
 
     # -- the figures -------------------------------------------------------------------
+
+    def sum(self) -> RankSum:
+        """A new sum of figures on this world's ranks."""
+        return RankSum(self.sizes, self.shared.indices)
 
     def compute(self, shape: ParamShape) -> str:
         """The dtype FSDP2 gathers and computes ``shape``'s parameter in."""
@@ -775,17 +860,15 @@ class _Step:
                 ("all_reduce", made[_HSDP], uses[s]),
             ):
                 if times and any(row):
-                    traffic[name] = [a + times * b for a, b in zip(traffic[name], row, strict=True)]
-            largest = [max(a, b) for a, b in zip(largest, made[_FLAT], strict=True)]
+                    traffic[name] = row_sum((traffic[name], map(times.__mul__, row)), world)
+            largest = list(map(max, largest, made[_FLAT]))
         buffers = {key: row for key, row in rows.items() if key[1] in _FSDP_BUFFERS}
         rows.update(((c, _ACTS), [n] * world) for c, n in enumerate(acts.held))
         rows.update(((c, _RECOMPUTE), [n] * world) for c, n in enumerate(acts.again))
         state = self.state()
         by_kind = {**state, "transient": _peak(states, buffers, world)}
-        kept = [
-            sum(t) for t in zip(state["params"], state["optimizer"], state["master"], strict=True)
-        ]
-        peak = [a + b for a, b in zip(kept, _peak(states, rows, world), strict=True)]
+        kept = (state["params"], state["optimizer"], state["master"])
+        peak = row_sum((*kept, _peak(states, rows, world)), world)
         if self.training.activations is not None:
             by_kind["activations"] = [acts.total] * world
             traffic.update(self.parallel_traffic())
@@ -818,38 +901,45 @@ class _Step:
         if acts is None:
             return {}
         _, cp = self.degrees()
-        dims: dict[tuple[SourceLayout, str], frozenset[int]] = {}
 
         def sharded(layout: SourceLayout, axis: str) -> frozenset[int]:
-            found = dims.get((layout, axis))
-            if found is None:
-                mesh = self.sizes.get(layout.mesh)
-                split = mesh is not None and mesh.get(axis, 1) > 1
-                found = dims[layout, axis] = frozenset(
-                    p.dim
-                    for a, p in zip(layout.axes, layout.placements, strict=True)
-                    if split and a.name == axis and isinstance(p, (Shard, StridedShard))
-                )
-            return found
+            mesh = self.sizes.get(layout.mesh)
+            split = mesh is not None and mesh.get(axis, 1) > 1
+            return frozenset(
+                p.dim
+                for a, p in zip(layout.axes, layout.placements, strict=True)
+                if split and a.name == axis and isinstance(p, (Shard, StridedShard))
+            )
 
-        layouts = self.layouts
+        params = self.params
+        by_tp: OncePerKey[int, frozenset[int]] = OncePerKey(
+            lambda n: sharded(params.signatures[n][0], TP_AXIS)
+        )
+        # each weight's projection, if traced; projections alike (traced bytes, weight's
+        # signature) are counted at once
+        weights = [fqn.endswith(".weight") for fqn in params.fqns]
+        names = [fqn[:-7] for fqn in itertools.compress(params.fqns, weights)]
+        traced = map(acts.modules.get, names)
+        alike = Counter(zip(traced, itertools.compress(params.index, weights), strict=True))
         tp = 0
-        for name, (kind, given, made) in acts.modules.items():
-            weight = layouts.get(f"{name}.weight")
-            on = frozenset() if weight is None else sharded(weight, TP_AXIS)
-            if on:
-                tp += -(-(made if kind == "embedding" or 0 not in on else given) // cp)
-                tp += -(-made // cp) if kind == "linear" and {0, 1} <= on else 0
-        # the experts modules holding a parameter sharded over ep: each such parameter's
-        # modules, walked up to the first one met before (the rest were walked then)
-        experts: set[str] = set()
-        for fqn, layout in layouts.items() if acts.routed else ():
-            if not sharded(layout, EP_AXIS):
+        for (entry, number), n in alike.items():
+            if entry is None:
                 continue
-            module = fqn.rpartition(".")[0]
-            while module and module not in experts:
-                experts.add(module)
-                module = module.rpartition(".")[0]
+            kind, given, made = entry
+            on = by_tp[number]
+            if on:
+                tp += n * -(-(made if kind == "embedding" or 0 not in on else given) // cp)
+                tp += n * -(-made // cp) if kind == "linear" and {0, 1} <= on else 0
+        experts: set[str] = set()
+        if acts.routed:
+            by_ep: OncePerKey[int, bool] = OncePerKey(
+                lambda n: bool(sharded(params.signatures[n][0], EP_AXIS))
+            )
+            # a group's parameters lie in the same modules as deep as ``depth`` reads,
+            # as deep as the experts modules: its first and last stand for all (two, for
+            # a parameter named as the head itself)
+            ends = (p for number, *span in self.groups if by_ep[number] for p in span)
+            experts = _modules_of(params.fqns[p] for p in ends)
         # full checkpointing recomputes a unit's forward: its experts dispatch and
         # combine again (torchtitan's selective policy saves those outputs)
         rerun: tuple[str, ...] = ()
@@ -999,9 +1089,8 @@ class _Step:
         are copied from the shard); HSDP all-reduces the reduce-scatter's output over
         the replicate axis.
         """
-        sizes = self.sizes
         kinds = (_FLAT, _UNSHARDED, _POST_FORWARD, _GRAD, _UNSHARDED_GRAD, _SCATTER, _HSDP)
-        sums = {kind: RankSum(sizes) for kind in kinds}
+        sums = {kind: self.sum() for kind in kinds}
         for held, n in own:
             (_, shape), s, trainable = self.decode(held)
             gathered = n * s.world * DTYPE_BYTES[self.compute(shape)]
@@ -1018,13 +1107,12 @@ class _Step:
                     sums[_SCATTER].add(s.role, s.padded, n * s.world * grad)
                 if s.replicated:
                     sums[_HSDP].add(s.role, s.padded, n * grad)
-        return {kind: _per_rank(total, sizes, self.world) for kind, total in sums.items()}
+        return {kind: total.total() for kind, total in sums.items()}
 
     def state(self) -> dict[str, list[int]]:
         """Parameters and gradients (FSDP2's padded shards), the optimizer's states and
         master copies (shaped as the local shard) per rank."""
-        sizes, world = self.sizes, self.world
-        params, grads, states, master = (RankSum(sizes) for _ in range(4))
+        params, grads, states, master = (self.sum() for _ in range(4))
         optimizer = self.optimizer
         scalars = 0
         for held, n in self.counts.items():
@@ -1037,10 +1125,10 @@ class _Step:
                 states.add(s.role, s.kept, n * optimizer.states * shape.itemsize)
                 scalars += n * optimizer.scalars * SCALAR_BYTES
         return {
-            "params": _per_rank(params, sizes, world),
-            "grads": _per_rank(grads, sizes, world),
-            "optimizer": [b + scalars for b in _per_rank(states, sizes, world)],
-            "master": _per_rank(master, sizes, world),
+            "params": params.total(),
+            "grads": grads.total(),
+            "optimizer": [b + scalars for b in states.total()],
+            "master": master.total(),
         }
 
     def assumptions(

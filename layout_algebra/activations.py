@@ -27,7 +27,7 @@ parallelism exchanges).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeVar
 
 import attrs
@@ -313,11 +313,17 @@ _BY_NAME: Final = ("units", "recompute", "modules", "routed")
 
 
 def split_activations(
-    activations: Activations, part_of: Callable[[str], int], parts: int
+    activations: Activations,
+    part_of: Callable[[str], int],
+    parts: int,
+    *,
+    modules: Sequence[FrozenMap[str, tuple[str, int, int]]] | None = None,
 ) -> list[Activations]:
     """``activations`` split into ``parts`` values (a pipeline's stages): each unit and
     its recompute, projection and experts module in the part ``part_of`` gives its name
     (a unit of several modules by its first); batch, tokens, policy and boundary kept.
+    ``modules``: each part's projections, when the caller has split them (of
+    ``activations.modules``: one value may serve several parts).
 
     The parts hold the checked entries of ``activations`` itself, so they are made
     without checking each again (a stage of a large model names tens of thousands).
@@ -325,7 +331,8 @@ def split_activations(
     split: list[dict[str, dict[str, object]]] = [
         {field: {} for field in _BY_NAME} for _ in range(parts)
     ]
-    for field in _BY_NAME:
+    named = _BY_NAME if modules is None else tuple(f for f in _BY_NAME if f != "modules")
+    for field in named:
         values: Mapping[str, object] = getattr(activations, field)
         for name, value in values.items():
             split[part_of(name.partition(",")[0])][field][name] = value
@@ -334,9 +341,12 @@ def split_activations(
         part = object.__new__(Activations)
         for attribute in attrs.fields(Activations):
             object.__setattr__(part, attribute.name, getattr(activations, attribute.name))
-        for field, values in fields.items():
-            object.__setattr__(part, field, frozen_map_of(values))
+        for field in named:
+            object.__setattr__(part, field, frozen_map_of(fields[field]))
         out.append(part)
+    if modules is not None:
+        for part, mine in zip(out, modules, strict=True):
+            object.__setattr__(part, "modules", mine)
     return out
 
 

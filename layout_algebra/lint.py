@@ -31,26 +31,29 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, cast
 
 import attrs
 
 from layout_algebra._args import as_instances, as_items, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call, read_once
 from layout_algebra._grouping import group_index, values_by_fqn
-from layout_algebra._pipeline import Placed, pipeline_problem, place, staged_cost
+from layout_algebra._pipeline import Placed, pipeline_problem, place, staged_cost, staged_depth
 from layout_algebra._ranks import (
     Chain,
     DimRead,
     Factor,
+    Indices,
     RankSum,
     chain_of,
     chunk_lengths,
     fsdp_runs_differ,
     index_vector,
     read_dim,
+    row_sum,
 )
 from layout_algebra._shards import role_mesh, shard_dim_of, split_factor_of
+from layout_algebra._step import Params
 from layout_algebra._structure_rules import structure_problems
 from layout_algebra._text import (
     MAX_LISTED,
@@ -91,7 +94,7 @@ from layout_algebra.training import (
     assumption_lines,
     cost_lines,
     rows_by_name,
-    training_cost,
+    step_cost,
 )
 
 __all__ = [
@@ -1049,7 +1052,8 @@ def lint(
     problems, notes = run.report()
     placed = None
     if stages is not None:
-        placed = place(stages, table, meshes, run.owned)
+        # the heads the stages' steps read, worked out with the stages'
+        placed = place(stages, table, meshes, run.owned, depth=staged_depth(training))
         problems.extend(_stage_problems(placed))
     else:
         unstaged = pipeline_problem(meshes)
@@ -1057,12 +1061,12 @@ def lint(
             problems.append(LintProblem(unstaged, kind="stages", fqn=_MODEL, axis="pp"))
     memory = run.memory(placed)
     if training is None and budget is None:
-        return LintReport(tuple(problems), tuple(notes), memory, run.coverage())
+        return LintReport(tuple(problems), tuple(notes), memory.value(), run.coverage())
     if placed is not None:
         return _staged_report(run, placed, problems, notes, memory, training, budget)
-    cost = training_cost(
-        run.followed(),
-        run.shapes_followed(),
+    params, _ = run.followed()
+    cost = step_cost(
+        params,
         meshes,
         Training() if training is None else training,
         tied=table.tied,
@@ -1070,17 +1074,12 @@ def lint(
         budget=budget,
     )
     if cost.over_budget is not None:
-        excess = cost.over_budget
-        problems.append(
-            LintProblem(
-                f"{excess.fqn}: {excess.message}", kind="budget", fqn=excess.fqn, ranks=excess.ranks
-            )
-        )
-    memory = attrs.evolve(memory, by_kind=cost.by_kind, peak=cost.peak)
+        message, fqn, ranks = cost.over_budget
+        problems.append(LintProblem(f"{fqn}: {message}", kind="budget", fqn=fqn, ranks=ranks))
     return LintReport(
         tuple(problems),
         tuple(notes),
-        memory,
+        memory.value(cost.by_kind, cost.peak),
         run.coverage(),
         traffic=cost.traffic,
         assumptions=cost.assumptions,
@@ -1133,18 +1132,18 @@ def _staged_report(  # noqa: PLR0917 -- one private caller, the lint's state in 
     placed: Placed,
     problems: list[LintProblem],
     notes: list[LintNote],
-    memory: RankMemory,
+    memory: _Memory,
     training: Training | None,
     budget: int | None,
 ) -> LintReport:
     """The report with each stage's training cost on the ranks running it."""
+    params, stage_of = run.followed(placed)
     cost = staged_cost(
         placed,
-        run.followed(),
-        run.shapes_followed(),
+        params,
         run.meshes,
         Training() if training is None else training,
-        stage_by_fqn=dict(zip(run.table, placed.assignment.of, strict=True)),
+        stage_of=stage_of,
         tied=run.table.tied,
         owned=run.owned,
         budget=budget,
@@ -1155,11 +1154,34 @@ def _staged_report(  # noqa: PLR0917 -- one private caller, the lint's state in 
     return LintReport(
         tuple(problems),
         tuple(notes),
-        attrs.evolve(memory, by_kind=cost.by_kind, peak=cost.peak),
+        memory.value(cost.by_kind, cost.peak),
         run.coverage(),
         traffic=cost.traffic,
         assumptions=cost.assumptions,
     )
+
+
+@attrs.frozen
+class _Memory:
+    """The rows of a lint's ``RankMemory``, made its value once the training's rows, if
+    any, are known (a value checks every row it is given)."""
+
+    bytes_per_rank: list[int]
+    by_role: dict[str, list[int]]
+    padded_bytes_per_rank: list[int]
+    by_stage: Mapping[int, Sequence[int]]
+
+    def value(
+        self, by_kind: Mapping[str, Sequence[int]] = FrozenMap({}), peak: Sequence[int] = ()
+    ) -> RankMemory:
+        return RankMemory(
+            self.bytes_per_rank,
+            self.by_role,
+            self.padded_bytes_per_rank,
+            by_kind,
+            by_stage=self.by_stage,
+            peak=peak,
+        )
 
 
 class _Run:
@@ -1342,7 +1364,7 @@ class _Run:
             )
         return LintNote(fqns[0], message, padding * len(fqns), fqns)
 
-    def memory(self, placed: Placed | None = None) -> RankMemory:
+    def memory(self, placed: Placed | None = None) -> _Memory:
         """The bytes of every storage on every rank, by role: each signature's rows by dim,
         times its count, summed where they live and spread over the ranks once. With
         stages, each stage's storages on the ranks running it (``_stage_memory``)."""
@@ -1354,94 +1376,94 @@ class _Run:
             if count and found.itemsize:
                 kept.add(found.role, found.kept, count * found.itemsize)
                 padded.add(found.role, found.padded, count * found.itemsize)
-        return self._rows(kept, padded)
+        by_role = {role: kept.per_rank(role) for role in self.meshes}
+        return self._rows(by_role, padded.total())
 
     def _rows(
-        self, kept: RankSum, padded: RankSum, by_stage: Mapping[int, Sequence[int]] = FrozenMap({})
-    ) -> RankMemory:
-        """The memory value of the sums kept and allocated."""
-        world = next(iter(self.meshes.values())).size
-        by_role = {role: kept.per_rank(role) for role in self.meshes}
+        self,
+        by_role: dict[str, list[int]],
+        allocated: list[int],
+        by_stage: Mapping[int, Sequence[int]] = FrozenMap({}),
+    ) -> _Memory:
+        """The memory of the rows kept by role and allocated."""
+        world = len(allocated)
         for found in self.found.values():  # a role no mesh has holds nothing
             by_role.setdefault(found.role, [0] * world)
-        total = [0] * world
-        for row in by_role.values():
-            total = [a + b for a, b in zip(total, row, strict=True)]
-        allocated = [0] * world
-        for role in self.meshes:
-            allocated = [a + b for a, b in zip(allocated, padded.per_rank(role), strict=True)]
-        return RankMemory(
-            tuple(total),
-            FrozenMap({r: tuple(v) for r, v in by_role.items()}),
-            tuple(allocated),
-            by_stage=by_stage,
-        )
+        return _Memory(row_sum(by_role.values(), world), by_role, allocated, by_stage)
 
-    def _stage_memory(self, placed: Placed) -> RankMemory:
-        """``memory`` with stages: the storages of each (signature, stage), each stage's on
-        the ranks of its pipeline coordinate (a 0/1 factor on the pipeline axis). Tied
-        parameters in two stages are two storages: each stage's module keeps its own."""
-        aliases = self._stage_aliases(placed.assignment.of)
-        counts: Counter[tuple[int, int]] = Counter()
-        for fqn, i, s in zip(self.table, self.index, placed.assignment.of, strict=True):
-            if i is not None and s is not None and fqn not in aliases:
-                counts[i, s] += 1
-        kept, padded = RankSum(self.meshes), RankSum(self.meshes)
-        staged = {s: RankSum(self.meshes) for s in range(placed.count)}
+    def _stage_memory(self, placed: Placed) -> _Memory:
+        """``memory`` with stages: the storages of each (signature, stage), each stage's
+        summed on the world of one pipeline rank (``placed.collapsed``) and spread onto
+        the ranks of its pipeline coordinate. Tied parameters in two stages are two
+        storages: each stage's module keeps its own."""
+        stage_of = placed.assignment.of
+        counts = Counter(zip(self.index, stage_of, strict=True))
+        for p in self._stage_aliases(stage_of):
+            counts[self.index[p], stage_of[p]] -= 1
+        small = placed.collapsed(self.meshes)
+        indices: Indices = {}  # each stage's sums are on one world
+        kept = [RankSum(small, indices) for _ in range(placed.count)]
+        padded = [RankSum(small, indices) for _ in range(placed.count)]
         for (i, s), count in counts.items():
-            found = self.found[self.signatures[i]]
-            if not found.itemsize:
+            if i is None or s is None:
                 continue
-            mask = placed.mask(s)
-            scale = count * found.itemsize
-            kept.add(found.role, (*found.kept, mask), scale)
-            padded.add(found.role, (*found.padded, mask), scale)
-            staged[s].add(found.role, (*found.kept, mask), scale)
-        world = len(placed.pp_index)
-        by_stage: dict[int, list[int]] = {}
-        for s, sums in staged.items():
-            row = [0] * world
-            for role in self.meshes:
-                row = [a + b for a, b in zip(row, sums.per_rank(role), strict=True)]
-            by_stage[s] = row
-        return self._rows(kept, padded, by_stage)
+            found = self.found[self.signatures[i]]
+            if found.itemsize and count:
+                kept[s].add(found.role, found.kept, count * found.itemsize)
+                padded[s].add(found.role, found.padded, count * found.itemsize)
+        width = placed.width
 
-    def _stage_aliases(self, stage_of: Sequence[int | None]) -> set[str]:
-        """The tied FQNs that are no storage of their own: all but the first of each
-        group's members in one stage."""
+        def on_ranks(rows: Mapping[int, list[int]]) -> list[int]:
+            """Stages' rows (on the world of one pipeline rank) on the ranks running them."""
+            by_rank = [[0] * width for _ in range(placed.pp)]
+            for s, row in rows.items():
+                at = placed.rank_of(s)
+                by_rank[at] = row_sum((by_rank[at], row), width)
+            return placed.spread(by_rank)
+
+        by_role = {
+            role: on_ranks({s: k.per_rank(role) for s, k in enumerate(kept)})
+            for role in self.meshes
+        }
+        by_stage = {s: on_ranks({s: k.total()}) for s, k in enumerate(kept)}
+        allocated = on_ranks({s: p.total() for s, p in enumerate(padded)})
+        return self._rows(by_role, allocated, by_stage)
+
+    def _stage_aliases(self, stage_of: Sequence[int | None]) -> list[int]:
+        """The positions of the tied FQNs that are no storage of their own: all but the
+        first of each group's members in one stage."""
         if not self.table.tied:
-            return set()
-        stage = dict(zip(self.table, stage_of, strict=True))
-        position = {fqn: n for n, fqn in enumerate(self.table)}
-        aliases: set[str] = set()
+            return []
+        position = dict(zip(self.table, range(len(stage_of)), strict=True))
+        aliases: list[int] = []
         for group in self.table.tied:
             first: set[int | None] = set()
-            for fqn in sorted((m for m in group if m in position), key=position.__getitem__):
-                if stage[fqn] in first:
-                    aliases.add(fqn)
-                first.add(stage[fqn])
+            for p in sorted(position[m] for m in group if m in position):
+                if stage_of[p] in first:
+                    aliases.append(p)
+                first.add(stage_of[p])
         return aliases
 
-    def followed(self) -> dict[str, SourceLayout]:
-        """The composed layout of every parameter followed on every rank, in table order."""
-        out: dict[str, SourceLayout] = {}
-        for fqn, i in zip(self.table, self.index, strict=True):
-            key = None if i is None else self.signatures[i]
-            if key is None or not self.found[key].itemsize:
-                continue
-            composed = self.composed.get(key, key[0] if self.roles is None else None)
-            if composed is not None:
-                out[fqn] = composed
-        return out
-
-    def shapes_followed(self) -> dict[str, ParamShape]:
-        """The shape of every parameter followed (a tied alias takes its group's)."""
-        signatures = self.signatures
-        return {
-            fqn: signatures[i][1]
-            for fqn, i in zip(self.table, self.index, strict=True)
-            if i is not None and self.found[signatures[i]].itemsize
-        }
+    def followed(self, placed: Placed | None = None) -> tuple[Params, list[int | None]]:
+        """The parameters followed on every rank, in table order, by signature: its
+        composed layout and shape (a tied alias takes its group's); with stages, their
+        heads and stages."""
+        fqns, index = list(self.table), self.index
+        followed = [
+            bool(self.found[key].itemsize) and (self.roles is None or key in self.composed)
+            for key in self.signatures
+        ]
+        signatures = [(self.composed.get(key, key[0]), key[1]) for key in self.signatures]
+        heads = None if placed is None else placed.heads
+        stages = [] if placed is None else list(placed.assignment.of)
+        if self.no_shape or not all(followed):
+            kept = [i is not None and followed[i] for i in index]
+            fqns = list(itertools.compress(fqns, kept))
+            heads = None if heads is None else list(itertools.compress(heads, kept))
+            stages = list(itertools.compress(stages, kept))
+            index = list(itertools.compress(index, kept))
+        # no None left in index: a parameter without a shape is not followed
+        return Params(fqns, cast("list[int]", index), signatures, heads), stages
 
     def coverage(self) -> tuple[Coverage, ...]:
         """Per signature examined, whether a checkpoint's chunks cover it exactly once."""

@@ -18,6 +18,7 @@ import attrs
 
 from layout_algebra._args import as_items, as_sequence, plain_str
 from layout_algebra._frozen import REQUIRED, check_init, checked_call
+from layout_algebra._grouping import heads
 from layout_algebra._json_read import at_field, at_index, fail, read_object
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._text import quote
@@ -310,32 +311,47 @@ def assign_stages(stages: Stages, fqns: Iterable[str]) -> StageAssignment:
         raise LayoutError(msg)
     names = as_items(fqns, "fqns", "['layers.0.w', 'norm.weight']")
     check_fqns(names, "fqns")
+    return assign_by_heads(stages, names, heads(names, pattern_depth(stages)))
+
+
+def pattern_depth(stages: Stages) -> int:
+    """The most segments a pattern of ``stages`` has."""
+    return max(len(p.split(".")) for stage in stages.stages for p in stage)
+
+
+def assign_by_heads(
+    stages: Stages, names: Sequence[str], head_of: Sequence[str]
+) -> StageAssignment:
+    """``assign_stages`` of ``names`` (checked FQNs), given their heads (``heads``, of at
+    least ``pattern_depth`` segments): no pattern is longer, so an FQN's stages depend on
+    its head alone, and a model's thousands of parameters are a few dozen heads."""
     matcher = Matcher(
         Rule(pattern, i) for i, stage in enumerate(stages.stages) for pattern in stage
     )
-    of: list[int | None] = []
+    depth = pattern_depth(stages)
+    by_cut: dict[str, tuple[int, ...]] = {}  # by head cut to ``depth`` segments
+    answers: dict[str, tuple[int, ...]] = {}
+    for head in dict.fromkeys(head_of):
+        cut = ".".join(head.split(".", depth)[:depth])
+        found = by_cut.get(cut)
+        if found is None:
+            hits = {matcher.rule(i).value for _, rules in matcher.prefixes(cut) for i in rules}
+            found = by_cut[cut] = tuple(sorted(hits))
+        answers[head] = found
+    stage = {head: holders[0] if len(holders) == 1 else None for head, holders in answers.items()}
     unplaced: list[str] = []
     doubled: list[tuple[str, tuple[int, ...]]] = []
-    # No pattern is longer than ``depth`` segments, so an FQN's stages depend on its first
-    # ``depth`` only: a model's thousands of parameters are a few dozen such heads.
-    depth = max(len(p.split(".")) for stage in stages.stages for p in stage)
-    answers: dict[str, tuple[int, ...]] = {}
-    for fqn in names:
-        head = ".".join(fqn.split(".", depth)[:depth])
-        holders = answers.get(head)
-        if holders is None:
-            found = {matcher.rule(i).value for _, hits in matcher.prefixes(head) for i in hits}
-            holders = answers[head] = tuple(sorted(found))
-        if len(holders) == 1:
-            of.append(holders[0])
-            continue
-        of.append(None)
-        if holders:
-            doubled.append((fqn, holders))
-        else:
-            unplaced.append(fqn)
+    if None in stage.values():  # a parameter in no stage or in several
+        for fqn, head in zip(names, head_of, strict=True):
+            holders = answers[head]
+            if len(holders) > 1:
+                doubled.append((fqn, holders))
+            elif not holders:
+                unplaced.append(fqn)
     unused = tuple((rule.value, rule.key) for rule in matcher.unused())
-    return StageAssignment(tuple(of), tuple(unplaced), tuple(doubled), unused)
+    return StageAssignment(
+        tuple(map(stage.__getitem__, head_of)), tuple(unplaced), tuple(doubled), unused
+    )
 
 
 # ---------------------------------------------------------------------------------------

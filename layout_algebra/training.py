@@ -33,6 +33,7 @@ import attrs
 from layout_algebra import _step
 from layout_algebra._args import as_sequence, mapping_items, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call
+from layout_algebra._grouping import first_positions, group_index
 from layout_algebra._json_read import at_field, at_index, fail, shown
 from layout_algebra._text import (
     clip,
@@ -727,6 +728,8 @@ def as_counts(value: Iterable[int], arg: str) -> tuple[int, ...]:
             items, or an item that is no such int.
     """
     out = as_sequence(value, arg, "(0, 1)", limit=MAX_WORLD, what="counts (one per rank)")
+    if set(map(type, out)) <= {int} and min(out, default=0) >= 0:  # a row of a world at once
+        return out
     for n in out:
         if type(n) is not int or n < 0:
             msg = f"{arg} holds ints >= 0, got {quote(n)} in {quote(out)}"
@@ -1027,10 +1030,10 @@ def training_cost(
     if not isinstance(raw, Mapping):
         msg = f"layouts must map parameter FQN to its composed SourceLayout, got {quote(raw)}"
         raise LayoutError(msg)
-    items = [
-        (check_fqn(f, "layouts"), layout)
-        for f, layout in mapping_items(layouts, "layouts", "{'w': dense[dp_shard=S(0)]}")
-    ]
+    items = mapping_items(layouts, "layouts", "{'w': dense[dp_shard=S(0)]}")
+    fqns = [f for f, _ in items]
+    if not (set(map(type, fqns)) <= {str} and all(fqns)):
+        fqns = [check_fqn(f, "layouts") for f in fqns]
     given: object = shapes
     if not isinstance(given, Mapping):
         msg = (
@@ -1038,10 +1041,49 @@ def training_cost(
         )
         raise LayoutError(msg)
     owned_axes = axis_name_set(owned, "owned")
-    step = _step.cost(items, shapes, sizes, training, tied=tied, owned=owned_axes, budget=limit)
+    params = _by_signature(fqns, [layout for _, layout in items], list(map(shapes.get, fqns)))
+    step = _step.cost(params, sizes, training, tied=tied, owned=owned_axes, budget=limit)
     excess = None
     if step.over_budget is not None:
         excess = BudgetExcess(*step.over_budget)
     return TrainingCost(
         step.by_kind, step.traffic, step.largest, excess, step.assumptions, peak=step.peak
     )
+
+
+def step_cost(
+    params: _step.Params,
+    meshes: Mapping[str, Mesh],
+    training: Training,
+    *,
+    tied: Iterable[Iterable[str]],
+    owned: frozenset[str],
+    budget: int | None,
+) -> _step.StepCost:
+    """The step's cost (``training_cost``'s rows) of parameters their caller has grouped
+    by signature (lint's, its FQNs, layouts, shapes and meshes checked): ``training`` and
+    ``budget`` are checked as ``training_cost`` checks them.
+
+    Raises:
+        LayoutError: see ``training_cost``.
+    """
+    training = _as_training(training)
+    limit = _as_budget(budget)
+    return _step.cost(params, meshes, training, tied=tied, owned=owned, budget=limit)
+
+
+def _by_signature(
+    fqns: Sequence[str], layouts: Sequence[SourceLayout], shapes: Sequence[object]
+) -> _step.Params:
+    """The parameters grouped by (layout, shape); one whose layout or shape is none
+    stands alone, for the step to refuse where it counts it."""
+    keys: list[object] = []
+    for p, (layout, shape) in enumerate(zip(layouts, shapes, strict=True)):
+        raw: object = layout  # as given: the step refuses what is no layout
+        keys.append(
+            (raw, shape) if isinstance(raw, SourceLayout) and isinstance(shape, ParamShape) else p
+        )
+    groups, index = group_index(keys)
+    first = first_positions(index)
+    signatures = [(layouts[first[g]], shapes[first[g]]) for g in range(len(groups))]
+    return _step.Params(fqns, index, signatures)

@@ -6,13 +6,13 @@ about twenty distinct (layout, shape) signatures, FSDP over ``dp_shard``. Each f
 a ratio in this process: against building the table from its plan (``build_table``), and
 against the same call on a 16-rank world; the memory is the peak of building the table
 and its shapes and linting it (``--quick``: 8 layers, where the work per world weighs
-more against the work per tensor). Lint with pipeline stages and training, then with
-the activations of a 4096-token microbatch too (an ``Activations`` of the same shapes,
-every projection and experts module named, built here without torch), against lint
-alone and lint with training. Then torch's own load planning beside ``reshard_plan`` on
-a smaller case (4 layers, 64 ranks; ``--full``: 8 layers, the largest torch plans in
-about a minute here). Run alone with ``python -m tests.bench.bench_world [--quick]
-[--full]``.
+more against the work per tensor). Lint with training against lint alone; lint with
+pipeline stages and training, then with the activations of a 4096-token microbatch too
+(an ``Activations`` of the same shapes, every projection and experts module named,
+built here without torch), against lint alone and lint with training. Then torch's own
+load planning beside ``reshard_plan`` on a smaller case (4 layers, 64 ranks; ``--full``:
+8 layers, the largest torch plans in about a minute here). Run alone with ``python -m
+tests.bench.bench_world [--quick] [--full]``.
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ LINT_GROWTH_TARGET: Final = 2.0
 RESHARD_TARGET: Final = 30.0
 RESHARD_GROWTH_TARGET: Final = 3.0
 MEMORY_TARGET: Final = 2.0
+TRAINING_TARGET: Final = 3.0
+"""Lint with training against lint alone, on the same world."""
 STAGES_TARGET: Final = 3.0
 """Lint with pipeline stages and training against the same lint without stages."""
 ACTIVATIONS_TARGET: Final = 3.0
@@ -452,6 +454,7 @@ def run(*, quick: bool = False, full: bool = False) -> tuple[int, int]:
             RESHARD_GROWTH_TARGET,
         ),
         ("table + lint peak memory, 16,384 / 16 ranks", memory_large / memory_small, MEMORY_TARGET),
+        ("lint + training / lint, 16,384 ranks", plain / lint_large, TRAINING_TARGET),
         ("lint with stages / without, 16,384 ranks", staged / plain, STAGES_TARGET),
         ("stages + activations / lint, 16,384 ranks", with_acts / lint_large, ACTIVATIONS_TARGET),
         ("stages + activations / lint + training", with_acts / plain, ACTIVATIONS_TARGET),
