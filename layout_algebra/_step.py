@@ -444,6 +444,7 @@ def _backward(
     them, and keeps the sharded gradients; autograd frees the unit's activations."""
     prefetched: set[int] = set()
     fired: set[int] = set()
+    scattering: list[int] = []  # the reduce-scatter input FSDP2 still holds
 
     def gather(i: int) -> None:
         if held[i] != _UNSHARDED and i not in prefetched:
@@ -461,7 +462,7 @@ def _backward(
         elif held[i] == _POST_FORWARD:
             live.free(signature, _POST_FORWARD)
         held[i] = _SHARDED
-        _post_backward(calls[i], live, fired=i in fired)
+        _post_backward(calls[i], live, scattering, fired=i in fired)
 
     stack: list[int] = []
     for at in range(len(closed) - 1, -1, -1):
@@ -487,17 +488,22 @@ def _backward(
         stack.append(i)
     while stack:
         post(stack.pop())
+    for signature in scattering:  # the root's finalize lets the last one go
+        live.free(signature, _SCATTER)
 
 
-def _post_backward(call: _Call, live: _Live, *, fired: bool) -> None:
-    """After a unit's backward: its unsharded gradients copied into the reduce-scatter
-    input and dropped, the sharded ones kept; its activations (and what its recompute
-    saved) freed."""
+def _post_backward(call: _Call, live: _Live, scattering: list[int], *, fired: bool) -> None:
+    """After a unit's backward: the previous unit's reduce-scatter input let go (FSDP2
+    keeps one, ``reduce_scatter_max_input_buffers=1``, until the next post-backward),
+    this unit's unsharded gradients copied into its own and dropped, the sharded ones
+    kept; its activations (and what its recompute saved) freed."""
     signature = call.signature
     if fired:
+        while scattering:
+            live.free(scattering.pop(), _SCATTER)
         live.alloc(signature, _SCATTER)
         live.free(signature, _UNSHARDED_GRAD)
-        live.free(signature, _SCATTER)
+        scattering.append(signature)
         live.alloc(signature, _GRAD)
         if call.recompute >= 0:
             live.free(call.recompute, _RECOMPUTE)
@@ -1214,7 +1220,8 @@ class _Step:
             "peak: the model state, plus the most that FSDP2's buffers, the activations and "
             "the gradients made so far hold at once; gradients are made in backward (a "
             "steady step after zero_grad(set_to_none=True), torch's default): a unit's "
-            "unsharded gradients, then its reduce-scatter input, then its sharded gradients"
+            "unsharded gradients, then its reduce-scatter input, then its sharded gradients; "
+            "FSDP2 keeps the last reduce-scatter input until the next unit's post-backward"
         )
         out.append(
             "not counted: "

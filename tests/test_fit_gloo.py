@@ -306,15 +306,6 @@ def test_every_row_runs_a_step_as_lint_says_of_its_mesh(
             assert 0 < held <= row.peak, (name, rank, got["modelled_peak"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "torch 2.13 keeps a unit's reduce-scatter input until the next unit's post-backward "
-        "(FSDPParamGroup.reduce_scatter_max_input_buffers = 1), past the next unit's "
-        "unshard; lint's step frees it at once, so its peak reads one unit's "
-        "reduce-scatter input low where the two overlap"
-    ),
-)
 def test_every_rows_step_is_within_its_peak(
     rows: dict[str, tuple[Case, FitRow]], measured: list[dict[str, Any]]
 ) -> None:
