@@ -1052,7 +1052,7 @@ def lint(
     problems, notes = run.report()
     placed = None
     if stages is not None:
-        # the heads the stages' steps read, worked out with the stages'
+        # each FQN's head, as deep as the stages' steps read, worked out with the stages
         placed = place(stages, table, meshes, run.owned, depth=staged_depth(training))
         problems.extend(_stage_problems(placed))
     else:
