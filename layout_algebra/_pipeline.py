@@ -270,8 +270,8 @@ def _stage_activations(given: Activations, placed: Placed) -> list[Activations]:
     """``given`` split by stage: each unit and experts module on the stage of its
     module's first parameter (the last stage when it holds none: the root's, what no unit
     saved). A projection moves bytes through its weight alone (``parallel_traffic``), so
-    every stage is given all of them, but for those whose weight is on a stage their
-    first parameter is not (it would have been left out of its weight's stage).
+    every stage is given all of them, but those whose weight is on another stage than
+    their first parameter (on neither stage would they have met their weight).
 
     The table's parameters are read by head (``placed.heads``): parameters with one head
     are on one stage, so a module holding a head's parameters is on that stage, and a
@@ -290,17 +290,14 @@ def _stage_activations(given: Activations, placed: Placed) -> list[Activations]:
 
     # a module below the heads is on its weight's stage; one above them (its weight's
     # head is the weight itself) may not be
-    away: list[set[str]] = [set() for _ in range(placed.count)]
-    for name in above.keys() & given.modules.keys():
-        weight = by_head.get(f"{name}.weight")
-        if weight is not None and weight != above[name]:
-            away[weight].add(name)
-    modules = [
-        given.modules
-        if not names
-        else frozen_map_of({k: v for k, v in given.modules.items() if k not in names})
-        for names in away
-    ]
+    away = {
+        name
+        for name in above.keys() & given.modules.keys()
+        if by_head.get(f"{name}.weight", above[name]) != above[name]
+    }
+    modules = given.modules
+    if away:
+        modules = frozen_map_of({k: v for k, v in modules.items() if k not in away})
     return split_activations(given, stage_of, placed.count, modules=modules)
 
 
