@@ -21,7 +21,7 @@ from layout_algebra._args import as_items
 from layout_algebra._frozen import frozen_map_of
 from layout_algebra._grouping import heads
 from layout_algebra._patterns import Matcher, Rule
-from layout_algebra._ranks import Factor, index_vector, row_sum
+from layout_algebra._ranks import Chain, DimRead, Factor, index_vector, row_sum
 from layout_algebra._step import Params, over_limit
 from layout_algebra.activations import Activations, divisors, split_activations
 from layout_algebra.errors import LayoutError
@@ -325,10 +325,11 @@ def staged_cost(
     tied: Iterable[frozenset[str]],
     owned: frozenset[str],
     budget: int | None,
+    reads: dict[tuple[int, Chain], DimRead],
 ) -> StagedCost:
     """Each stage's step (``training_cost`` of its parameters), on the ranks running it:
     ``stage_of`` gives each parameter's stage; their heads are at least
-    ``staged_depth(training)`` segments (``place``).
+    ``staged_depth(training)`` segments (``place``); ``reads``: the dims read already.
 
     Raises:
         LayoutError: what ``training_cost`` raises for a stage.
@@ -350,7 +351,7 @@ def staged_cost(
     by_rank = {name: [[0] * width for _ in range(placed.pp)] for name in names}
     said: list[list[str]] = []
     sends = _sends(placed, training, small) if acts is not None else [0] * n
-    world = _step.World()  # every stage's step runs on the same world, ``small``
+    world = _step.World(reads)  # every stage's step runs on the same world, ``small``
     for s, part in enumerate(parts):
         mine = set(part.fqns) if groups else set()
         cost = _step.cost(
