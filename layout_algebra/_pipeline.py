@@ -21,7 +21,7 @@ from layout_algebra._args import as_items
 from layout_algebra._frozen import frozen_map_of
 from layout_algebra._grouping import heads
 from layout_algebra._patterns import Matcher, Rule
-from layout_algebra._ranks import Factor, index_vector, row_sum
+from layout_algebra._ranks import Chain, DimRead, Factor, index_vector, row_sum
 from layout_algebra._step import Params, over_limit
 from layout_algebra.activations import Activations, divisors, split_activations
 from layout_algebra.errors import LayoutError
@@ -270,8 +270,8 @@ def _stage_activations(given: Activations, placed: Placed) -> list[Activations]:
     """``given`` split by stage: each unit and experts module on the stage of its
     module's first parameter (the last stage when it holds none: the root's, what no unit
     saved). A projection moves bytes through its weight alone (``parallel_traffic``), so
-    every stage is given all of them, but for those whose weight is on a stage their
-    first parameter is not (it would have been left out of its weight's stage).
+    every stage is given all of them, but those whose weight is on another stage than
+    their first parameter (on neither stage would they have met their weight).
 
     The table's parameters are read by head (``placed.heads``): parameters with one head
     are on one stage, so a module holding a head's parameters is on that stage, and a
@@ -290,17 +290,14 @@ def _stage_activations(given: Activations, placed: Placed) -> list[Activations]:
 
     # a module below the heads is on its weight's stage; one above them (its weight's
     # head is the weight itself) may not be
-    away: list[set[str]] = [set() for _ in range(placed.count)]
-    for name in above.keys() & given.modules.keys():
-        weight = by_head.get(f"{name}.weight")
-        if weight is not None and weight != above[name]:
-            away[weight].add(name)
-    modules = [
-        given.modules
-        if not names
-        else frozen_map_of({k: v for k, v in given.modules.items() if k not in names})
-        for names in away
-    ]
+    away = {
+        name
+        for name in above.keys() & given.modules.keys()
+        if by_head.get(f"{name}.weight", above[name]) != above[name]
+    }
+    modules = given.modules
+    if away:
+        modules = frozen_map_of({k: v for k, v in modules.items() if k not in away})
     return split_activations(given, stage_of, placed.count, modules=modules)
 
 
@@ -328,10 +325,11 @@ def staged_cost(
     tied: Iterable[frozenset[str]],
     owned: frozenset[str],
     budget: int | None,
+    reads: dict[tuple[int, Chain], DimRead],
 ) -> StagedCost:
     """Each stage's step (``training_cost`` of its parameters), on the ranks running it:
     ``stage_of`` gives each parameter's stage; their heads are at least
-    ``staged_depth(training)`` segments (``place``).
+    ``staged_depth(training)`` segments (``place``); ``reads``: the dims read already.
 
     Raises:
         LayoutError: what ``training_cost`` raises for a stage.
@@ -353,7 +351,7 @@ def staged_cost(
     by_rank = {name: [[0] * width for _ in range(placed.pp)] for name in names}
     said: list[list[str]] = []
     sends = _sends(placed, training, small) if acts is not None else [0] * n
-    world = _step.World()  # every stage's step runs on the same world, ``small``
+    world = _step.World(reads)  # every stage's step runs on the same world, ``small``
     for s, part in enumerate(parts):
         mine = set(part.fqns) if groups else set()
         cost = _step.cost(

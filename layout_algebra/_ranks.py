@@ -277,9 +277,16 @@ class RankSum:
             else:
                 axes += on
                 values = [v * g for v in values for g in got]
+        self._add((role, axes), values)
+
+    def merge(self, other: RankSum, times: int = 1) -> None:
+        """``times`` each of ``other``'s sums, added where it lives."""
+        for key, values in other.sums.items():
+            self._add(key, [v * times for v in values])
+
+    def _add(self, key: tuple[str, tuple[str, ...]], values: list[int]) -> None:
         if not any(values):
             return
-        key = (role, axes)
         held = self.sums.get(key)
         if held is None:
             self.sums[key] = values

@@ -34,6 +34,8 @@ from layout_algebra._args import as_items
 from layout_algebra._grouping import OncePerKey, first_positions, group_index, heads
 from layout_algebra._patterns import WILDCARD, Matcher, Rule
 from layout_algebra._ranks import (
+    Chain,
+    DimRead,
     Factor,
     Indices,
     RankSum,
@@ -85,9 +87,15 @@ class Sharded:
     dtensor: bool
 
 
-def measure(layout: SourceLayout, shape: ParamShape, mesh: Mesh, owned: frozenset[str]) -> Sharded:
+def measure(
+    layout: SourceLayout,
+    shape: ParamShape,
+    mesh: Mesh,
+    owned: frozenset[str],
+    read: Callable[[int, Chain], DimRead] = read_dim,
+) -> Sharded:
     """``layout`` of ``shape`` on ``mesh``, per dim: 10 rows under FSDP over 4 ranks keep
-    3, 3, 3, 1 and allocate 3 each.
+    3, 3, 3, 1 and allocate 3 each. ``read``: ``read_dim``, or one that remembers.
 
     FSDP2 chunks each rank's source-local tensor (the TP/EP shard) on its shard dim with
     ``torch.chunk`` and allocates the first chunk's size on every rank
@@ -101,13 +109,13 @@ def measure(layout: SourceLayout, shape: ParamShape, mesh: Mesh, owned: frozense
         size_of(mesh, axis, layout)
     check_dims(layout, shape.ndim, shape=shape.shape)
     parts = split_fsdp(layout, mesh, owned=owned)
-    reads = [read_dim(n, chain_of(layout, e, mesh)) for e, n in enumerate(shape.shape)]
+    reads = [read(n, chain_of(layout, e, mesh)) for e, n in enumerate(shape.shape)]
     kept: list[Factor] = [(r.axes, r.lengths) for r in reads]
     padded = list(kept)
     world = 1
     if parts.shard is not None:
         dim, world = parts.shard_dim, mesh[parts.shard.name]
-        source = read_dim(shape.shape[dim], reads[dim].chain[1:])
+        source = read(shape.shape[dim], reads[dim].chain[1:])
         # by source rows held: a few distinct counts
         cuts = {h: chunk_lengths(h, world) for h in dict.fromkeys(source.lengths)}
         if len(cuts) == 1:  # every source piece alike: FSDP's index alone decides
@@ -643,11 +651,20 @@ def depth(training: Training) -> int:
 
 class World:
     """What the steps on one world share (a pipeline's stages, each on the world of one
-    pipeline rank): each signature measured once, each rank's index on some axes once."""
+    pipeline rank): each signature measured once, each rank's index on some axes once,
+    each dim's read once (``reads``: those its caller has read already, lint's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reads: dict[tuple[int, Chain], DimRead] | None = None) -> None:
         self.measured: dict[_Key, Sharded] = {}
         self.indices: Indices = {}
+        self.reads = {} if reads is None else reads
+
+    def read(self, n: int, chain: Chain) -> DimRead:
+        """``read_dim`` of ``n`` rows on ``chain``, worked out once."""
+        found = self.reads.get((n, chain))
+        if found is None:
+            found = self.reads[n, chain] = read_dim(n, chain)
+        return found
 
 
 def cost(
@@ -804,7 +821,8 @@ class _Step:
         sharded = self.shared.measured.get(key)
         if sharded is None:
             try:
-                sharded = self.shared.measured[key] = measure(layout, shape, mesh, self.owned)
+                sharded = measure(layout, shape, mesh, self.owned, self.shared.read)
+                self.shared.measured[key] = sharded
             except LayoutError as e:
                 msg = f"{fqn}: {e.message}"
                 raise LayoutError(msg, fqn=fqn, axis=e.axis, placement=e.placement) from None
@@ -854,27 +872,24 @@ class _Step:
         gathers, states = _timeline(acts.calls, acts.kept)
         world = self.world
         rows: dict[_Buffer, list[int]] = {}
-        traffic = {name: [0] * world for name in ("all_gather", "reduce_scatter", "all_reduce")}
+        # each collective's bytes summed where they live, spread over the ranks once
+        sent = {name: self.sum() for name in ("all_gather", "reduce_scatter", "all_reduce")}
         largest = [0] * world
         uses = Counter(call.signature for call in calls)
         for s, (own, reshard) in enumerate(signatures):
             made = self.buffers(own, reshard)
-            rows.update(((s, kind), row) for kind, row in made.items() if kind != _HSDP)
-            for name, row, times in (
-                ("all_gather", made[_FLAT], gathers[s]),
-                ("reduce_scatter", made[_SCATTER], uses[s]),
-                ("all_reduce", made[_HSDP], uses[s]),
-            ):
-                if times and any(row):
-                    traffic[name] = row_sum((traffic[name], map(times.__mul__, row)), world)
-            largest = list(map(max, largest, made[_FLAT]))
+            rows.update(((s, kind), made[kind].total()) for kind in made if kind != _HSDP)
+            sent["all_gather"].merge(made[_FLAT], gathers[s])
+            sent["reduce_scatter"].merge(made[_SCATTER], uses[s])
+            sent["all_reduce"].merge(made[_HSDP], uses[s])
+            largest = list(map(max, largest, rows[s, _FLAT]))
+        traffic = {name: total.total() for name, total in sent.items()}
         buffers = {key: row for key, row in rows.items() if key[1] in _FSDP_BUFFERS}
         rows.update(((c, _ACTS), [n] * world) for c, n in enumerate(acts.held))
         rows.update(((c, _RECOMPUTE), [n] * world) for c, n in enumerate(acts.again))
-        state = self.state()
+        state, kept = self.state()
         by_kind = {**state, "transient": _peak(states, buffers, world)}
-        kept = (state["params"], state["optimizer"], state["master"])
-        peak = row_sum((*kept, _peak(states, rows, world)), world)
+        peak = row_sum((kept, _peak(states, rows, world)), world)
         if self.training.activations is not None:
             by_kind["activations"] = [acts.total] * world
             traffic.update(self.parallel_traffic())
@@ -1083,9 +1098,7 @@ class _Step:
             raise LayoutError(msg, fqn=dtensor)
         return written
 
-    def buffers(
-        self, own: frozenset[tuple[_Held, int]], reshard: bool | int
-    ) -> dict[int, list[int]]:
+    def buffers(self, own: frozenset[tuple[_Held, int]], reshard: bool | int) -> dict[int, RankSum]:
         """One call's buffers per rank, by kind: its flat all-gather output, its
         unsharded parameters, the smaller group's copy, its gradients (sharded, unsharded
         and the reduce-scatter input), and ``"all_reduce"``'s HSDP buffer (kind ``-1``),
@@ -1113,11 +1126,12 @@ class _Step:
                     sums[_SCATTER].add(s.role, s.padded, n * s.world * grad)
                 if s.replicated:
                     sums[_HSDP].add(s.role, s.padded, n * grad)
-        return {kind: total.total() for kind, total in sums.items()}
+        return sums
 
-    def state(self) -> dict[str, list[int]]:
+    def state(self) -> tuple[dict[str, list[int]], list[int]]:
         """Parameters and gradients (FSDP2's padded shards), the optimizer's states and
-        master copies (shaped as the local shard) per rank."""
+        master copies (shaped as the local shard) per rank, and the model state they keep
+        (parameters, optimizer states, master copies)."""
         params, grads, states, master = (self.sum() for _ in range(4))
         optimizer = self.optimizer
         scalars = 0
@@ -1130,12 +1144,16 @@ class _Step:
             if trainable or optimizer.eager:
                 states.add(s.role, s.kept, n * optimizer.states * shape.itemsize)
                 scalars += n * optimizer.scalars * SCALAR_BYTES
-        return {
+        kept = self.sum()
+        for total in (params, states, master):
+            kept.merge(total)
+        by_kind = {
             "params": params.total(),
             "grads": grads.total(),
-            "optimizer": [b + scalars for b in states.total()],
+            "optimizer": list(map(scalars.__add__, states.total())),
             "master": master.total(),
         }
+        return by_kind, list(map(scalars.__add__, kept.total()))
 
     def assumptions(
         self,

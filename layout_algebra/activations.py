@@ -27,7 +27,7 @@ parallelism exchanges).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Final, TypeVar
 
 import attrs
@@ -317,13 +317,13 @@ def split_activations(
     part_of: Callable[[str], int],
     parts: int,
     *,
-    modules: Sequence[FrozenMap[str, tuple[str, int, int]]] | None = None,
+    modules: FrozenMap[str, tuple[str, int, int]] | None = None,
 ) -> list[Activations]:
     """``activations`` split into ``parts`` values (a pipeline's stages): each unit and
     its recompute, projection and experts module in the part ``part_of`` gives its name
     (a unit of several modules by its first); batch, tokens, policy and boundary kept.
-    ``modules``: each part's projections, when the caller has split them (of
-    ``activations.modules``: one value may serve several parts).
+    ``modules``: the projections every part is given, when the caller does not split them
+    (of ``activations.modules``).
 
     The parts hold the checked entries of ``activations`` itself, so they are made
     without checking each again (a stage of a large model names tens of thousands).
@@ -343,10 +343,9 @@ def split_activations(
             object.__setattr__(part, attribute.name, getattr(activations, attribute.name))
         for field in named:
             object.__setattr__(part, field, frozen_map_of(fields[field]))
+        if modules is not None:
+            object.__setattr__(part, "modules", modules)
         out.append(part)
-    if modules is not None:
-        for part, mine in zip(out, modules, strict=True):
-            object.__setattr__(part, "modules", mine)
     return out
 
 

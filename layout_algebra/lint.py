@@ -53,7 +53,7 @@ from layout_algebra._ranks import (
     row_sum,
 )
 from layout_algebra._shards import role_mesh, shard_dim_of, split_factor_of
-from layout_algebra._step import Params
+from layout_algebra._step import Params, World
 from layout_algebra._structure_rules import structure_problems
 from layout_algebra._text import (
     MAX_LISTED,
@@ -1052,7 +1052,7 @@ def lint(
     problems, notes = run.report()
     placed = None
     if stages is not None:
-        # the heads the stages' steps read, worked out with the stages'
+        # each FQN's head, as deep as the stages' steps read, worked out with the stages
         placed = place(stages, table, meshes, run.owned, depth=staged_depth(training))
         problems.extend(_stage_problems(placed))
     else:
@@ -1072,6 +1072,7 @@ def lint(
         tied=table.tied,
         owned=run.owned,
         budget=budget,
+        world=World(run.reads),
     )
     if cost.over_budget is not None:
         message, fqn, ranks = cost.over_budget
@@ -1147,6 +1148,7 @@ def _staged_report(  # noqa: PLR0917 -- one private caller, the lint's state in 
         tied=run.table.tied,
         owned=run.owned,
         budget=budget,
+        reads=run.reads,
     )
     if cost.over_budget is not None:
         message, ranks = cost.over_budget
@@ -1209,6 +1211,7 @@ class _Run:
         self.hits = 0
         self.found: dict[_Key, _Found] = {}
         self.composed: dict[_Key, SourceLayout] = {}
+        self.reads: dict[tuple[int, Chain], DimRead] = {}
 
     def _key(self, fqn: str, layout: SourceLayout) -> _Key | None:
         shape = _shape_of(fqn, self.table, self.shapes, self.owner)
@@ -1274,6 +1277,7 @@ class _Run:
         """Each signature composed and followed over every rank, once."""
         done: dict[tuple[SourceLayout, int], SourceLayout | LayoutError] = {}
         examiner = _Examiner(self.meshes, self.owned)
+        self.reads = examiner.reads  # a training's step reads the same dims
         examined: dict[tuple[SourceLayout, ParamShape], _Found] = {}
         for key in self.counts:
             layout, shape, dim = key

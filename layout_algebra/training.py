@@ -1059,17 +1059,18 @@ def step_cost(
     tied: Iterable[Iterable[str]],
     owned: frozenset[str],
     budget: int | None,
+    world: _step.World,
 ) -> _step.StepCost:
     """The step's cost (``training_cost``'s rows) of parameters their caller has grouped
-    by signature (lint's, its FQNs, layouts, shapes and meshes checked): ``training`` and
-    ``budget`` are checked as ``training_cost`` checks them.
+    by signature (lint's, its FQNs, layouts, shapes and meshes checked) on ``world``:
+    ``training`` and ``budget`` are checked as ``training_cost`` checks them.
 
     Raises:
         LayoutError: see ``training_cost``.
     """
     training = _as_training(training)
     limit = _as_budget(budget)
-    return _step.cost(params, meshes, training, tied=tied, owned=owned, budget=limit)
+    return _step.cost(params, meshes, training, tied=tied, owned=owned, budget=limit, world=world)
 
 
 def _by_signature(
