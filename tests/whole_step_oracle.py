@@ -61,10 +61,11 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from layout_algebra import Stages
 from layout_algebra.serialization import shapes_to_json, to_json
 from layout_algebra.torch_bridge import shapes_from_module, table_from_module
 from tests.models import hf_llama, hf_moe
+from tests.test_stages_gloo import STAGES, VOCAB
+from tests.test_stages_gloo import Net as PipeNet
 from tests.torch_oracle import MeshFactory, on_gloo
 
 __all__ = [
@@ -330,48 +331,12 @@ def _dense(run: Run, meshes: MeshFactory, rank: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 # the pipeline runs
 
-VOCAB, DIM, LAYERS = 13, 8, 4
 MICROBATCH, PIPE_SEQ = 2, 5
 """Each microbatch: 2 sequences of 5 tokens."""
-STAGES: Final = Stages.balanced("pp", layers=LAYERS, pp=2)
 PIPELINES: Final = {
     f"{schedule} x{m}": (schedule, m) for schedule in ("gpipe", "1f1b") for m in (2, 4)
 }
 _SCHEDULES: Final = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-
-
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(DIM, 12)
-        self.w2 = nn.Linear(12, DIM, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = x + self.w2(torch.relu(self.w1(x)))
-        return out
-
-
-class PipeNet(nn.Module):
-    """torchtitan's names (``tok_embeddings``, ``layers`` by number, ``norm``,
-    ``lm_head``), each part optional: a stage keeps some of them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tok_embeddings: nn.Module | None = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleDict({str(i): _Block() for i in range(LAYERS)})
-        self.norm: nn.Module | None = nn.LayerNorm(DIM)
-        self.lm_head: nn.Module | None = nn.Linear(DIM, VOCAB, bias=False)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.tok_embeddings is not None:
-            h = self.tok_embeddings(h)
-        for layer in self.layers.values():
-            h = layer(h)
-        if self.norm is not None:
-            h = self.norm(h)
-        if self.lm_head is not None:
-            h = self.lm_head(h)
-        return h
 
 
 def _stage(net: PipeNet, stage: int) -> PipeNet:

@@ -21,10 +21,15 @@ import attrs
 
 from layout_algebra._text import clip, escape
 from layout_algebra._units import repeated_blocks
-from layout_algebra.activations import CHECKPOINTING, MAX_TOKENS
 from layout_algebra.cli._inputs import config_model, is_model_folder, load_shapes, torch_missing
 from layout_algebra.cli._output import PROG, Usage, loading, plural, say
-from layout_algebra.cli._types import bounded_int, bytes_arg, dtype_arg, patterns_arg
+from layout_algebra.cli._types import (
+    add_trace_arguments,
+    bounded_int,
+    bytes_arg,
+    dtype_arg,
+    patterns_arg,
+)
 from layout_algebra.fit import AXES, FitReport, fit
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.mesh import MAX_WORLD, Mesh
@@ -131,29 +136,14 @@ def add_fit(parser: argparse.ArgumentParser) -> None:
             f"{','.join(_SHAPES_AXES[:3])} for shapes); the others are 1"
         ),
     )
-    parser.add_argument(
-        "--seq-len",
-        type=lambda text: bounded_int(text, MAX_TOKENS, "--seq-len", low=1),
-        default=None,
-        metavar="N",
-        help=(
+    add_trace_arguments(
+        parser,
+        required=False,
+        seq_len_help=(
             "tokens per sequence: count the activations, traced on the meta device "
             "(torch_bridge.activations_from_module), and the traffic of tensor, expert, "
             "pipeline and context parallelism"
         ),
-    )
-    parser.add_argument(
-        "--batch",
-        type=lambda text: bounded_int(text, MAX_TOKENS, "--batch", low=1),
-        default=None,
-        metavar="N",
-        help="sequences per microbatch, with --seq-len (default 1)",
-    )
-    parser.add_argument(
-        "--checkpointing",
-        choices=list(CHECKPOINTING),
-        default=None,
-        help="activation checkpointing of the blocks, with --seq-len (default none)",
     )
     parser.add_argument(
         "--sequence-parallel",

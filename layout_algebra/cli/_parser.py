@@ -6,12 +6,12 @@ import argparse
 from typing import Final
 
 from layout_algebra._args import MAX_NDIM
-from layout_algebra.activations import CHECKPOINTING, MAX_TOKENS
 from layout_algebra.cli._fit import FIT_DESCRIPTION, FIT_HELP, add_fit
 from layout_algebra.cli._output import PROG
 from layout_algebra.cli._types import (
     Parser,
     add_owned_arguments,
+    add_trace_arguments,
     axis_arg,
     bounded_int,
     bytes_arg,
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     acts.add_argument(
         "model", metavar="MODEL_DIR", help="a folder save_pretrained wrote (its config.json)"
     )
-    _add_trace_arguments(acts, required=True)
+    add_trace_arguments(acts, required=True, seq_len_help="the tokens of a sequence")
     acts.add_argument(
         "--param-dtype",
         type=dtype_arg,
@@ -239,45 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_fit(sub.add_parser("fit", help=FIT_HELP, description=FIT_DESCRIPTION))
     return parser
-
-
-def _add_trace_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    """The microbatch and checkpointing a trace of the activations runs with."""
-    parser.add_argument(
-        "--seq-len",
-        type=lambda text: bounded_int(text, MAX_TOKENS, "--seq-len", low=1),
-        required=required,
-        default=None,
-        metavar="N",
-        help=(
-            "the tokens of a sequence"
-            + (
-                ""
-                if required
-                else (
-                    ": trace the activations of the model of --shapes MODEL_DIR (its "
-                    "config.json, built on the meta device) on fake tensors"
-                )
-            )
-        ),
-    )
-    parser.add_argument(
-        "--batch",
-        type=lambda text: bounded_int(text, MAX_TOKENS, "--batch", low=1),
-        default=None,
-        metavar="N",
-        help="the sequences of one microbatch (default 1)",
-    )
-    parser.add_argument(
-        "--checkpointing",
-        choices=list(CHECKPOINTING),
-        default=None,
-        help=(
-            "activation checkpointing of the repeated blocks, as torchtitan applies it: "
-            "none (default), full (a block keeps its inputs, recomputed in backward) or "
-            "selective (torchtitan's per-op policy)"
-        ),
-    )
 
 
 def _add_checkpoint_meshes(parser: argparse.ArgumentParser) -> None:
@@ -580,7 +541,14 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
         ),
     )
     _add_stages(lnt)
-    _add_trace_arguments(lnt, required=False)
+    add_trace_arguments(
+        lnt,
+        required=False,
+        seq_len_help=(
+            "the tokens of a sequence: trace the activations of the model of --shapes "
+            "MODEL_DIR (its config.json, built on the meta device) on fake tensors"
+        ),
+    )
     lnt.add_argument(
         "--activations",
         default=None,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Final, NoReturn
 
 from layout_algebra._args import MAX_NDIM, MAX_TENSOR_SIZE
 from layout_algebra._text import clip, escape
+from layout_algebra.activations import CHECKPOINTING, MAX_TOKENS
 from layout_algebra.axes import FSDP_OWNED_AXES, as_axis
 from layout_algebra.cli._output import MAX_USAGE_CHARS
 from layout_algebra.errors import LayoutError
@@ -221,3 +222,35 @@ def patterns_arg(text: str) -> tuple[str, ...]:
         )
         raise argparse.ArgumentTypeError(msg) from None
     return patterns
+
+
+def add_trace_arguments(
+    parser: argparse.ArgumentParser, *, required: bool, seq_len_help: str
+) -> None:
+    """The microbatch and checkpointing a trace of the activations runs with (``lint``,
+    ``fit`` and ``activations`` read them alike)."""
+    parser.add_argument(
+        "--seq-len",
+        type=lambda text: bounded_int(text, MAX_TOKENS, "--seq-len", low=1),
+        required=required,
+        default=None,
+        metavar="N",
+        help=seq_len_help,
+    )
+    parser.add_argument(
+        "--batch",
+        type=lambda text: bounded_int(text, MAX_TOKENS, "--batch", low=1),
+        default=None,
+        metavar="N",
+        help="the sequences of one microbatch (default 1)",
+    )
+    parser.add_argument(
+        "--checkpointing",
+        choices=list(CHECKPOINTING),
+        default=None,
+        help=(
+            "activation checkpointing of the repeated blocks, as torchtitan applies it: "
+            "none (default), full (a block keeps its inputs, recomputed in backward) or "
+            "selective (torchtitan's per-op policy)"
+        ),
+    )
