@@ -1376,12 +1376,7 @@ def _per_rank(
         for rows, found in _terms(pattern):
             nbytes.add(pattern.role, (*rows, *only), count * pattern.itemsize)
             reads.add(pattern.role, (*found, *only), count)
-    world = next(iter(meshes.values())).size
-    bytes_read, counts = [0] * world, [0] * world
-    for role in meshes:
-        bytes_read = [a + b for a, b in zip(bytes_read, nbytes.per_rank(role), strict=True)]
-        counts = [a + b for a, b in zip(counts, reads.per_rank(role), strict=True)]
-    return bytes_read, counts
+    return nbytes.total(), reads.total()
 
 
 def _stage(

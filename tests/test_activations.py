@@ -220,12 +220,12 @@ def test_experts_exchange_over_ep_whatever_tp_shards(tp: int, ep: int, sent: int
 # traced, against torch on the CPU
 
 
-def titan_llama() -> nn.Module:
-    """torchtitan's llama3 debug model, two layers, on the meta device, with torchtitan's
-    own SDPA inner attention: its flex attention refuses a backward on the CPU."""
-    llama3 = pytest.importorskip("torchtitan.models.llama3")
+def _titan(models: str, configs: str, name: str) -> nn.Module:
+    """A torchtitan debug model, two layers, on the meta device, with torchtitan's own
+    SDPA inner attention: its flex attention refuses a backward on the CPU."""
+    module = pytest.importorskip(models)
     attention = pytest.importorskip("torchtitan.models.common.attention")
-    cfg = llama3.llama3_configs["debugmodel"](attn_backend="flex")
+    cfg = getattr(module, configs)[name](attn_backend="flex")
     object.__setattr__(cfg, "layers", cfg.layers[:2])  # slotted dataclass
     for layer in cfg.layers:
         inner = attention.ScaledDotProductAttention.Config()
@@ -236,20 +236,16 @@ def titan_llama() -> nn.Module:
     return built
 
 
+def titan_llama() -> nn.Module:
+    """torchtitan's llama3 debug model (``_titan``)."""
+    return _titan("torchtitan.models.llama3", "llama3_configs", "debugmodel")
+
+
 def titan_moe() -> nn.Module:
-    """torchtitan's Qwen3-MoE debug model, two layers, in bfloat16 (as FSDP2's mixed
+    """torchtitan's Qwen3-MoE debug model (``_titan``), in bfloat16 (as FSDP2's mixed
     precision gathers it: its experts cast their weights to bfloat16, and would save
-    float32 weights' copies), with the SDPA inner attention as above."""
-    qwen3 = pytest.importorskip("torchtitan.models.qwen3")
-    attention = pytest.importorskip("torchtitan.models.common.attention")
-    cfg = qwen3.qwen3_configs["debugmodel_moe"](attn_backend="flex")
-    object.__setattr__(cfg, "layers", cfg.layers[:2])  # slotted dataclass
-    for layer in cfg.layers:
-        inner = attention.ScaledDotProductAttention.Config()
-        object.__setattr__(layer.attention, "inner_attention", inner)
-    with torch.device("meta"):
-        built = cfg.build()
-    assert isinstance(built, nn.Module)
+    float32 weights' copies)."""
+    built = _titan("torchtitan.models.qwen3", "qwen3_configs", "debugmodel_moe")
     return built.to(torch.bfloat16)
 
 

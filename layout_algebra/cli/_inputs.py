@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Final, TextIO
+from typing import TYPE_CHECKING, Final, TextIO, TypeVar
 
 import attrs
 
@@ -141,10 +141,7 @@ def load_stages(path: str) -> Stages:
     Raises:
         Problem: not such a document, naming the file and the bad value's path.
     """
-    try:
-        return stages_from_obj(load(read(path)))
-    except LayoutError as e:
-        raise Problem(f"{path}: {e.message}") from None
+    return _document(path, stages_from_obj)
 
 
 def load_activations(path: str) -> Activations:
@@ -153,8 +150,20 @@ def load_activations(path: str) -> Activations:
     Raises:
         Problem: not such a document, naming the file and the bad value's path.
     """
+    return _document(path, activations_from_obj)
+
+
+_D = TypeVar("_D")
+
+
+def _document(path: str, read_obj: Callable[[object], _D]) -> _D:
+    """The value ``read_obj`` makes of the JSON file ``path``.
+
+    Raises:
+        Problem: not such a document, naming the file and the bad value's path.
+    """
     try:
-        return activations_from_obj(load(read(path)))
+        return read_obj(load(read(path)))
     except LayoutError as e:
         raise Problem(f"{path}: {e.message}") from None
 
