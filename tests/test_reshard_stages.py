@@ -230,3 +230,31 @@ def test_stages_on_an_axis_the_loading_meshes_lack_is_a_layout_error(
     assert caught.value.axis == "pp"
     assert f"mesh {role!r}" in caught.value.message
     assert "has no axis 'pp'" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("stages", "words"),
+    [
+        ("pp", "stages must be a Stages"),
+        ([["layers.0"], ["layers.1"]], "stages must be a Stages"),
+        (0, "stages must be a Stages"),
+        (Stages("pp", [[f"layers.{i}"] for i in range(4096)]), "4096 stages on 'pp' of 2 ranks"),
+        (Stages("pp", [["layers.0", "layers.1", "layers.2", "layers.3"]]), "1 stage on 'pp'"),
+    ],
+)
+def test_bad_stages_are_layout_errors_before_any_planning(stages: object, words: str) -> None:
+    sizes = {
+        "dense": {"pp": 2, "dp_shard": 2, "tp": 2},
+        "expert": {"pp": 2, "ep": 2, "dp_shard": 2},
+    }
+    with pytest.raises(LayoutError) as caught:
+        reshard_plan(
+            SAVED,
+            LOADED,
+            SHAPES,
+            src_sizes=SAVED_ON,
+            dst_sizes=sizes,
+            stages=stages,  # type: ignore[arg-type]  # what is tested
+        )
+    assert not isinstance(caught.value, PlanError)
+    assert words in caught.value.message
