@@ -143,7 +143,7 @@ def test_sharing_refuses_what_is_not_triples_and_a_function(
 def test_bind_names_a_checkpoint_wrapped_parameter_as_the_state_dict_does(
     world_mesh: MeshFactory,
 ) -> None:
-    """bind walks torch's ``named_parameters`` itself: a parameter under activation
+    """bind walks the model as torch's ``named_parameters`` does: a parameter under activation
     checkpointing's wrapper is bound under its state-dict FQN, in either table order, and
     the wrapper's own spelling is no FQN of the model."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noqa: PLC0415

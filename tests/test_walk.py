@@ -302,3 +302,46 @@ def test_a_checkpoint_wrapper_is_walked_as_the_state_dict_names_it() -> None:
     plain = wrapped(nn.Module())
     assert [n for n, _ in named_parameters(plain)] == list(plain.state_dict())
     assert state_dict_fqn("a._checkpoint_wrapped_module.b._checkpoint_wrapped_module.w") == "a.b.w"
+
+
+def _plain(tree: nn.Module) -> bool:
+    """Whether every module of ``tree`` walks as ``nn.Module`` does (the bridge's own walk)."""
+    return all(
+        type(m).named_modules is nn.Module.named_modules
+        for _, m in tree.named_modules(remove_duplicate=False)
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(trees(), st.data())
+def test_a_wrapper_segment_anywhere_is_dropped_as_the_state_dict_drops_it(
+    tree: nn.Module, data: st.DataObject
+) -> None:
+    """Modules held under activation checkpointing's segment anywhere in a tree: the
+    walk names their parameters as torch's walk does, the segment dropped."""
+    modules = [m for _, m in tree.named_modules(remove_duplicate=False)]
+    for module in data.draw(st.lists(st.sampled_from(modules), max_size=3)):
+        if "_checkpoint_wrapped_module" not in module._modules:
+            module.register_module("_checkpoint_wrapped_module", nn.Linear(1, 1))
+    root = nn.Module()
+    root.register_module("_checkpoint_wrapped_module", tree)
+    event("walked here" if _plain(root) else "walked by torch")
+    assert our_pairs(root) == [(state_dict_fqn(n), i) for n, i in torch_pairs(root)]
+
+
+def test_the_walk_here_is_torchs_on_a_deep_model() -> None:
+    """The bridge's own walk (every class walks as ``nn.Module``): torch's pairs, in order,
+    on a model as deep as real ones, with a tied head and parameters registered ``None``."""
+    with torch.device("meta"):
+        layers = nn.ModuleList(
+            nn.ModuleDict(
+                {"attn": nn.Linear(4, 4, bias=False), "mlp": nn.Sequential(nn.Linear(4, 4))}
+            )
+            for _ in range(3)
+        )
+        model = nn.ModuleDict({"embed": nn.Embedding(8, 4), "layers": layers})
+        model.head = nn.Linear(4, 8, bias=False)
+    model.head.weight = model.embed.weight
+    assert _plain(model)
+    same_as_torch(model)
+    assert [n for n, _ in named_parameters(model)][-1] == "head.weight"

@@ -1,25 +1,25 @@
-"""Every module and parameter of a model with its FQN: torch's own walks, as the state
-dict names them.
+"""Every module and parameter of a model with its FQN: torch's walks, as the state dict names them.
 
-``named_parameters`` and ``named_modules`` are torch's ``named_parameters`` and
-``named_modules`` with ``remove_duplicate=False`` (every alias of a tied parameter, every
-place of a shared module), so a class that overrides how its members are named is read as
-torch reads it. Each FQN is given as torch's state dict gives it (``state_dict_fqn``):
-activation checkpointing's wrapper (``checkpoint_wrapper``,
-``apply_activation_checkpointing``) holds the wrapped module as
-``_checkpoint_wrapped_module``, a segment its state-dict hooks drop, so
+``named_parameters`` and ``named_modules`` are torch's ``named_parameters`` and ``named_modules``
+with ``remove_duplicate=False`` (every alias of a tied parameter, every place of a shared module),
+so a class that overrides how its members are named is read as torch reads it. Where no class of the
+tree overrides them, the parameters are walked here in one loop (``parameter_lists``), in torch's
+order and with torch's names. Each FQN is given as torch's state dict gives it (``state_dict_fqn``):
+activation checkpointing's wrapper (``checkpoint_wrapper``, ``apply_activation_checkpointing``)
+holds the wrapped module as ``_checkpoint_wrapped_module``, a segment its state-dict hooks drop, so
 ``layers.0._checkpoint_wrapped_module.attn.weight`` is ``layers.0.attn.weight``.
 
-A module that holds one of its own ancestors (``root.block.parent = root``) makes torch's
-walk recurse until ``RecursionError``: that is a ``BindError`` naming the path that closes
-the cycle. Anything else a walk raises (a class whose ``named_parameters`` fails) is a
-``LayoutError`` naming the walk and the module (``_checks.reading``), and so is a module's
-own ``named_parameters(recurse=False)`` or ``named_children()`` failing (``own_parameters``,
-``children``).
+A module that holds one of its own ancestors (``root.block.parent = root``) makes torch's walk
+recurse until ``RecursionError`` (the loop here stops at that depth): that is a ``BindError``
+naming the path that closes the cycle. Anything else a walk raises (a class whose
+``named_parameters`` fails) is a ``LayoutError`` naming the walk and the module
+(``_checks.reading``), and so is a module's own ``named_parameters(recurse=False)`` or
+``named_children()`` failing (``own_parameters``, ``children``).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Final, TypeVar
@@ -36,6 +36,7 @@ __all__ = [
     "named_modules",
     "named_parameters",
     "own_parameters",
+    "parameter_lists",
     "state_dict_fqn",
     "walk_error",
 ]
@@ -72,11 +73,85 @@ def named_parameters(module: nn.Module, path: str = "") -> Iterator[tuple[str, n
         BindError: a module of the tree holds one of its ancestors (a cycle).
         LayoutError: the walk raised anything else, naming it (its exception the cause).
     """
+    names, params = parameter_lists(module, path)
+    yield from zip(names, params, strict=True)
+
+
+_NAMED_PARAMETERS: Final = nn.Module.named_parameters
+_NAMED_MEMBERS: Final = nn.Module._named_members
+_NAMED_MODULES: Final = nn.Module.named_modules
+
+
+def parameter_lists(module: nn.Module, path: str = "") -> tuple[list[str], list[nn.Parameter]]:
+    """The FQNs and the parameters of ``named_parameters(module, path)``, as two lists.
+
+    Where every class of the tree walks as ``nn.Module`` does (the root's
+    ``named_parameters``, every module's ``named_modules``), the tree is walked here in one
+    loop, in torch's order (a module's own parameters, then each child's subtree): torch's
+    chain of nested generators passes every parameter up through each level, which at 1e5
+    parameters costs ``bind`` more than its whole budget. Any other tree is torch's to walk.
+
+    Raises:
+        BindError: a module of the tree holds one of its ancestors (a cycle).
+        LayoutError: torch's walk raised anything else, naming it (its exception the cause).
+    """
+    walked = _walk_as_torch(module)
+    if walked is not None:
+        return walked
+    names: list[str] = []
+    params: list[nn.Parameter] = []
     walk = _torch_walk(
         module, path, "named_parameters", lambda: module.named_parameters(remove_duplicate=False)
     )
     for name, param in walk:
-        yield (name if WRAPPER_SEGMENT not in name else state_dict_fqn(name)), param
+        names.append(name if WRAPPER_SEGMENT not in name else state_dict_fqn(name))
+        params.append(param)
+    return names, params
+
+
+def _walk_as_torch(root: nn.Module) -> tuple[list[str], list[nn.Parameter]] | None:
+    """``parameter_lists(root)`` walked here, or ``None`` when a class of the tree walks
+    its own way (or was not set up by ``nn.Module.__init__``): torch's walk then decides."""
+    cls = type(root)
+    if cls.named_parameters is not _NAMED_PARAMETERS or cls._named_members is not _NAMED_MEMBERS:
+        return None
+    names: list[str] = []
+    params: list[nn.Parameter] = []
+    deepest = sys.getrecursionlimit()  # torch's recursive walk fails before this depth
+    # Depth first, one entry per level (its prefix, head and children left): a walk keeps
+    # no more objects alive than torch's generators do, so it sets off no more collections.
+    stack: list[tuple[str, str, Iterator[tuple[str, nn.Module | None]]]] = []
+    prefix, module = "", root
+    while True:
+        if type(module).named_modules is not _NAMED_MODULES:
+            return None
+        try:
+            own, subs = module._parameters, module._modules
+        except AttributeError:
+            return None
+        head = f"{prefix}." if prefix else ""  # torch's join, even of names registered empty
+        for key, param in own.items():
+            if param is not None:
+                names.append(head + key)
+                params.append(param)
+        if subs:
+            if len(stack) == deepest:  # a cycle, or a tree deeper than torch's walk goes
+                raise walk_error(root)
+            stack.append((prefix, head, iter(subs.items())))
+        while stack:  # the next module: the next child of the deepest level with one left
+            above, above_head, children = stack[-1]
+            for name, sub in children:
+                if sub is not None:
+                    # the checkpoint wrapper's segment is dropped, as its state dict drops it
+                    prefix = above if name == WRAPPER_SEGMENT else above_head + name
+                    module = sub
+                    break
+            else:
+                stack.pop()
+                continue
+            break
+        else:
+            return names, params
 
 
 def named_modules(module: nn.Module, path: str = "") -> Iterator[tuple[str, nn.Module]]:

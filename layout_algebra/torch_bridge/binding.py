@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import compress, count
-from operator import attrgetter, lt
-from typing import Final
+from itertools import compress, count, repeat
+from operator import attrgetter, is_not, lt, not_
+from typing import Final, cast
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -27,10 +27,9 @@ from layout_algebra.torch_bridge._checks import (
     parameters,
 )
 from layout_algebra.torch_bridge._walk import (
-    WRAPPER_SEGMENT,
     named_parameters,
+    parameter_lists,
     state_dict_fqn,
-    walk_error,
 )
 from layout_algebra.torch_bridge.convert import from_torch, to_torch
 from layout_algebra.torch_bridge.param_map import Binding, ParamBindings
@@ -221,25 +220,15 @@ def _check_dims(
 ) -> None:
     """Raise for the first parameter with fewer dims than its layout needs: the
     parameter at ``at`` needs ``needs[numbered[at]]``."""
-    lacking = list(map(lt, map(_NDIM, params), map(needs.__getitem__, numbered)))
-    if True in lacking:
+    if any(map(lt, map(_NDIM, params), map(needs.__getitem__, numbered))):
+        lacking = list(map(lt, map(_NDIM, params), map(needs.__getitem__, numbered)))
         at = lacking.index(True)
         raise _too_few_dims(fqns[at], layouts[at], params[at])
 
 
-def _first_repeat(names: Sequence[str]) -> int:
-    """The position of the first name of ``names`` met before it (there is one)."""
-    seen: set[str] = set()
-    for at, name in enumerate(names):
-        if name in seen:
-            return at
-        seen.add(name)
-    raise AssertionError("no name repeats")
-
-
 def _matched(
     table: ParamLayoutTable, module: nn.Module, binder: _Binder
-) -> tuple[tuple[str, ...], list[nn.Parameter], list[Binding]]:
+) -> tuple[Sequence[str], list[nn.Parameter], list[Binding]]:
     """The FQN, parameter and binding of each parameter of the walk of ``module`` whose
     FQN ``table`` mentions, in walk order; raises ``bind``'s errors of a walk against a
     table, the first in walk order first.
@@ -249,35 +238,31 @@ def _matched(
     its FQNs in the walk's order, so the two lists of names are equal and the table's
     own FQNs and layouts are the ones met.
     """
-    # tuples: a tuple of strings kept by the result drops out of the collector's walks
-    fqns, layouts = tuple(table), tuple(table.values())
-    names: list[str] = []
-    params: list[nn.Parameter] = []
-    try:  # torch's walk itself, named as _walk.named_parameters names it
-        for walked, param in module.named_parameters(remove_duplicate=False):
-            names.append(walked if WRAPPER_SEGMENT not in walked else state_dict_fqn(walked))
-            params.append(param)
-    except RecursionError:  # a cycle of submodules, or a tree that deep
-        raise walk_error(module) from None
+    names, params = parameter_lists(module)
+    fqns = tuple(table)
     if tuple(names) == fqns:  # the table's strings are kept: the walk's are not
-        return fqns, params, _bindings(fqns, params, layouts, binder)
+        return fqns, params, _bindings(fqns, params, tuple(table.values()), binder)
 
     unfound = items_copy(table)  # each entry until a parameter meets it
-    mentioned = list(map(unfound.__contains__, names))
-    met_fqns = tuple(compress(names, mentioned))
-    params = list(compress(params, mentioned))
-    try:
-        met_layouts = list(map(unfound.pop, met_fqns))
-    except KeyError:  # an FQN met twice: two parameters under one FQN
-        at = _first_repeat(met_fqns)
-        earlier = [table[fqn] for fqn in met_fqns[:at]]
-        _bindings(met_fqns[:at], params[:at], earlier, binder)  # an earlier error first
-        raise _named_twice(met_fqns[at], module) from None
-    bindings = _bindings(met_fqns, params, met_layouts, binder)
+    layouts = list(map(unfound.pop, names, repeat(None)))
+    if len(table) - len(unfound) == len(names):  # every name met an entry of its own
+        met_fqns, met_params, met_layouts = names, params, cast(list[SourceLayout], layouts)
+    else:  # a name the table lacks, or one met again (its entry taken the first time)
+        mentioned = list(map(is_not, layouts, repeat(None)))
+        met_fqns = list(compress(names, mentioned))
+        met_params = list(compress(params, mentioned))
+        met_layouts = cast(list[SourceLayout], list(compress(layouts, mentioned)))
+        unmet = compress(range(len(names)), map(not_, mentioned))
+        again = [at for at in unmet if names[at] in table]
+        if again:  # two parameters under one FQN: an earlier error comes first
+            before = mentioned[: again[0]].count(True)
+            _bindings(met_fqns[:before], met_params[:before], met_layouts[:before], binder)
+            raise _named_twice(names[again[0]], module)
+    bindings = _bindings(met_fqns, met_params, met_layouts, binder)
     if unfound:  # the table's first FQN no parameter met
         known = [fqn for fqn, _ in named_parameters(module)]
         raise _unknown_fqn(next(iter(unfound)), module, known)
-    return met_fqns, params, bindings
+    return met_fqns, met_params, bindings
 
 
 def bind(
@@ -285,8 +270,8 @@ def bind(
 ) -> ParamBindings:
     """The binding of every parameter of ``module`` that ``table`` mentions.
 
-    FQNs are resolved with ``module.named_parameters(remove_duplicate=False)``, so every
-    alias of a tied parameter is seen. A parameter is bound once, under the first of its
+    FQNs are resolved as ``module.named_parameters(remove_duplicate=False)`` gives them,
+    so every alias of a tied parameter is seen. A parameter is bound once, under the first of its
     FQNs (in the module's order) that the table mentions; aliases the table does not
     mention change nothing, and parameters it does not mention at all get no binding
     (``managed_bindings`` completes them).
