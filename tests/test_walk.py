@@ -339,9 +339,9 @@ def test_the_walk_here_is_torchs_on_a_deep_model() -> None:
             )
             for _ in range(3)
         )
-        model = nn.ModuleDict({"embed": nn.Embedding(8, 4), "layers": layers})
-        model.head = nn.Linear(4, 8, bias=False)
-    model.head.weight = model.embed.weight
+        embed, head = nn.Embedding(8, 4), nn.Linear(4, 8, bias=False)
+        model = nn.ModuleDict({"embed": embed, "layers": layers, "head": head})
+    head.weight = embed.weight
     assert _plain(model)
     same_as_torch(model)
     assert [n for n, _ in named_parameters(model)][-1] == "head.weight"
