@@ -1067,7 +1067,44 @@ class _Step:
             calls.append(_Call(signature, start, end, reshard, fires))
             per_unit[instance[0]] += 1
         self.instances = list(self.own)
+        self.check_nested(calls)
         return calls, list(numbered), dict(per_unit)
+
+    def check_nested(self, calls: Sequence[_Call]) -> None:
+        """Raise where two calls' spans cross. A module's parameters are contiguous in
+        module order, so two calls of one module each cross only where the parameters are
+        out of that order; a call over several modules may interleave with another, which
+        the step (that nests the calls by their spans) does not model."""
+        stack: list[int] = []
+        for i in sorted(range(len(calls)), key=lambda i: (calls[i].start, -calls[i].end)):
+            call = calls[i]
+            while stack and calls[stack[-1]].end < call.start:
+                stack.pop()
+            if stack and calls[stack[-1]].end < call.end:
+                raise self._crossing(calls, stack[-1], i)
+            stack.append(i)
+
+    def _crossing(self, calls: Sequence[_Call], outer: int, inner: int) -> LayoutError:
+        fqns = self.params.fqns
+        first, last = fqns[calls[inner].start], fqns[calls[inner].end]
+        one, other = self.instances[outer], self.instances[inner]
+        if all(len(self.units.members.get(c, ())) < 2 for c in (one, other)):
+            why = (
+                "the parameters are not in module order (a module's are contiguous there), "
+                "and the step runs the units in their order; list the table's entries as "
+                "model.named_parameters() does (the importers do)"
+            )
+        else:
+            why = (
+                "either the parameters are not in module order (list the table's entries as "
+                "model.named_parameters() does), or a unit over several modules interleaves "
+                "with another, which the step does not model: give each its own unit"
+            )
+        msg = (
+            f"{last}: {self.units.name(other)} holds {first} and {last}, but "
+            f"{self.units.name(one)} holds {fqns[calls[outer].end]} between them: {why}"
+        )
+        return LayoutError(msg, fqn=last)
 
     def resharding(
         self, instance: _Instance, own: Mapping[_Held, int], written: bool | int

@@ -579,3 +579,38 @@ def test_the_states_kept_hold_the_peak_of_every_state(
         for r in range(world)
     ]
     assert step_module._peak(kept, bytes_of, world) == brute
+
+
+def test_units_whose_parameters_cross_are_refused_naming_the_order() -> None:
+    """A table out of module order (a planner's, grouped by kind) would run the units in
+    a wrong order: two units' parameters crossing is refused, saying what to do; a unit
+    over several modules that interleaves with another is named as such."""
+    names = [f"layers.{i}.{m}.w" for m in ("attn", "mlp") for i in range(2)]
+    grouped = dict.fromkeys(names, FSDP)
+    shapes = {fqn: ParamShape((8, 4), "float32") for fqn in grouped}
+    error = _raises(
+        lambda: training_cost(grouped, shapes, WORLD, Training(units=["layers.*"])),
+        "layers.1.mlp.w: unit 'layers.*' (layers.1) holds layers.1.attn.w and layers.1.mlp.w, "
+        "but unit 'layers.*' (layers.0) holds layers.0.mlp.w between them",
+        "not in module order",
+        "model.named_parameters()",
+    )
+    assert error.fqn == "layers.1.mlp.w"
+    in_order = {fqn: FSDP for fqn in sorted(names)}
+    assert training_cost(in_order, shapes, WORLD, Training(units=["layers.*"])).peak
+    _raises(
+        lambda: lint(
+            ParamLayoutTable(dict.fromkeys(names, SourceLayout("dense", (), ()))),
+            shapes,
+            mesh_sizes=WORLD,
+            training=Training(units=["layers.*"]),
+        ),
+        "not in module order",
+    )
+    attn = FSDPUnit(["layers.0.attn", "layers.1.attn"])
+    mlp = FSDPUnit(["layers.0.mlp", "layers.1.mlp"])
+    interleaved = Training(units=[attn, mlp])
+    _raises(
+        lambda: training_cost(in_order, shapes, WORLD, interleaved),
+        "a unit over several modules interleaves with another",
+    )
