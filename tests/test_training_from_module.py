@@ -140,6 +140,8 @@ def transformers_wraps(model: nn.Module, world_mesh: MeshFactory) -> Units:
     for alias, first in aliases.items():
         held = [u for u in wrapped if alias in u[0] and u[1] == "root"]
         owner = [u for u in wrapped if first in u[0] and u[1] != "root"]
+        if not owner:  # the embedding is the root's too: nothing to fold
+            continue
         for (fqns, reshard), (their, rule) in zip(held, owner, strict=True):
             wrapped -= {(fqns, reshard), (their, rule)}
             wrapped |= {(their | {alias}, rule)}
@@ -180,6 +182,57 @@ def test_transformers_units_are_what_its_fsdp_wraps(
     assert training.units == units
     assert training.param_dtype == "bfloat16"
     assert units_of(training, fqns) == transformers_wraps(model, world_mesh)
+
+
+def small(kind: str) -> nn.Module:
+    """transformers' model of ``kind`` from its default config, two layers, on meta."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: PLC0415
+    from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    )
+
+    config = CONFIG_MAPPING[kind]()
+    for field in ("num_hidden_layers", "n_layer", "num_layers"):
+        if hasattr(config, field):
+            setattr(config, field, 2)
+    with torch.device("meta"):
+        model: nn.Module = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[kind])(config)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("kind", "units"),
+    [
+        ("gpt2", ()),  # no rule of its plan names a module: transformers shards the root alone
+        ("gpt_neox", ("gpt_neox.layers.*",)),
+        ("opt", ("model.decoder.layers.*",)),
+        # the tied embedding kept alone (its norm is no "norm"), the head's alias with it
+        ("lfm2", (FSDPUnit(["model.embed_tokens", "lm_head"], **KEPT), "model.layers.*")),
+    ],
+)
+def test_a_models_own_fsdp_plan_is_what_its_fsdp_wraps(
+    kind: str, units: tuple[str | FSDPUnit, ...], world_mesh: MeshFactory
+) -> None:
+    """A transformers model is wrapped as transformers' own FSDP2 wraps it, its plan
+    resolved by transformers, not as a decoder of the usual names would be."""
+    model = small(kind)
+    training = training_from_module(model)
+    assert training.units == units
+    assert units_of(training, _params(model)) == transformers_wraps(model, world_mesh)
+
+
+def test_a_transformers_model_without_an_fsdp_plan_is_wrapped_as_a_decoder() -> None:
+    """transformers has no FSDP2 for a model without a plan: the usual decoder's units."""
+    model = tiny()
+
+    def no_plan(config: object) -> object:
+        msg = "`fsdp_size=2` was requested, but the model has no `fsdp_plan`"
+        raise ValueError(msg)
+
+    model._resolve_parallel_plans = no_plan  # type: ignore[assignment]  # on purpose
+    units = ("model.embed_tokens", "model.layers.*", FSDPUnit(["model.norm", "lm_head"], **KEPT))
+    assert training_from_module(model).units == units
 
 
 def test_transformers_blocks_are_its_no_split_modules() -> None:

@@ -1,17 +1,23 @@
 """The training setup a live model implies: its frozen parameters, and the modules its
 library gives ``fully_shard`` one by one.
 
-transformers (its own FSDP2 plan, ``apply_fully_sharded_data_parallelism``) and torchtitan
-(``apply_fsdp_to_decoder``) shard a decoder alike: the input embedding alone, each block
-(transformers' ``_no_split_modules`` classes, torchtitan's ``layers.<n>``), the final norm
-and the output head in one call kept unsharded from its forward to its backward, then
-the root. A tied embedding goes into that last call (torchtitan's
-``fully_shard([tok_embeddings, norm, lm_head])``). ``training_from_module`` names those
-units. Neither library is imported here: the model object is read.
+A transformers model with an FSDP plan is wrapped as transformers' own FSDP2 wraps it
+(``from_pretrained(distributed_config=...)``): its ``fsdp_plan`` as transformers itself
+resolves it (rules matching no module dropped, a tied embedding folded into the head's
+call, modules kept in float32 given their own), each module resharded after forward or
+not as its rule says, the final norm and the head (or the tied embedding) in one call
+when those two are the kept ones. Any other model is wrapped as torchtitan
+(``apply_fsdp_to_decoder``) wraps a decoder: the input embedding alone, each block
+(transformers' ``_no_split_modules`` classes, torchtitan's ``layers.<n>``), the final
+norm and the output head in one call kept unsharded from its forward to its backward,
+then the root; a tied embedding goes into that last call (torchtitan's
+``fully_shard([tok_embeddings, norm, lm_head])``). Neither library is needed here: the
+model object is read, and transformers is imported only for a model of its own.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,7 +42,10 @@ def training_from_module(model: nn.Module, **training: Any) -> Training:
     - ``frozen``: every parameter FQN with ``requires_grad=False``, a ``*`` for a layer
       number where every layer's parameter of that name is frozen (``model.layers.*.mlp.
       up_proj.weight``); given only when some parameter is frozen.
-    - ``units``: in forward order, the input embedding (``get_input_embeddings()``,
+    - ``units``: for a transformers model with an FSDP plan, the calls transformers' own
+      FSDP2 makes (its ``fsdp_plan`` as transformers resolves it: the root alone where no
+      rule names a module), in module order, layers compacted to patterns. Else, in
+      forward order, the input embedding (``get_input_embeddings()``,
       torchtitan's ``tok_embeddings``); the blocks, as patterns (``model.layers.*``): the
       modules whose class transformers lists in ``model._no_split_modules``, else the
       repeated numbered blocks (torchtitan's ``layers.*``); and the final norm (the
@@ -74,8 +83,84 @@ def training_from_module(model: nn.Module, **training: Any) -> Training:
     if frozen and "frozen" not in training:
         training["frozen"] = compact(frozen, [fqn for fqn, _ in params])
     if "units" not in training:
-        training["units"] = _units(model, params)
+        planned = _planned_units(model, params)
+        training["units"] = _units(model, params) if planned is None else planned
     return Training(**training)
+
+
+_KEEP, _FREE = "keep_full_weight", "free_full_weight"
+"""transformers' FSDP styles: not resharded after forward, and resharded."""
+
+
+def _planned_units(
+    model: nn.Module, params: list[tuple[str, nn.Parameter]]
+) -> tuple[str | FSDPUnit, ...] | None:
+    """The units transformers' own FSDP2 gives ``model``, in module order; ``None`` when
+    ``model`` is no transformers model with an FSDP plan."""
+    resolve = read_attr(
+        model, "_resolve_parallel_plans", "model._resolve_parallel_plans", remedy=_REMEDY
+    )
+    if not callable(resolve) or not type(model).__module__.startswith("transformers."):
+        return None
+    try:
+        config = importlib.import_module("transformers.distributed").DistributedConfig
+    except (ImportError, AttributeError):  # a transformers without its own FSDP2
+        return None
+    with reading("model._resolve_parallel_plans(...)", remedy=_REMEDY, caller=_CALLER):
+        try:
+            _, _, plan = resolve(config(fsdp_size=2))
+        except ValueError:  # transformers has no FSDP plan for this model
+            return None
+    if not isinstance(plan, dict):
+        return None
+    by_module = {fqn: m for fqn, m in named_modules(model) if fqn}
+    order = {fqn: at for at, fqn in enumerate(by_module)}
+    named = sorted((n for n in plan if n in order), key=order.__getitem__)
+    free = [n for n in named if plan[n] == _FREE]
+    kept = [n for n in named if plan[n] == _KEEP]
+    embedding = _module(model, "get_input_embeddings", ())
+    head = _module(model, "get_output_embeddings", ())
+    alias = _tied_head(model, embedding, head, by_module)
+
+    def calls(modules: list[str]) -> list[str]:
+        """``modules`` with the tied head beside the embedding that holds its weight."""
+        return [*modules, alias[1]] if alias and alias[0] in modules else modules
+
+    units: list[tuple[int, str | FSDPUnit]] = []
+    for pattern in compact(free, order):  # in the order of the first module each names
+        first = next(n for n in free if _within(n, pattern) and n.count(".") == pattern.count("."))
+        together = calls([pattern])
+        units.append((order[first], pattern if len(together) == 1 else FSDPUnit(together)))
+    ends = [n for n in kept if any(by_module[n] is m for m in (embedding, head))]
+    norms = [n for n in kept if n == "norm" or n.endswith(".norm")]
+    if len(kept) == 2 and len(ends) == 1 and len(norms) == 1:  # transformers' tail pair
+        units.append((order[kept[-1]], FSDPUnit(calls(kept), reshard_after_forward=False)))
+    else:
+        units.extend((order[n], FSDPUnit(calls([n]), reshard_after_forward=False)) for n in kept)
+    return tuple(unit for _, unit in sorted(units, key=lambda item: item[0]))
+
+
+def _tied_head(
+    model: nn.Module,
+    embedding: nn.Module | None,
+    head: nn.Module | None,
+    by_module: dict[str, nn.Module],
+) -> tuple[str, str] | None:
+    """The embedding's FQN and the head's, when the head's weight is the embedding's: the
+    head then runs in the call that holds the embedding (transformers folds its rule into
+    the embedding's)."""
+    if embedding is None or head is None or embedding is head:
+        return None
+    names = [
+        next((n for n, m in by_module.items() if m is found), None) for found in (embedding, head)
+    ]
+    held, alias = names
+    if held is None or alias is None:
+        return None
+    for a, b in tied_pairs_from_module(model):
+        if {a.rpartition(".")[0], b.rpartition(".")[0]} == {held, alias}:
+            return held, alias
+    return None
 
 
 def _units(model: nn.Module, params: list[tuple[str, nn.Parameter]]) -> tuple[str | FSDPUnit, ...]:
