@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.utils import parametrize
 
-from layout_algebra import BindError, ParamLayoutTable, SourceLayout
+from layout_algebra import BindError, LayoutError, ParamLayoutTable, SourceLayout
 from layout_algebra.algebra import build_table
 from layout_algebra.placements import Placement, Replicate, Shard
 from layout_algebra.plan import ModulePlan, ShardingPlan
@@ -345,3 +345,20 @@ def test_the_walk_here_is_torchs_on_a_deep_model() -> None:
     assert _plain(model)
     same_as_torch(model)
     assert [n for n, _ in named_parameters(model)][-1] == "head.weight"
+
+
+def test_a_module_torch_never_set_up_is_named_by_torchs_walk() -> None:
+    """A submodule whose class skipped ``nn.Module.__init__`` (registered behind torch's
+    back): the walk here leaves it to torch's, whose failure is the error, naming it."""
+
+    class Unset(nn.Module):
+        def __init__(self) -> None:  # no super().__init__(): no _parameters, no _modules
+            pass
+
+    root = nn.Module()
+    root._modules["odd"] = Unset()
+    with pytest.raises(AttributeError):
+        list(root.named_parameters(remove_duplicate=False))
+    with pytest.raises(LayoutError, match="named_parameters") as info:
+        list(named_parameters(root))
+    assert isinstance(info.value.__cause__, AttributeError)
