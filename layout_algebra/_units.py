@@ -16,15 +16,16 @@ patterns. ``compact`` writes a set of FQNs as patterns wherever a ``*`` loses no
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from layout_algebra._args import as_items
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._text import quote
 from layout_algebra.errors import LayoutError
+from layout_algebra.layout import ParamLayoutTable
 
-__all__ = ["compact", "repeated_blocks"]
+__all__ = ["compact", "in_module_order", "repeated_blocks"]
 
 _WILDCARD: Final = "*"
 
@@ -121,3 +122,15 @@ def compact(chosen: Iterable[str], every: Iterable[str]) -> tuple[str, ...]:
 
 def _starred(fqn: str) -> str:
     return ".".join(_WILDCARD if _is_index(s) else s for s in fqn.split("."))
+
+
+def in_module_order(table: ParamLayoutTable, order: Sequence[str]) -> ParamLayoutTable:
+    """``table`` with its entries in ``order`` (the model's FQNs in module order), any
+    others after: the step runs units in the order of their parameters, and a plan built
+    by hand may list the parameters it places before the others. ``table`` itself when
+    already so."""
+    if all(a == b for a, b in zip(table, order, strict=False)):
+        return table
+    entries = {fqn: table[fqn] for fqn in order if fqn in table}
+    entries.update((fqn, layout) for fqn, layout in table.items() if fqn not in entries)
+    return ParamLayoutTable(entries, tied=table.tied, dropped=table.dropped)

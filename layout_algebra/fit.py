@@ -33,7 +33,7 @@ from layout_algebra._args import as_items, as_sequence, mapping_items, plain_str
 from layout_algebra._frozen import REQUIRED, FrozenMap, check_init, checked_call, read_once
 from layout_algebra._patterns import Matcher, Rule
 from layout_algebra._text import MAX_LISTED, clip, columns, exact_bytes, human_bytes, quote
-from layout_algebra._units import repeated_blocks
+from layout_algebra._units import in_module_order, repeated_blocks
 from layout_algebra.errors import LayoutError
 from layout_algebra.layout import ParamLayoutTable, check_fqn
 from layout_algebra.lint import LintReport, lint
@@ -1083,7 +1083,7 @@ class _Search:
                 f"build_table), got {quote(raw)} for {where}"
             )
             raise LayoutError(msg)
-        table = _in_order(table, self.order)
+        table = in_module_order(table, self.order)
         cp = group.split[1]
         training = self.by_cp.get(cp)
         if training is None:
@@ -1121,17 +1121,6 @@ class _Search:
         if kinds or peak > self.budget:
             return _Outcome(BUDGET, f"{where}: peak {exact_bytes(peak)}, above the budget", row)
         return _Outcome(None, "", row)
-
-
-def _in_order(table: ParamLayoutTable, order: Sequence[str]) -> ParamLayoutTable:
-    """``table`` with its entries in ``order`` (the shapes', module order), any others
-    after: the step runs units in the order of their parameters, and a plan built by hand
-    may list the parameters it places before the others."""
-    if all(a == b for a, b in zip(table, order, strict=False)):
-        return table
-    entries = {fqn: table[fqn] for fqn in order if fqn in table}
-    entries.update((fqn, layout) for fqn, layout in table.items() if fqn not in entries)
-    return ParamLayoutTable(entries, tied=table.tied)
 
 
 def _over_cp(training: Training, cp: int) -> Training:

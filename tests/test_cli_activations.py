@@ -20,13 +20,18 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import PreTrainedModel, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from layout_algebra import Activations, Mesh, ParamLayoutTable, Stages, Training, lint
+from layout_algebra import Activations, FSDPUnit, Mesh, ParamLayoutTable, Stages, Training, lint
 from layout_algebra._text import human_bytes
 from layout_algebra.activations import activations_to_obj
 from layout_algebra.cli._parser import ACTIVATIONS_EXAMPLE, LINT_ACTIVATIONS_EXAMPLE
 from layout_algebra.lint import LintReport
 from layout_algebra.serialization import from_json, to_json
-from layout_algebra.torch_bridge import activations_from_module, shapes_from_module, table_from_hf
+from layout_algebra.torch_bridge import (
+    activations_from_module,
+    shapes_from_module,
+    table_from_hf,
+    training_from_module,
+)
 from tests.test_cli import assert_one_line_problem, assert_one_line_usage_error, run
 from tests.test_cli_stages import files
 from tests.test_easy_path import save_folder
@@ -59,7 +64,7 @@ def library(
         shapes_from_module(model),
         mesh_sizes=mesh,
         fsdp={"dense": "dp_shard"},
-        training=Training(units=["model.layers.*"], activations=acts, **training),
+        training=Training(units=training_from_module(model).units, activations=acts, **training),
         stages=stages,
     )
 
@@ -208,12 +213,22 @@ def test_experts_over_ep_exchange_their_routed_tokens(
         shapes_from_module(model),
         mesh_sizes={"dense": {"dp_shard": 4, "tp": 1}, "expert": {"dp_shard": 2, "ep": 2}},
         fsdp={"dense": "dp_shard", "expert": "dp_shard"},
-        training=Training(units=["model.layers.*"], activations=acts),
+        training=Training(units=EXPERT_UNITS, activations=acts),
     )
+    assert "units: as transformers wraps the model: model.layers.*.mlp.experts, " in err
     doc = json.loads(out)
     assert doc["traffic"]["ep_all_to_all"] == list(report.traffic["ep_all_to_all"])
     assert doc["traffic"]["ep_all_to_all"][0] > 0
     assert doc["memory"]["peak"] == list(report.memory.peak)
+
+
+EXPERT_UNITS = (
+    "model.layers.*.mlp.experts",  # with expert parallelism, transformers' own call
+    "model.embed_tokens",
+    "model.layers.*",
+    FSDPUnit(["model.norm", "lm_head"], reshard_after_forward=False),
+)
+"""The units lint takes for the MoE folder's model on an expert mesh."""
 
 
 @pytest.mark.parametrize(

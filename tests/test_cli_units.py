@@ -1,5 +1,7 @@
-"""``lint`` with training flags and no ``--units``: the units are the repeated numbered
-blocks of the shapes' FQNs, never the root alone in silence, and the report says so."""
+"""``lint`` with training flags and no ``--units``: the units the folder's model is
+wrapped in, else the repeated numbered blocks of the shapes' FQNs, never the root alone
+in silence, and the report says so; a table out of module order is taken in the model's
+order where the folder gives it, and refused where nothing does."""
 
 from __future__ import annotations
 
@@ -100,7 +102,13 @@ def test_the_help_example_works_on_a_transformers_model(
     code, out = run(argv, capsys)
     assert code == 0, out
     assert "FSDP over dense dp_shard" in out
-    assert "(model.layers.*)" in out  # the units inferred, and said
+    # the units the model is wrapped in, as transformers' own FSDP2 wraps it, and said
+    from layout_algebra.torch_bridge import training_from_module  # noqa: PLC0415
+
+    units = training_from_module(model).units
+    assert units[1] == "model.layers.*"
+    shown = ", ".join(map(str, units))
+    assert f"units: as transformers wraps the model: {shown} (give --units to choose)" in out
     assert "the root: FSDP2's own rule" in out
     # the figures are the library's for that table, FSDP and units
     from layout_algebra.torch_bridge import shapes_from_module  # noqa: PLC0415
@@ -110,8 +118,45 @@ def test_the_help_example_works_on_a_transformers_model(
         shapes_from_module(model),
         mesh_sizes=Mesh({"dp_shard": 4, "tp": 2}),
         fsdp={"dense": "dp_shard"},
-        training=Training(units=["model.layers.*"]),
+        training=Training(units=units),
         budget=80 * 2**30,
     )
     rows = str(report).split("training memory")[1].split("assumptions:")[0]
     assert rows in out
+
+
+def test_a_table_out_of_module_order_is_taken_in_the_models_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A planner's table grouped by kind: with the model folder its entries are taken in
+    module order (said), giving the model-ordered table's figures; with shapes alone the
+    step's order is unknown, and crossing units are refused in one line."""
+    from layout_algebra.torch_bridge import shapes_from_module, table_from_hf  # noqa: PLC0415
+    from tests.test_easy_path import save_folder  # noqa: PLC0415
+
+    model = save_folder(tmp_path / "model", sharded=False, num_hidden_layers=2)
+    table = table_from_hf(model, mesh_axes=["dp_shard", "tp"])
+    grouped = ParamLayoutTable(
+        dict(sorted(table.items(), key=lambda item: item[0].rpartition(".")[0].split(".")[-1])),
+        tied=table.tied,
+    )
+    assert list(grouped) != list(table)
+    (tmp_path / "grouped.json").write_text(to_json(grouped))
+    (tmp_path / "table.json").write_text(to_json(table))
+    flags = ["--mesh", "dp_shard=2,tp=2", "--optimizer", "adamw", "--units", "model.layers.*"]
+    folder = ["--shapes", str(tmp_path / "model")]
+    code, out = run(["lint", str(tmp_path / "grouped.json"), *folder, *flags], capsys)
+    assert code == 0, out
+    assert "order: the table's entries taken in the module order of" in out
+    _, in_order = run(["lint", str(tmp_path / "table.json"), *folder, *flags], capsys)
+    assert "the table's entries taken in the module order" not in in_order
+    figures = in_order.split("training memory")[1].split("assumptions:")[0]
+    assert figures in out
+
+    (tmp_path / "shapes.json").write_text(shapes_to_json(shapes_from_module(model)))
+    code = main(
+        ["lint", str(tmp_path / "grouped.json"), "--shapes", str(tmp_path / "shapes.json"), *flags]
+    )
+    _, err = capsys.readouterr()
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "not in module order" in err and "model.named_parameters()" in err

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final, TextIO
 from layout_algebra._compare import checkpoint_diff
 from layout_algebra._complete import shard_dims_by_role, table_from_plan
 from layout_algebra._text import clip, did_you_mean, escape, human_bytes, some_of
-from layout_algebra._units import repeated_blocks
+from layout_algebra._units import in_module_order, repeated_blocks
 from layout_algebra.activations import MAX_UNITS, Activations, activations_to_obj
 from layout_algebra.algebra import TableDiff, build_table, diff
 from layout_algebra.checkpoint import reshard_plan
@@ -34,6 +34,7 @@ from layout_algebra.cli._inputs import (
     load_shapes,
     load_stages,
     load_table,
+    model_units,
     read,
     read_checkpoint,
     torch_missing,
@@ -658,9 +659,11 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
     assumptions = [a for a in (reading, structured.line) if a is not None]
     activations = _lint_activations(args, structured, assumptions, err)
     training, stages = (  # the step, then its stages: their assumptions in that order
-        _lint_training(args, shapes, assumptions, activations),
+        _lint_training(args, structured, assumptions, activations),
         _lint_stages(args, table, meshes, assumptions, order=structured.order),
     )
+    if training is not None:
+        table = _module_order(table, structured, args.shapes, assumptions)
 
     def run(expert_dim: int | None) -> LintReport:
         shard_dim: int | dict[str, int] = args.shard_dim
@@ -690,17 +693,9 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
         for assumption in assumptions:  # the JSON is the library's report: said beside it
             say(err, f"{PROG}: note: {escape(assumption)}")
     else:
-        if fsdp:
-            where = f"FSDP over {_fsdp_str(fsdp)}"
-            if found:
-                where += f" (the FSDP axis of its mesh: {', '.join(found)}; give it to change)"
-        elif source:
-            where = "no FSDP (no FSDP axis of size > 1 in the mesh; --fsdp AXIS adds it)"
-        else:
-            where = "read as composed (no --fsdp)"
         out.write(
             f"{escape(clip(args.table))}: {plural(len(table), 'parameter')} on "
-            f"{_meshes_str(meshes)}; {where}\n"
+            f"{_meshes_str(meshes)}; {_fsdp_said(fsdp, found, source=source)}\n"
         )
         lines = str(report).splitlines()
         # the command's own assumptions join the report's block, or stand before the figures
@@ -720,6 +715,21 @@ def lint_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> i
         say(err, f"{PROG}: {escape(clip(args.table))}: {plural(count, 'problem')} (see the report)")
         return 1
     return 0
+
+
+def _fsdp_said(
+    fsdp: Mapping[str, str | tuple[str, str]] | None, found: list[str], *, source: bool
+) -> str:
+    """How the report's first line says the table is read: FSDP's axes (and those found
+    rather than given), no FSDP, or composed."""
+    if fsdp:
+        said = f"FSDP over {_fsdp_str(fsdp)}"
+        if found:
+            said += f" (the FSDP axis of its mesh: {', '.join(found)}; give it to change)"
+        return said
+    if source:
+        return "no FSDP (no FSDP axis of size > 1 in the mesh; --fsdp AXIS adds it)"
+    return "read as composed (no --fsdp)"
 
 
 def _lint_reading(
@@ -768,14 +778,32 @@ def _table_reading(named: str | None, fsdp: Mapping[str, str | tuple[str, str]] 
     )
 
 
+def _module_order(
+    table: ParamLayoutTable, structured: Structured, path: str, assumptions: list[str]
+) -> ParamLayoutTable:
+    """``table`` in the module order of the folder's model, when one was built (the step
+    runs units in it; a table written by hand may list its entries otherwise), said in
+    ``assumptions`` when that moved an entry."""
+    if not structured.order:
+        return table
+    ordered = in_module_order(table, structured.order)
+    if ordered is not table:
+        assumptions.append(
+            f"order: the table's entries taken in the module order of {clip(path)}/config.json's "
+            "model, which the step runs its units in"
+        )
+    return ordered
+
+
 def _lint_training(
     args: argparse.Namespace,
-    shapes: Mapping[str, object],
+    structured: Structured,
     assumptions: list[str],
     activations: Activations | None,
 ) -> Training | None:
     """The training the flags describe, or ``None`` when no training flag is given; units
-    not given are the shapes' repeated numbered blocks, said in ``assumptions``."""
+    not given are those the folder's model is wrapped in, else the shapes' repeated
+    numbered blocks, said in ``assumptions``."""
     given = (
         args.optimizer,
         args.param_dtype,
@@ -787,8 +815,13 @@ def _lint_training(
     if all(flag is None for flag in given):  # any training flag counts the training state
         return None
     units = args.units
-    if units is None:  # never the root alone in silence: the model's repeated blocks
-        units = repeated_blocks(shapes)
+    if units is None and structured.model is not None:
+        units, note = model_units(
+            structured.model, structured.shapes, experts=args.expert_mesh is not None
+        )
+        assumptions.append(note)
+    elif units is None:  # never the root alone in silence: the model's repeated blocks
+        units = repeated_blocks(structured.shapes)
         assumptions.append(_inferred_units(units))
     return Training(
         optimizer=args.optimizer or "adamw",

@@ -17,11 +17,15 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final, TextIO
 
-import attrs
-
 from layout_algebra._text import clip, escape
 from layout_algebra._units import repeated_blocks
-from layout_algebra.cli._inputs import config_model, is_model_folder, load_shapes, torch_missing
+from layout_algebra.cli._inputs import (
+    config_model,
+    is_model_folder,
+    load_shapes,
+    model_units,
+    torch_missing,
+)
 from layout_algebra.cli._output import PROG, Usage, loading, plural, say
 from layout_algebra.cli._types import (
     add_trace_arguments,
@@ -34,7 +38,6 @@ from layout_algebra.fit import AXES, FitReport, fit
 from layout_algebra.layout import ParamLayoutTable, SourceLayout
 from layout_algebra.mesh import MAX_WORLD, Mesh
 from layout_algebra.shapes import ParamShape
-from layout_algebra.structure import EXPERTS
 from layout_algebra.training import OPTIMIZERS, Training
 
 __all__ = ["FIT_DESCRIPTION", "FIT_HELP", "add_fit", "fit_command"]
@@ -222,6 +225,10 @@ def _from_model(
             f"activations: traced on the meta device in {dtype} for {args.batch or 1} x "
             f"{args.seq_len} tokens a microbatch, checkpointing {checkpointing!r}"
         )
+    units = args.units
+    if units is None:  # fit tries meshes with expert parallelism: the experts' own calls
+        units, note = model_units(model, shapes, experts=True)
+        notes.append(note)
     training = training_from_module(
         model,
         optimizer=args.optimizer,
@@ -229,26 +236,9 @@ def _from_model(
         reduce_dtype=args.reduce_dtype,
         activations=acts,
         sequence_parallel=args.sequence_parallel,
-        **({} if args.units is None else {"units": args.units}),
+        units=units,
     )
-    if args.units is None:
-        experts = _experts_modules(shapes)
-        if experts:  # with ep, transformers shards them on their own mesh: their own call
-            training = attrs.evolve(training, units=(*experts, *training.units))
-        shown = ", ".join(str(unit) for unit in training.units)
-        notes.append(f"units: as transformers wraps the model: {shown} (give --units to choose)")
     return shapes, plan_for, training
-
-
-def _experts_modules(shapes: Mapping[str, ParamShape]) -> tuple[str, ...]:
-    """The modules holding expert weights (a dim made of ``Part("experts", ...)``), as
-    unit patterns: ``model.layers.*.mlp.experts``."""
-    found: dict[str, None] = {}
-    for fqn, shape in shapes.items():
-        if any(p.name == EXPERTS for packed in shape.structure.values() for p in packed.parts):
-            module = fqn.rpartition(".")[0]
-            found[".".join("*" if s.isdigit() else s for s in module.split("."))] = None
-    return tuple(p for p in found if p)
 
 
 def _from_shapes(

@@ -24,6 +24,8 @@ from layout_algebra.plan import ShardingPlan
 from layout_algebra.serialization import from_json, plan_from_json, shapes_from_json
 from layout_algebra.shapes import ParamShape, shapes_from_safetensors
 from layout_algebra.stages import Stages, stages_from_obj
+from layout_algebra.structure import EXPERTS
+from layout_algebra.training import FSDPUnit
 
 if TYPE_CHECKING:
     from torch import nn
@@ -339,6 +341,33 @@ def config_model(path: str, *, max_layers: int) -> tuple[str, nn.Module]:
     from layout_algebra.torch_bridge._pretrained import model_from_config  # noqa: PLC0415
 
     return model_from_config(path, max_layers=max_layers)
+
+
+def model_units(
+    model: nn.Module, shapes: Mapping[str, ParamShape], *, experts: bool
+) -> tuple[tuple[str | FSDPUnit, ...], str]:
+    """The units ``model``'s library gives ``fully_shard`` (``training_from_module``),
+    each module holding expert weights first when ``experts`` (with expert parallelism
+    transformers shards them on their own mesh, in their own call), and the note saying
+    so."""
+    from layout_algebra.torch_bridge import training_from_module  # noqa: PLC0415
+
+    units = training_from_module(model).units
+    if experts:
+        units = (*_experts_modules(shapes), *units)
+    shown = ", ".join(str(unit) for unit in units) or "the root alone"
+    return units, f"units: as transformers wraps the model: {shown} (give --units to choose)"
+
+
+def _experts_modules(shapes: Mapping[str, ParamShape]) -> tuple[str, ...]:
+    """The modules holding expert weights (a dim made of ``Part("experts", ...)``), as
+    unit patterns: ``model.layers.*.mlp.experts``."""
+    found: dict[str, None] = {}
+    for fqn, shape in shapes.items():
+        if any(p.name == EXPERTS for packed in shape.structure.values() for p in packed.parts):
+            module = fqn.rpartition(".")[0]
+            found[".".join("*" if s.isdigit() else s for s in module.split("."))] = None
+    return tuple(p for p in found if p)
 
 
 def _merged(
