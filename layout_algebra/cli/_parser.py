@@ -526,7 +526,8 @@ def _add_lint(lnt: argparse.ArgumentParser) -> None:
         help=(
             "the modules fully_shard wraps besides the root, e.g. 'model.layers.*' (a "
             "transformers model's blocks) or 'layers.*,layers.*.moe.experts' (torchtitan's); "
-            "without it, the repeated numbered blocks of the shapes' FQNs, said in the report"
+            "without it, the units --shapes MODEL_DIR's model is wrapped in, else the repeated "
+            "numbered blocks of the shapes' FQNs, said in the report"
         ),
     )
     lnt.add_argument(
