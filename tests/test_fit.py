@@ -38,6 +38,7 @@ from layout_algebra import (
 )
 from layout_algebra.fit import AXES, MAX_TOP, PlanFor, _Enumeration, _Family, _Model, _Search
 from layout_algebra.serialization import shapes_to_json
+from layout_algebra.stages import stages_to_obj
 from layout_algebra.torch_bridge import (
     activations_from_module,
     shapes_from_module,
@@ -733,3 +734,45 @@ def test_fit_of_shapes_alone_runs_without_torch(
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("4 ranks of 1.00 MiB: ")
     assert "every parameter is a plain tensor FSDP shards" in result.stdout
+
+
+def test_fit_runs_the_stages_a_file_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fit --stages FILE``: the library's report with those stages; stages where pp is
+    not searched, or a file that holds no stages, are refused in one line."""
+    model = _llama(layers=4)
+    shapes = shapes_from_module(model)
+    path = tmp_path / "shapes.json"
+    path.write_text(shapes_to_json(shapes), encoding="utf-8")
+    stages = Stages(
+        "pp",
+        [
+            ["model.embed_tokens", *(f"model.layers.{i}" for i in range(4))],
+            ["model.norm", "lm_head"],
+        ],
+    )
+    given = tmp_path / "stages.json"
+    given.write_text(json.dumps(stages_to_obj(stages)), encoding="utf-8")
+    argv = ["fit", str(path), "--ranks", "4", "--budget", "1GiB", "--json"]
+    code, out, _ = run([*argv, "--stages", str(given)], capsys)
+    assert code == 0
+    table = ParamLayoutTable({fqn: SourceLayout("dense", (), ()) for fqn in shapes})
+    expected = fit(
+        shapes,
+        ranks=4,
+        budget=2**30,
+        training=Training(units=["model.layers.*"]),
+        plan_for=lambda meshes: table,
+        axes=("pp", "dp_replicate", "dp_shard"),
+        stages=stages,
+    )
+    assert json.loads(out) == expected.to_dict()
+    assert "the stages given" in "\n".join(expected.assumptions)
+    code, out, err = run([*argv, "--stages", str(given), "--axes", "dp_shard"], capsys)
+    assert_one_line_usage_error(code, out, err, "layout-algebra fit")
+    assert "--stages run on pp" in err
+    given.write_text('{"axis": "pp"}', encoding="utf-8")
+    code, out, err = run([*argv, "--stages", str(given)], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "stages.json" in err

@@ -23,6 +23,7 @@ from layout_algebra.cli._inputs import (
     config_model,
     is_model_folder,
     load_shapes,
+    load_stages,
     model_units,
     torch_missing,
 )
@@ -137,6 +138,16 @@ def add_fit(parser: argparse.ArgumentParser) -> None:
         help=(
             f"the degrees to search (default: {','.join(AXES)} for a model, "
             f"{','.join(_SHAPES_AXES[:3])} for shapes); the others are 1"
+        ),
+    )
+    parser.add_argument(
+        "--stages",
+        default=None,
+        metavar="FILE",
+        help=(
+            'the pipeline stages to run where they fit pp, a JSON object {"axis": "pp", '
+            '"stages": [[module patterns of stage 0], ...], "schedule": "1f1b"} (default: '
+            "the numbered blocks split evenly)"
         ),
     )
     add_trace_arguments(
@@ -313,6 +324,11 @@ def fit_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> in
             "be traced; give a save_pretrained folder with its config.json, or drop --seq-len"
         )
         raise Usage(msg)
+    stages = None if args.stages is None else load_stages(args.stages)  # before any model
+    searched = args.axes or (AXES if from_model else _SHAPES_AXES[:3])
+    if stages is not None and "pp" not in searched:
+        msg = f"--stages run on pp, which --axes {','.join(searched)} does not search; add pp"
+        raise Usage(msg)
     if from_model:
         shapes, plan_for, training = _from_model(path, args, err, notes)
         axes = args.axes or AXES
@@ -335,6 +351,7 @@ def fit_command(args: argparse.Namespace, out: TextIO, err: TextIO | None) -> in
             training=training,
             plan_for=plan_for,
             axes=axes,
+            stages=stages,
             top=args.top,
             progress=progress,
         )
