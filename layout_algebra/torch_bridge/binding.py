@@ -239,17 +239,18 @@ def _matched(
     own FQNs and layouts are the ones met.
     """
     names, params = parameter_lists(module)
-    fqns = tuple(table)
-    if tuple(names) == fqns:  # the table's strings are kept: the walk's are not
+    # tuples: a tuple of strings kept by the result drops out of the collector's walks
+    fqns, walked = tuple(table), tuple(names)
+    if walked == fqns:  # the table's strings are kept: the walk's are not
         return fqns, params, _bindings(fqns, params, tuple(table.values()), binder)
 
     unfound = items_copy(table)  # each entry until a parameter meets it
     layouts = list(map(unfound.pop, names, repeat(None)))
     if len(table) - len(unfound) == len(names):  # every name met an entry of its own
-        met_fqns, met_params, met_layouts = names, params, cast(list[SourceLayout], layouts)
+        met_fqns, met_params, met_layouts = walked, params, cast(list[SourceLayout], layouts)
     else:  # a name the table lacks, or one met again (its entry taken the first time)
         mentioned = list(map(is_not, layouts, repeat(None)))
-        met_fqns = list(compress(names, mentioned))
+        met_fqns = tuple(compress(names, mentioned))
         met_params = list(compress(params, mentioned))
         met_layouts = cast(list[SourceLayout], list(compress(layouts, mentioned)))
         unmet = compress(range(len(names)), map(not_, mentioned))
