@@ -83,7 +83,7 @@ def training_from_module(model: nn.Module, **training: Any) -> Training:
     if frozen and "frozen" not in training:
         training["frozen"] = compact(frozen, [fqn for fqn, _ in params])
     if "units" not in training:
-        planned = _planned_units(model, params)
+        planned = _planned_units(model)
         training["units"] = _units(model, params) if planned is None else planned
     return Training(**training)
 
@@ -92,9 +92,7 @@ _KEEP, _FREE = "keep_full_weight", "free_full_weight"
 """transformers' FSDP styles: not resharded after forward, and resharded."""
 
 
-def _planned_units(
-    model: nn.Module, params: list[tuple[str, nn.Parameter]]
-) -> tuple[str | FSDPUnit, ...] | None:
+def _planned_units(model: nn.Module) -> tuple[str | FSDPUnit, ...] | None:
     """The units transformers' own FSDP2 gives ``model``, in module order; ``None`` when
     ``model`` is no transformers model with an FSDP plan."""
     resolve = read_attr(
