@@ -47,6 +47,7 @@ from layout_algebra.training import (
     as_assumptions,
     as_text,
     assumption_lines,
+    check_budget,
 )
 
 __all__ = ["AXES", "FitReport", "FitRow", "fit"]
@@ -391,16 +392,6 @@ def _check_ranks(value: object) -> int:
         msg = (
             f"fit(ranks=...) must be the world's size, an int from 1 to {MAX_WORLD:,}, "
             f"got {quote(value)}"
-        )
-        raise LayoutError(msg)
-    return value
-
-
-def _check_budget(value: object) -> int:
-    if type(value) is not int or value <= 0:
-        msg = (
-            "fit(budget=...) must be bytes per rank, an int above 0 "
-            f"(parse_bytes('80GiB')), got {quote(value)}"
         )
         raise LayoutError(msg)
     return value
@@ -1247,7 +1238,11 @@ def fit(
         LayoutError: arguments of the wrong form (naming them); ``plan_for`` returning
             something other than a ``ParamLayoutTable``.
     """
-    ranks, budget, top = _check_ranks(ranks), _check_budget(budget), _check_top(top)
+    ranks, budget, top = (
+        _check_ranks(ranks),
+        check_budget(budget, "fit(budget=...)"),
+        _check_top(top),
+    )
     chosen = _check_axes(axes)
     checked = _check_shapes(shapes)
     _check_types(training, plan_for, stages)

@@ -955,16 +955,23 @@ def _as_training(value: object) -> Training:
     return value
 
 
-def _as_budget(value: object) -> int | None:
-    if value is None:
-        return None
+def check_budget(value: object, arg: str) -> int:
+    """``value`` checked to be a budget, bytes per rank above 0; ``arg`` names it.
+
+    Raises:
+        LayoutError: naming ``arg``.
+    """
     if type(value) is not int or value <= 0:
         msg = (
-            "budget must be bytes per rank, an int above 0 (parse_bytes('80GiB')), "
+            f"{arg} must be bytes per rank, an int above 0 (parse_bytes('80GiB')), "
             f"got {quote(value)}"
         )
         raise LayoutError(msg)
     return value
+
+
+def _as_budget(value: object) -> int | None:
+    return None if value is None else check_budget(value, "budget")
 
 
 def training_cost(
