@@ -14,7 +14,8 @@ meta device when no data is needed (``with torch.device("meta"): TinyMoE()``).
   Both take :class:`Sizes`, whose vocabulary (37) splits evenly over no mesh axis.
 - :func:`hf_llama` and :func:`hf_moe`: transformers' own Llama and Qwen3-MoE, tiny, on
   the meta device, for tests of their ``tp_plan``/``ep_plan``.
-- :func:`param_values`: a model's values by FQN, to compare it with once laid out.
+- :func:`param_values`: a model's values by FQN, to compare it with once laid out;
+  :func:`on_cpu`: a meta model given real CPU tensors of small values.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "hf_moe",
     "llama_plan",
     "moe_plan",
+    "on_cpu",
     "param_values",
 ]
 
@@ -57,6 +59,21 @@ def param_values(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter's values by FQN (each alias too), cloned: what a test compares the
     model with after laying it out."""
     return {fqn: p.detach().clone() for fqn, p in model.named_parameters(remove_duplicate=False)}
+
+
+def on_cpu(model: nn.Module) -> nn.Module:
+    """``model`` (on the meta device) with real CPU tensors of small values, tied weights
+    tied again: the bytes a step saves or moves do not depend on the values."""
+    model.to_empty(device="cpu")
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.02)
+        for b in model.buffers():
+            b.fill_(0.5)
+    return model
 
 
 class OneParam(nn.Module):

@@ -45,7 +45,7 @@ from layout_algebra.serialization import converter
 from layout_algebra.torch_bridge import activations_from_module
 from layout_algebra.torch_bridge.activations import _Call, calls_of, compose, trace
 from layout_algebra.training import training_cost
-from tests.models import hf_llama, hf_moe
+from tests.models import hf_llama, hf_moe, on_cpu
 from tests.torch_oracle import MeshFactory
 
 BATCH, SEQ = 2, 6
@@ -271,22 +271,6 @@ pytestmark = [
 ]
 
 
-def on_cpu(make: Callable[[], nn.Module]) -> nn.Module:
-    """The model of ``make`` with real CPU tensors (small values: the bytes saved do not
-    depend on them), tied weights tied again."""
-    model = make()
-    model.to_empty(device="cpu")
-    tie = getattr(model, "tie_weights", None)
-    if callable(tie):
-        tie()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.02)
-        for b in model.buffers():
-            b.fill_(0.5)
-    return model
-
-
 def real(model: nn.Module, calls_from: nn.Module) -> Activations:
     """What ``model``'s forward saves on the CPU under the tracer's hooks, per unit of
     ``calls_from`` (its module names)."""
@@ -299,7 +283,7 @@ def real(model: nn.Module, calls_from: nn.Module) -> Activations:
 def test_traced_bytes_equal_the_real_forward(name: str) -> None:
     make = MODELS[name]
     traced = activations_from_module(make(), batch=BATCH, seq_len=SEQ)
-    model = on_cpu(make)
+    model = on_cpu(make())
     assert real(model, model).units == traced.units
     assert traced.total > 0
     assert any(kinds["heads"] for kinds in traced.units.values())
@@ -310,8 +294,8 @@ def test_full_checkpointing_equals_torch_checkpoint_per_block(name: str) -> None
     make = MODELS[name]
     traced = activations_from_module(make(), batch=BATCH, seq_len=SEQ, checkpointing="full")
     none = activations_from_module(make(), batch=BATCH, seq_len=SEQ)
-    model = on_cpu(make)
-    plain = on_cpu(make)
+    model = on_cpu(make())
+    plain = on_cpu(make())
     blocks = [fqn for fqn, call in calls_of(model, "full").items() if call.checkpointed]
     assert len(blocks) == 2
     for fqn in blocks:
@@ -355,7 +339,7 @@ def kept_by_torchtitan(
             return {*super().get_save_ops(), cpu}
 
     policy = CpuFlash(CpuFlash.Config())
-    model, plain = on_cpu(make), on_cpu(make)
+    model, plain = on_cpu(make()), on_cpu(make())
     blocks = [fqn for fqn, call in calls_of(plain, "selective").items() if call.checkpointed]
     for fqn in blocks:
         parent, _, child = fqn.rpartition(".")
@@ -507,7 +491,7 @@ def test_held_under_tensor_parallelism_equals_a_real_tp_run(
     saves equals ``held(tp=2)``, unit by unit."""
     make, plan = TP_RUNS[name]
     traced = activations_from_module(make(), batch=BATCH, seq_len=SEQ)
-    model = on_cpu(make)
+    model = on_cpu(make())
     parallelize_module(model, world_mesh({"dp_shard": 4, "tp": 2})["tp"], plan)
     real = saved_per_rank(model, calls_of(make(), "none"))
     predicted = {

@@ -63,7 +63,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from layout_algebra.serialization import shapes_to_json, to_json
 from layout_algebra.torch_bridge import shapes_from_module, table_from_module
-from tests.models import hf_llama, hf_moe
+from tests.models import hf_llama, hf_moe, on_cpu
 from tests.test_stages_gloo import STAGES, VOCAB
 from tests.test_stages_gloo import Net as PipeNet
 from tests.torch_oracle import MeshFactory, on_gloo
@@ -147,20 +147,6 @@ def dense_model(model: str) -> nn.Module:
         return built
     moe: nn.Module = hf_moe(num_key_value_heads=2)
     return moe.to(torch.bfloat16)
-
-
-def _materialize(model: nn.Module) -> nn.Module:
-    """``model`` on the CPU with small values (the bytes do not depend on them)."""
-    model.to_empty(device="cpu")
-    tie = getattr(model, "tie_weights", None)
-    if callable(tie):
-        tie()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(std=0.02)
-        for b in model.buffers():
-            b.fill_(0.5)
-    return model
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -305,7 +291,7 @@ def _tracked_step(
 def _dense(run: Run, meshes: MeshFactory, rank: int) -> dict[str, Any]:
     torch.manual_seed(0)
     mesh = meshes(DENSE)
-    model = _materialize(dense_model(run.model))
+    model = on_cpu(dense_model(run.model))
     parallelize_module(model, mesh["tp"], _PLANS[run.model])
     table = table_from_module(model, roles={mesh: "dense"})
     shapes = shapes_from_module(model)
@@ -555,7 +541,7 @@ def _experts(checkpointing: str) -> dict[str, Any]:
             m.set_force_sum_reduction_for_comms(True)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "DTensor random operators", UserWarning)
-        _materialize(model)
+        on_cpu(model)
     tokens = torch.arange(BATCH * SEQ).reshape(BATCH, SEQ) % 100
     collectives = Collectives()
     with collectives, warnings.catch_warnings():
