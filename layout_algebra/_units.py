@@ -4,7 +4,8 @@ A model's repeated blocks sit in a numbered container (``nn.ModuleList`` or a
 ``ModuleDict`` keyed by layer number): ``model.layers.0``, ``model.layers.1``, ... Those
 are the modules transformers and torchtitan give ``fully_shard`` one by one, so given
 only a model's parameter FQNs (a ``shapes.json``), ``repeated_blocks`` names them as unit
-patterns. ``compact`` writes a set of FQNs as patterns wherever a ``*`` loses nothing.
+patterns. ``compact`` writes a set of FQNs as patterns wherever a ``*`` loses nothing;
+``in_module_order`` puts a table in the order the step runs its units in.
 
 >>> fqns = ["model.embed_tokens.weight", "model.layers.0.mlp.w1.weight",
 ...         "model.layers.1.mlp.w1.weight", "model.norm.weight", "lm_head.weight"]

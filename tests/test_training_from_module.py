@@ -235,6 +235,33 @@ def test_a_transformers_model_without_an_fsdp_plan_is_wrapped_as_a_decoder() -> 
     assert training_from_module(model).units == units
 
 
+@pytest.mark.parametrize(
+    ("gives", "said"),
+    [
+        (RuntimeError("broken"), "reading model._resolve_parallel_plans(...) raised"),
+        ("plans", "gave 'plans', not transformers' tp, ep and FSDP plans"),
+        (({}, {}), "not transformers' tp, ep and FSDP plans"),
+        (({}, {}, ["model.layers.0"]), "not transformers' tp, ep and FSDP plans"),
+        (({}, {}, {3: "free_full_weight"}), "the FSDP plan a dict of module names"),
+    ],
+)
+def test_a_plan_reader_that_fails_or_gives_no_plans_is_named(gives: object, said: str) -> None:
+    """What transformers' plan reader raises or gives that is no plan is a LayoutError
+    naming the call and saying what to do, never a silent guess."""
+    model = tiny()
+
+    def resolve(config: object) -> object:
+        if isinstance(gives, Exception):
+            raise gives
+        return gives
+
+    model._resolve_parallel_plans = resolve  # type: ignore[assignment]  # on purpose
+    with pytest.raises(LayoutError, match=r"training_from_module") as info:
+        training_from_module(model)
+    assert said in str(info.value)
+    assert "give units=[...] yourself" in str(info.value)
+
+
 def test_transformers_blocks_are_its_no_split_modules() -> None:
     model = tiny("qwen3_moe")
     blocks = {type(m).__name__ for m in model.get_submodule("model.layers").children()}

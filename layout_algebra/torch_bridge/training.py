@@ -23,7 +23,9 @@ from typing import Any
 
 from torch import nn
 
+from layout_algebra._text import quote
 from layout_algebra._units import compact, repeated_blocks
+from layout_algebra.errors import LayoutError
 from layout_algebra.torch_bridge._checks import check_module, read_attr, reading
 from layout_algebra.torch_bridge._walk import named_modules, named_parameters
 from layout_algebra.torch_bridge.models import tied_pairs_from_module
@@ -104,13 +106,19 @@ def _planned_units(model: nn.Module) -> tuple[str | FSDPUnit, ...] | None:
         config = importlib.import_module("transformers.distributed").DistributedConfig
     except (ImportError, AttributeError):  # a transformers without its own FSDP2
         return None
-    with reading("model._resolve_parallel_plans(...)", remedy=_REMEDY, caller=_CALLER):
+    shown = "model._resolve_parallel_plans(...)"
+    with reading(shown, remedy=_REMEDY, caller=_CALLER):
         try:
-            _, _, plan = resolve(config(fsdp_size=2))
+            resolved = resolve(config(fsdp_size=2))
         except ValueError:  # transformers has no FSDP plan for this model
             return None
-    if not isinstance(plan, dict):
-        return None
+    plan = resolved[2] if isinstance(resolved, tuple) and len(resolved) == 3 else None
+    if not isinstance(plan, dict) or not all(isinstance(n, str) for n in plan):
+        msg = (
+            f"{_CALLER}: {shown} gave {quote(resolved)}, not transformers' tp, ep and FSDP "
+            f"plans with the FSDP plan a dict of module names; {_REMEDY}"
+        )
+        raise LayoutError(msg)
     by_module = {fqn: m for fqn, m in named_modules(model) if fqn}
     order = {fqn: at for at, fqn in enumerate(by_module)}
     named = sorted((n for n in plan if n in order), key=order.__getitem__)
